@@ -1,0 +1,116 @@
+"""Instance-type catalogue: the one place that says what each EC2 type offers.
+
+Kubernetes (resource requests), Ray (num-gpus), EC2 (launch template network interfaces) and the
+settings validation all read these numbers from here; nothing else re-types them.
+
+Sources: the EC2 instance-type documentation (accelerated computing, network specifications,
+EFA-supported types) and the VPC CNI max-pods table (ENIs x (IPv4 per ENI - 1) + 2, capped by EKS
+at 110 below 30 vCPU and 250 above). Kubelet reservations follow what the EKS AL2023 AMI
+(nodeadm) configures; see `Instance.allocatable_*`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Memory the kernel, firmware and the NVIDIA driver keep before kubelet sees "capacity". Kubelet's
+# capacity is MemTotal, which on EC2 runs 3-6 % below the nominal size (more on GPU types, whose
+# driver pins memory). A fixed fraction keeps pod sizing on the safe side of what the node reports.
+KERNEL_MEMORY_FRACTION = 0.06
+# AL2023 nodeadm: kube-reserved memory = 255 MiB + 11 MiB per pod; eviction-hard memory.available.
+KUBE_RESERVED_MEMORY_BASE_MIB = 255
+KUBE_RESERVED_MEMORY_PER_POD_MIB = 11
+EVICTION_HARD_MEMORY_MIB = 100
+
+
+@dataclass(frozen=True)
+class Instance:
+    name: str
+    vcpus: int
+    memory_gib: int
+    gpus: int = 0
+    gpu_model: str | None = None
+    gpu_memory_gib: int = 0
+    # Number of EFA interfaces the type supports (0 = no EFA). One per network card on the types
+    # listed here; p5 has 32 cards and can carry 32 EFA interfaces.
+    efa_interfaces: int = 0
+    network_cards: int = 1
+    network_gbps: float = 0.0
+    max_pods: int = 110
+    # Present in the AWS EFA device plugin chart's instance allowlist (checked by a test against
+    # the chart's values file).
+    arch: str = "x86_64"
+
+    @property
+    def efa(self) -> bool:
+        return self.efa_interfaces > 0
+
+    @property
+    def family(self) -> str:
+        return self.name.split(".", 1)[0]
+
+    def kube_reserved_cpu_millis(self) -> int:
+        """CPU kubelet keeps for itself (the GKE/EKS formula nodeadm uses)."""
+        millis = 0.0
+        for core in range(self.vcpus):
+            if core == 0:
+                millis += 60
+            elif core == 1:
+                millis += 10
+            elif core < 4:
+                millis += 5
+            else:
+                millis += 2.5
+        return int(millis + 0.999)
+
+    def allocatable_cpu_millis(self) -> int:
+        return self.vcpus * 1000 - self.kube_reserved_cpu_millis()
+
+    def allocatable_memory_mib(self) -> int:
+        """Memory Kubernetes can hand to pods: MemTotal minus kube-reserved and eviction-hard."""
+        mem_total = int(self.memory_gib * 1024 * (1 - KERNEL_MEMORY_FRACTION))
+        reserved = KUBE_RESERVED_MEMORY_BASE_MIB + KUBE_RESERVED_MEMORY_PER_POD_MIB * self.max_pods
+        return mem_total - reserved - EVICTION_HARD_MEMORY_MIB
+
+
+_TYPES = [
+    # CPU types for the system node group.
+    Instance("m7i.large", vcpus=2, memory_gib=8, network_gbps=12.5, max_pods=29),
+    Instance("m7i.xlarge", vcpus=4, memory_gib=16, network_gbps=12.5, max_pods=58),
+    Instance("m7i.2xlarge", vcpus=8, memory_gib=32, network_gbps=12.5, max_pods=58),
+    Instance("m7i.4xlarge", vcpus=16, memory_gib=64, network_gbps=12.5, max_pods=110),
+    # GPU types without EFA (single-node experiments; rejected when EFA is on).
+    Instance("g6.xlarge", vcpus=4, memory_gib=16, gpus=1, gpu_model="L4", gpu_memory_gib=24,
+             network_gbps=10, max_pods=58),
+    Instance("g5.12xlarge", vcpus=48, memory_gib=192, gpus=4, gpu_model="A10G",
+             gpu_memory_gib=24, network_gbps=40, max_pods=234),
+    # EFA GPU types.
+    Instance("g6.12xlarge", vcpus=48, memory_gib=192, gpus=4, gpu_model="L4", gpu_memory_gib=24,
+             efa_interfaces=1, network_gbps=40, max_pods=234),
+    Instance("g6.48xlarge", vcpus=192, memory_gib=768, gpus=8, gpu_model="L4", gpu_memory_gib=24,
+             efa_interfaces=1, network_gbps=100, max_pods=250),
+    Instance("g6e.12xlarge", vcpus=48, memory_gib=384, gpus=4, gpu_model="L40S",
+             gpu_memory_gib=48, efa_interfaces=1, network_gbps=100, max_pods=234),
+    Instance("g6e.48xlarge", vcpus=192, memory_gib=1536, gpus=8, gpu_model="L40S",
+             gpu_memory_gib=48, efa_interfaces=4, network_cards=4, network_gbps=400,
+             max_pods=250),
+    Instance("g5.48xlarge", vcpus=192, memory_gib=768, gpus=8, gpu_model="A10G",
+             gpu_memory_gib=24, efa_interfaces=1, network_gbps=100, max_pods=250),
+    Instance("p4d.24xlarge", vcpus=96, memory_gib=1152, gpus=8, gpu_model="A100",
+             gpu_memory_gib=40, efa_interfaces=4, network_cards=4, network_gbps=400,
+             max_pods=250),
+    Instance("p5.48xlarge", vcpus=192, memory_gib=2048, gpus=8, gpu_model="H100",
+             gpu_memory_gib=80, efa_interfaces=32, network_cards=32, network_gbps=3200,
+             max_pods=100),
+]
+
+CATALOGUE: dict[str, Instance] = {t.name: t for t in _TYPES}
+
+
+def lookup(name: str) -> Instance:
+    try:
+        return CATALOGUE[name]
+    except KeyError:
+        raise KeyError(
+            f"{name!r} is not in the instance catalogue; known types: {', '.join(sorted(CATALOGUE))}"
+        ) from None

@@ -1,0 +1,91 @@
+"""Read an environment file into `Settings`, turning every problem into one readable message."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+from ruamel.yaml import YAML
+from ruamel.yaml.error import YAMLError
+
+from config.settings import Settings, _FieldError
+
+CONFIG_DIR = Path(__file__).resolve().parent
+ENVIRONMENTS_DIR = CONFIG_DIR / "environments"
+# Files in environments/ that are documentation, not deployable environments.
+NOT_ENVIRONMENTS = {"example"}
+
+
+class SettingsError(Exception):
+    """Bad settings. `str()` is the whole message a user needs; no traceback is shown."""
+
+
+def environment_file(name: str, directory: Path = ENVIRONMENTS_DIR) -> Path:
+    return directory / f"{name}.yaml"
+
+
+def environment_names(directory: Path = ENVIRONMENTS_DIR) -> list[str]:
+    """Deployable environments, in file-name order."""
+    return sorted(p.stem for p in directory.glob("*.yaml") if p.stem not in NOT_ENVIRONMENTS)
+
+
+def load_settings(name: str, directory: Path = ENVIRONMENTS_DIR) -> Settings:
+    path = environment_file(name, directory)
+    if not path.is_file():
+        known = ", ".join(environment_names(directory)) or "none"
+        raise SettingsError(
+            f"{_show(path)}: no such environment file for env={name!r}; known environments: {known}"
+        )
+    return parse_settings(path.read_text(encoding="utf-8"), name=name, source=path)
+
+
+def parse_settings(text: str, *, name: str, source: Path | str) -> Settings:
+    where = _show(source)
+    try:
+        data = YAML(typ="safe", pure=True).load(text)
+    except YAMLError as exc:
+        raise SettingsError(f"{where}: not valid YAML: {exc}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise SettingsError(f"{where}: expected a mapping of settings, got {type(data).__name__}")
+    if "name" in data:
+        raise SettingsError(
+            f"{where}: name: not allowed in the file; the environment's name is its file name ({name!r})"
+        )
+    try:
+        return Settings.model_validate({"name": name, **data})
+    except ValidationError as exc:
+        lines = [_describe(err) for err in exc.errors(include_url=False)]
+        noun = "problem" if len(lines) == 1 else "problems"
+        raise SettingsError(
+            f"{where}: {len(lines)} settings {noun}:\n" + "\n".join(f"  - {line}" for line in lines)
+        ) from None
+
+
+def _describe(err: Any) -> str:
+    loc: tuple[Any, ...] = tuple(err["loc"])
+    message: str = err["msg"]
+    cause = (err.get("ctx") or {}).get("error")
+    if isinstance(cause, _FieldError):
+        loc, message = loc + cause.loc, cause.message
+    elif err["type"] == "value_error":
+        message = message.removeprefix("Value error, ")
+    elif err["type"] == "extra_forbidden":
+        message = "unknown field (check the spelling against config/environments/example.yaml)"
+    elif err["type"] == "missing":
+        message = "required field is missing"
+    elif err["type"] in ("literal_error", "enum"):
+        message = f"{message}; got {err.get('input')!r}"
+    # Drop pydantic's internal markers (function-after[...] etc.) from the path.
+    path = ".".join(str(p) for p in loc if not (isinstance(p, str) and "[" in p))
+    return f"{path or '(top level)'}: {message}"
+
+
+def _show(path: Path | str) -> str:
+    p = Path(path)
+    try:
+        return str(p.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(p)

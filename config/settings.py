@@ -1,0 +1,364 @@
+"""Typed settings: one validated object per environment.
+
+Everything the stacks, the cdk8s chart and the RayJob need comes from here. An environment file
+(`config/environments/<name>.yaml`) is parsed into `Settings`; unknown keys and bad values stop
+synthesis with one message naming the file, the field and what would be valid (see `loader.py`).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
+
+from config.catalogue import CATALOGUE, Instance
+
+# Kubernetes versions this app can deploy: EKS standard support (late 2026), the aws_eks_v2
+# KubernetesVersion enum, and a published kubectl Lambda layer package must all exist for it.
+# Each maps to the PyPI package / module that carries the matching kubectl + helm layer.
+KUBECTL_LAYERS: dict[str, str] = {
+    "1.34": "aws_cdk.lambda_layer_kubectl_v34.KubectlV34Layer",
+    "1.35": "aws_cdk.lambda_layer_kubectl_v35.KubectlV35Layer",
+    "1.36": "aws_cdk.lambda_layer_kubectl_v36.KubectlV36Layer",
+}
+
+_ACCOUNT_RE = re.compile(r"^\d{12}$")
+_REGION_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
+_AZ_RE = re.compile(r"^(?P<region>[a-z]{2}(-gov)?-[a-z]+-\d)(?P<zone>[a-z])$")
+_IAM_PRINCIPAL_RE = re.compile(
+    r"^arn:aws(-cn|-us-gov)?:iam::\d{12}:(role|user)/[\w+=,.@/-]{1,512}$"
+)
+_CAPACITY_RESERVATION_RE = re.compile(r"^cr-[0-9a-f]{17}$")
+_SEMVER_RE = re.compile(r"^\d+\.\d+\.\d+$")
+_DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_IMAGE_DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+_TAG_KEY_RE = re.compile(r"^[\w.:/=+\-@ ]{1,128}$")
+
+
+class _FieldError(ValueError):
+    """A cross-field error that belongs to one field: the loader reports it under that path."""
+
+    def __init__(self, loc: tuple[str, ...], message: str) -> None:
+        super().__init__(message)
+        self.loc = loc
+        self.message = message
+
+
+class _Model(BaseModel):
+    # Unknown fields are errors: a typo must not silently fall back to a default.
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
+
+
+def _cidr(value: str) -> str:
+    try:
+        net = ipaddress.ip_network(value, strict=True)
+    except ValueError as exc:
+        raise ValueError(f"{value!r} is not a CIDR block like 10.0.0.0/16 ({exc})") from None
+    if net.version != 4:
+        raise ValueError(f"{value!r}: only IPv4 CIDR blocks are supported")
+    return str(net)
+
+
+Cidr = Annotated[str, AfterValidator(_cidr)]
+
+
+def _instance_type(value: str) -> str:
+    if value not in CATALOGUE:
+        raise ValueError(
+            f"{value!r} is not in the instance catalogue (config/catalogue.py); "
+            f"known types: {', '.join(sorted(CATALOGUE))}"
+        )
+    return value
+
+
+InstanceTypeName = Annotated[str, AfterValidator(_instance_type)]
+
+
+def _chart_version(value: str) -> str:
+    if not _SEMVER_RE.match(value):
+        raise ValueError(f"{value!r} is not a pinned chart version like 1.2.3")
+    return value
+
+
+ChartVersion = Annotated[str, AfterValidator(_chart_version)]
+
+
+class EndpointAccess(StrEnum):
+    PRIVATE = "private"
+    PUBLIC_AND_PRIVATE = "public_and_private"
+
+
+class CapacityType(StrEnum):
+    ON_DEMAND = "ON_DEMAND"
+    SPOT = "SPOT"
+    CAPACITY_BLOCK = "CAPACITY_BLOCK"
+
+
+class RemovalPolicy(StrEnum):
+    DESTROY = "destroy"
+    RETAIN = "retain"
+
+
+class VpcSettings(_Model):
+    cidr: Cidr = "10.0.0.0/16"
+    availability_zones: list[str] = Field(min_length=2, max_length=6)
+    nat_gateways: int = Field(default=1, ge=1, le=6)
+    flow_log_retention_days: Literal[1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365] = 30
+
+    @field_validator("availability_zones")
+    @classmethod
+    def _azs(cls, azs: list[str]) -> list[str]:
+        for az in azs:
+            if not _AZ_RE.match(az):
+                raise ValueError(f"{az!r} is not an availability zone name like us-west-2a")
+        if len(set(azs)) != len(azs):
+            raise ValueError(f"availability zones repeat: {azs}")
+        return azs
+
+
+class ClusterSettings(_Model):
+    name: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9-]{0,99}$")
+    kubernetes_version: str
+    endpoint_access: EndpointAccess = EndpointAccess.PUBLIC_AND_PRIVATE
+    # CIDRs allowed to reach the public endpoint; 0.0.0.0/0 only when written here on purpose.
+    public_access_cidrs: list[Cidr] = Field(default_factory=list)
+    admin_principal_arns: list[str] = Field(min_length=1)
+
+    @field_validator("kubernetes_version")
+    @classmethod
+    def _version(cls, value: str) -> str:
+        if value not in KUBECTL_LAYERS:
+            raise ValueError(
+                f"Kubernetes {value!r} is not supported; valid: {', '.join(KUBECTL_LAYERS)}"
+            )
+        return value
+
+    @field_validator("admin_principal_arns")
+    @classmethod
+    def _arns(cls, arns: list[str]) -> list[str]:
+        for arn in arns:
+            if not _IAM_PRINCIPAL_RE.match(arn):
+                raise ValueError(
+                    f"{arn!r} is not an IAM role or user ARN like "
+                    "arn:aws:iam::111122223333:role/Admin"
+                )
+        return arns
+
+    @model_validator(mode="after")
+    def _endpoint(self) -> ClusterSettings:
+        if self.endpoint_access is EndpointAccess.PRIVATE and self.public_access_cidrs:
+            raise ValueError("public_access_cidrs must be empty when endpoint_access is 'private'")
+        if self.endpoint_access is EndpointAccess.PUBLIC_AND_PRIVATE and not self.public_access_cidrs:
+            raise ValueError(
+                "public_access_cidrs is required when endpoint_access is 'public_and_private' "
+                "(list the CIDRs of your operators or pipeline; use 'private' to close it)"
+            )
+        return self
+
+
+class SystemNodeSettings(_Model):
+    instance_type: InstanceTypeName = "m7i.xlarge"
+    min_size: int = Field(default=1, ge=1)
+    desired_size: int = Field(default=2, ge=1)
+    max_size: int = Field(default=3, ge=1)
+    root_volume_gib: int = Field(default=50, ge=20, le=16384)
+
+    @model_validator(mode="after")
+    def _sizes(self) -> SystemNodeSettings:
+        _check_sizes(self.min_size, self.desired_size, self.max_size)
+        if CATALOGUE[self.instance_type].gpus:
+            raise _FieldError(
+                ("instance_type",), f"{self.instance_type!r} is a GPU type; system nodes are CPU"
+            )
+        return self
+
+
+class GpuNodeSettings(_Model):
+    instance_type: InstanceTypeName = "g6.12xlarge"
+    # The single AZ every GPU node lives in: EFA traffic does not cross AZs, and a computed AZ
+    # would replace the node group on a later deploy. `raytrain capacity --write` sets it.
+    availability_zone: str
+    min_size: int = Field(default=0, ge=0)
+    desired_size: int = Field(default=2, ge=0)
+    max_size: int = Field(default=2, ge=1)
+    capacity_type: CapacityType = CapacityType.ON_DEMAND
+    capacity_reservation_id: str | None = None
+    placement_group: bool = True
+    efa: bool = True
+    root_volume_gib: int = Field(default=200, ge=200, le=16384)
+
+    @field_validator("capacity_reservation_id")
+    @classmethod
+    def _cr(cls, value: str | None) -> str | None:
+        if value is not None and not _CAPACITY_RESERVATION_RE.match(value):
+            raise ValueError(f"{value!r} is not a capacity reservation id like cr-0123456789abcdef0")
+        return value
+
+    @model_validator(mode="after")
+    def _rules(self) -> GpuNodeSettings:
+        _check_sizes(self.min_size, self.desired_size, self.max_size)
+        itype = CATALOGUE[self.instance_type]
+        if not itype.gpus:
+            raise _FieldError(("instance_type",), f"{self.instance_type!r} has no GPUs")
+        if self.efa and not itype.efa:
+            efa_types = sorted(t.name for t in CATALOGUE.values() if t.efa)
+            raise _FieldError(
+                ("instance_type",),
+                f"{self.instance_type!r} has no EFA but efa is true; "
+                f"EFA GPU types: {', '.join(efa_types)} (or set efa: false)",
+            )
+        if self.capacity_reservation_id and self.placement_group:
+            raise _FieldError(
+                ("placement_group",),
+                "must be false when capacity_reservation_id is set: a reservation "
+                "made outside the placement group causes capacity errors"
+            )
+        if self.capacity_type is CapacityType.CAPACITY_BLOCK and not self.capacity_reservation_id:
+            raise _FieldError(
+                ("capacity_reservation_id",), "required when capacity_type is CAPACITY_BLOCK"
+            )
+        if self.capacity_type is CapacityType.SPOT and self.capacity_reservation_id:
+            raise _FieldError(
+                ("capacity_reservation_id",), "cannot be used with capacity_type SPOT"
+            )
+        return self
+
+    @property
+    def instance(self) -> Instance:
+        return CATALOGUE[self.instance_type]
+
+
+class AddonSettings(_Model):
+    """Pinned Helm chart versions."""
+
+    nvidia_device_plugin: ChartVersion = "0.20.0"
+    efa_device_plugin: ChartVersion = "0.5.30"
+    kuberay_operator: ChartVersion = "1.7.0"
+
+
+class WorkloadSettings(_Model):
+    """What the Ray pods run on; the cdk8s chart and the RayJob read these."""
+
+    namespace: str = "ray"
+    image: str = "public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1"
+    # Pin the exact image for reproducible deploys: sha256:<64 hex>.
+    image_digest: str | None = None
+    # Must match the Ray inside the image (the DLC v1.1 ships Ray 2.58).
+    ray_version: str = "2.58.0"
+
+    @field_validator("namespace")
+    @classmethod
+    def _ns(cls, value: str) -> str:
+        if not _DNS_LABEL_RE.match(value):
+            raise ValueError(f"{value!r} is not a Kubernetes namespace name (DNS-1123 label)")
+        return value
+
+    @field_validator("image_digest")
+    @classmethod
+    def _digest(cls, value: str | None) -> str | None:
+        if value is not None and not _IMAGE_DIGEST_RE.match(value):
+            raise ValueError(f"{value!r} is not an image digest like sha256:<64 hex digits>")
+        return value
+
+    @field_validator("ray_version")
+    @classmethod
+    def _ray(cls, value: str) -> str:
+        if not _SEMVER_RE.match(value):
+            raise ValueError(f"{value!r} is not a Ray version like 2.58.0")
+        return value
+
+    @property
+    def image_ref(self) -> str:
+        return f"{self.image}@{self.image_digest}" if self.image_digest else self.image
+
+
+class StorageSettings(_Model):
+    # What happens to stateful resources (checkpoint bucket, KMS keys, log groups) on destroy.
+    removal_policy: RemovalPolicy = RemovalPolicy.DESTROY
+
+
+class Settings(_Model):
+    """One environment. `name` comes from the file name, not from the file."""
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9-]{0,19}$")
+    account: str
+    region: str
+    vpc: VpcSettings
+    cluster: ClusterSettings
+    system_nodes: SystemNodeSettings = Field(default_factory=SystemNodeSettings)
+    gpu_nodes: GpuNodeSettings
+    addons: AddonSettings = Field(default_factory=AddonSettings)
+    workload: WorkloadSettings = Field(default_factory=WorkloadSettings)
+    storage: StorageSettings = Field(default_factory=StorageSettings)
+    termination_protection: bool = False
+    tags: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("account")
+    @classmethod
+    def _account(cls, value: str) -> str:
+        if not _ACCOUNT_RE.match(value):
+            raise ValueError(f"{value!r} is not a 12-digit AWS account id (quote it in YAML)")
+        return value
+
+    @field_validator("region")
+    @classmethod
+    def _region(cls, value: str) -> str:
+        if not _REGION_RE.match(value):
+            raise ValueError(f"{value!r} is not an AWS region name like us-west-2")
+        return value
+
+    @field_validator("tags")
+    @classmethod
+    def _tags(cls, tags: dict[str, str]) -> dict[str, str]:
+        for key, value in tags.items():
+            if not _TAG_KEY_RE.match(key) or key.lower().startswith("aws:"):
+                raise ValueError(f"tag key {key!r} is not a valid AWS tag key")
+            if len(value) > 256:
+                raise ValueError(f"tag {key!r}: value longer than 256 characters")
+        return tags
+
+    @model_validator(mode="after")
+    def _cross(self) -> Settings:
+        for az in self.vpc.availability_zones:
+            region = _AZ_RE.match(az).group("region")  # type: ignore[union-attr]
+            if region != self.region:
+                raise _FieldError(
+                    ("vpc", "availability_zones"), f"{az!r} is not in region {self.region!r}"
+                )
+        gpu_az = self.gpu_nodes.availability_zone
+        if gpu_az not in self.vpc.availability_zones:
+            raise _FieldError(
+                ("gpu_nodes", "availability_zone"),
+                f"{gpu_az!r} is not one of the VPC's availability zones "
+                f"({', '.join(self.vpc.availability_zones)})",
+            )
+        if self.vpc.nat_gateways > len(self.vpc.availability_zones):
+            raise _FieldError(
+                ("vpc", "nat_gateways"),
+                f"{self.vpc.nat_gateways} NAT gateways but only "
+                f"{len(self.vpc.availability_zones)} availability zones",
+            )
+        return self
+
+    @property
+    def stack_prefix(self) -> str:
+        return f"RayTrain-{self.name}"
+
+
+def _check_sizes(min_size: int, desired: int, max_size: int) -> None:
+    if min_size > max_size:
+        raise ValueError(f"min_size ({min_size}) is greater than max_size ({max_size})")
+    if not min_size <= desired <= max_size:
+        raise ValueError(
+            f"desired_size ({desired}) must lie between min_size ({min_size}) and max_size ({max_size})"
+        )

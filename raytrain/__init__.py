@@ -1,0 +1,1 @@
+"""`raytrain`: the operator command (capacity finder, post-deploy verification)."""

@@ -1,0 +1,38 @@
+"""Entry point of the `raytrain` console script.
+
+Each subcommand lives in its own module exposing `register(subparsers)`, which adds its parser and
+sets `func` (taking the parsed arguments, returning the exit code) as a default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# (module) — each registers one or more subcommands.
+COMMAND_MODULES: list[str] = []
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="raytrain", description="Operate the Ray Train on EKS environments."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
