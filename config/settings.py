@@ -158,7 +158,10 @@ class ClusterSettings(_Model):
     def _endpoint(self) -> ClusterSettings:
         if self.endpoint_access is EndpointAccess.PRIVATE and self.public_access_cidrs:
             raise ValueError("public_access_cidrs must be empty when endpoint_access is 'private'")
-        if self.endpoint_access is EndpointAccess.PUBLIC_AND_PRIVATE and not self.public_access_cidrs:
+        if (
+            self.endpoint_access is EndpointAccess.PUBLIC_AND_PRIVATE
+            and not self.public_access_cidrs
+        ):
             raise ValueError(
                 "public_access_cidrs is required when endpoint_access is 'public_and_private' "
                 "(list the CIDRs of your operators or pipeline; use 'private' to close it)"
@@ -201,7 +204,9 @@ class GpuNodeSettings(_Model):
     @classmethod
     def _cr(cls, value: str | None) -> str | None:
         if value is not None and not _CAPACITY_RESERVATION_RE.match(value):
-            raise ValueError(f"{value!r} is not a capacity reservation id like cr-0123456789abcdef0")
+            raise ValueError(
+                f"{value!r} is not a capacity reservation id like cr-0123456789abcdef0"
+            )
         return value
 
     @model_validator(mode="after")
@@ -221,7 +226,7 @@ class GpuNodeSettings(_Model):
             raise _FieldError(
                 ("placement_group",),
                 "must be false when capacity_reservation_id is set: a reservation "
-                "made outside the placement group causes capacity errors"
+                "made outside the placement group causes capacity errors",
             )
         if self.capacity_type is CapacityType.CAPACITY_BLOCK and not self.capacity_reservation_id:
             raise _FieldError(

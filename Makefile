@@ -1,0 +1,68 @@
+# Ray Train on EKS with EFA — developer entry points. `make help` lists them.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+OUT ?= cdk.out
+ENV ?= dev
+# jsii (under aws-cdk-lib) prints a large banner on Node 20; the CDK CLI itself is pinned in package.json.
+export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
+
+.PHONY: help setup setup-cdk synth test test-fast lint format typecheck diff ls lock imports train-local clean
+
+help: ## list the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+
+$(VENV)/.installed: pyproject.toml requirements.lock package.json package-lock.json
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade 'pip>=25.1'
+	$(PY) -m pip install --quiet -c requirements.lock -e . --group dev --group train
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+setup: $(VENV)/.installed ## create .venv (CDK + training + test tools) and node_modules (CDK CLI, cdk8s-cli)
+
+setup-cdk: ## CDK side only (no torch/ray): enough for synth, diff and deploy
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade 'pip>=25.1'
+	$(PY) -m pip install --quiet -c requirements.lock -e .
+	npm ci --no-audit --no-fund --loglevel=error
+
+synth: setup ## synthesize every environment offline into cdk.out/<env>/ and print a summary
+	$(PY) -m stacks.synth_all --out $(OUT)
+
+ls: setup ## list the stacks of ENV (default dev) through the CDK CLI
+	npx cdk ls -c env=$(ENV)
+
+diff: setup ## npx cdk diff for ENV (needs AWS credentials for the deployed stacks)
+	npx cdk diff -c env=$(ENV) --all
+
+test: setup ## lint, type-check and run the whole test suite
+	$(MAKE) --no-print-directory lint typecheck
+	$(PY) -m pytest
+
+test-fast: setup ## tests without the slow Ray integration tests
+	$(PY) -m pytest -m "not ray"
+
+lint: setup ## ruff lint and format check
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: setup ## apply ruff formatting and fixes
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+typecheck: setup ## mypy over the packages
+	$(VENV)/bin/mypy
+
+lock: ## re-resolve requirements.lock from pyproject.toml in a scratch venv
+	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
+	.lock-venv/bin/pip install --quiet --upgrade 'pip>=25.1'
+	.lock-venv/bin/pip install --quiet -e . --group dev --group train
+	{ sed -n '1,3p' requirements.lock; .lock-venv/bin/pip freeze --exclude-editable | sed 's/+cpu$$//'; } > requirements.lock.new
+	mv requirements.lock.new requirements.lock && rm -rf .lock-venv
+
+clean: ## remove synthesized output and caches
+	rm -rf $(OUT) .pytest_cache .mypy_cache .ruff_cache runs

@@ -1,0 +1,164 @@
+"""Helm add-ons: NVIDIA and EFA device plugins on GPU nodes, the KubeRay operator on system nodes.
+
+Every values key set here must exist in the chart's own values file for the pinned version
+(copies in `chart_values/`; a documented, commented-out key counts). tests/test_addons.py checks it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from aws_cdk import Duration
+from aws_cdk import aws_eks_v2 as eks
+from constructs import Construct
+
+from cdk_constructs.node_groups import (
+    GPU_NODE_LABELS,
+    GPU_TAINT_KEY,
+    SYSTEM_NODE_LABELS,
+)
+
+CHART_VALUES_DIR = Path(__file__).resolve().parent / "chart_values"
+
+NVIDIA_REPOSITORY = "https://nvidia.github.io/k8s-device-plugin"
+EFA_REPOSITORY = "https://aws.github.io/eks-charts"
+KUBERAY_REPOSITORY = "https://ray-project.github.io/kuberay-helm/"
+
+KUBERAY_NAMESPACE = "kuberay-system"
+KUBERAY_RELEASE = "kuberay-operator"
+
+_GPU_TOLERATION = {"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}
+
+
+def values_file(chart: str, version: str) -> Path:
+    """The chart's own values.yaml for this version, as copied into the repository."""
+    return CHART_VALUES_DIR / f"{chart}-{version}.yaml"
+
+
+def nvidia_device_plugin_values() -> dict[str, Any]:
+    return {
+        # Only GPU nodes: the chart's default affinity also matches this label; the selector
+        # keeps it off any node that merely has NFD's PCI label.
+        "nodeSelector": {"nvidia.com/gpu.present": GPU_NODE_LABELS["nvidia.com/gpu.present"]},
+        "tolerations": [_GPU_TOLERATION],
+        # 0.19.0-0.19.2 turned MOFED on and grabbed the EFA devices; keep it off explicitly.
+        "mofedEnabled": False,
+        "gfd": {"enabled": False},
+    }
+
+
+def efa_device_plugin_values() -> dict[str, Any]:
+    return {
+        "nodeSelector": {"role": GPU_NODE_LABELS["role"]},
+        # The chart tolerates nothing by default, and GPU nodes carry the GPU taint.
+        "tolerations": [_GPU_TOLERATION],
+    }
+
+
+def kuberay_operator_values(ray_namespace: str) -> dict[str, Any]:
+    return {
+        "nodeSelector": dict(SYSTEM_NODE_LABELS),
+        # Namespaced RBAC and a watch on the Ray namespace only: the operator cannot touch pods
+        # elsewhere in the cluster.
+        "singleNamespaceInstall": True,
+        "watchNamespace": [ray_namespace],
+    }
+
+
+class GpuDevicePlugins(Construct):
+    """NVIDIA device plugin (nvidia.com/gpu) and AWS EFA device plugin (vpc.amazonaws.com/efa)."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        cluster: eks.ICluster,
+        nvidia_version: str,
+        efa_version: str | None,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.nvidia = eks.HelmChart(
+            self,
+            "NvidiaDevicePlugin",
+            cluster=cluster,
+            repository=NVIDIA_REPOSITORY,
+            chart="nvidia-device-plugin",
+            release="nvidia-device-plugin",
+            version=nvidia_version,
+            namespace="kube-system",
+            values=nvidia_device_plugin_values(),
+            wait=False,
+            atomic=True,
+            timeout=Duration.minutes(10),
+        )
+        self.efa: eks.HelmChart | None = None
+        if efa_version is not None:
+            self.efa = eks.HelmChart(
+                self,
+                "EfaDevicePlugin",
+                cluster=cluster,
+                repository=EFA_REPOSITORY,
+                chart="aws-efa-k8s-device-plugin",
+                release="aws-efa-k8s-device-plugin",
+                version=efa_version,
+                namespace="kube-system",
+                values=efa_device_plugin_values(),
+                wait=False,
+                atomic=True,
+                timeout=Duration.minutes(10),
+            )
+
+
+class KubeRayOperator(Construct):
+    """KubeRay operator on the system nodes, watching only the Ray namespace (created here first:
+    the chart binds its namespaced Role there)."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        cluster: eks.ICluster,
+        version: str,
+        ray_namespace: str,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.namespace = eks.KubernetesManifest(
+            self,
+            "RayNamespace",
+            cluster=cluster,
+            manifest=[
+                {
+                    "apiVersion": "v1",
+                    "kind": "Namespace",
+                    "metadata": {
+                        "name": ray_namespace,
+                        "labels": {
+                            "app.kubernetes.io/part-of": "ray-train",
+                            # Ray pods need IPC_LOCK and run as root in the DLC image.
+                            "pod-security.kubernetes.io/enforce": "privileged",
+                            "pod-security.kubernetes.io/warn": "baseline",
+                        },
+                    },
+                }
+            ],
+            overwrite=True,
+        )
+        self.chart = eks.HelmChart(
+            self,
+            "Chart",
+            cluster=cluster,
+            repository=KUBERAY_REPOSITORY,
+            chart="kuberay-operator",
+            release=KUBERAY_RELEASE,
+            version=version,
+            namespace=KUBERAY_NAMESPACE,
+            create_namespace=True,
+            values=kuberay_operator_values(ray_namespace),
+            wait=True,
+            atomic=True,
+            timeout=Duration.minutes(10),
+        )
+        self.chart.node.add_dependency(self.namespace)

@@ -1,0 +1,216 @@
+"""Managed node groups: the CPU system group and the EFA GPU group.
+
+Both use launch templates so the root volume is encrypted gp3 and IMDSv2 is required with a hop
+limit of 1 (pods cannot reach the node's credentials; they get their own through Pod Identity).
+With a launch template CDK sends no AMI type, so it is always set explicitly.
+"""
+
+from __future__ import annotations
+
+from aws_cdk import CfnTag
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_eks_v2 as eks
+from constructs import Construct
+
+from config.catalogue import Instance
+from config.settings import CapacityType, GpuNodeSettings, SystemNodeSettings
+
+GPU_TAINT_KEY = "nvidia.com/gpu"
+GPU_TAINT_VALUE = "present"
+GPU_NODE_LABELS = {"role": "gpu-worker", "nvidia.com/gpu.present": "true"}
+SYSTEM_NODE_LABELS = {"role": "system"}
+ROOT_DEVICE = "/dev/xvda"  # AL2023 EKS AMIs boot from /dev/xvda
+
+_METADATA_OPTIONS = ec2.CfnLaunchTemplate.MetadataOptionsProperty(
+    http_endpoint="enabled",
+    http_tokens="required",
+    http_put_response_hop_limit=1,
+)
+
+
+def _root_volume(size_gib: int) -> ec2.CfnLaunchTemplate.BlockDeviceMappingProperty:
+    return ec2.CfnLaunchTemplate.BlockDeviceMappingProperty(
+        device_name=ROOT_DEVICE,
+        ebs=ec2.CfnLaunchTemplate.EbsProperty(
+            volume_size=size_gib,
+            volume_type="gp3",
+            encrypted=True,
+            delete_on_termination=True,
+            # gp3 baseline is 3000 IOPS / 125 MiB/s; image layers of the DLC (~20 GB) unpack faster
+            # with more throughput, which shortens node start.
+            iops=3000,
+            throughput=250,
+        ),
+    )
+
+
+class SystemNodeGroup(Construct):
+    """CPU nodes for the Ray head, the KubeRay operator and cluster add-ons."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        cluster: eks.Cluster,
+        settings: SystemNodeSettings,
+        subnets: list[ec2.ISubnet],
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.launch_template = ec2.CfnLaunchTemplate(
+            self,
+            "LaunchTemplate",
+            launch_template_data=ec2.CfnLaunchTemplate.LaunchTemplateDataProperty(
+                metadata_options=_METADATA_OPTIONS,
+                block_device_mappings=[_root_volume(settings.root_volume_gib)],
+                tag_specifications=_tag_specs("system"),
+            ),
+        )
+        self.nodegroup = eks.Nodegroup(
+            self,
+            "Nodegroup",
+            cluster=cluster,
+            ami_type=eks.NodegroupAmiType.AL2023_X86_64_STANDARD,
+            instance_types=[ec2.InstanceType(settings.instance_type)],
+            min_size=settings.min_size,
+            desired_size=settings.desired_size,
+            max_size=settings.max_size,
+            labels=dict(SYSTEM_NODE_LABELS),
+            subnets=ec2.SubnetSelection(subnets=subnets),
+            launch_template_spec=eks.LaunchTemplateSpec(
+                id=self.launch_template.ref,
+                version=self.launch_template.attr_latest_version_number,
+            ),
+            max_unavailable=1,
+        )
+
+
+class EfaGpuNodeGroup(Construct):
+    """GPU nodes with every EFA interface of their type, in one AZ and (optionally) one placement group.
+
+    - Launch template network interfaces: one per network card, InterfaceType efa, card index i,
+      device index 0 for the primary card and 1 for the others (the layout EC2 documents for
+      multi-card EFA types). No SubnetId: the managed node group supplies the subnet.
+    - A security group allowing all traffic from and to itself: EFA's SRD traffic is not IP and
+      is only permitted between interfaces whose security groups allow each other, both ways.
+      The cluster security group rides along so nodes reach the control plane and other pods.
+    - A cluster placement group unless a capacity reservation is targeted (reservations made
+      outside the group cause capacity errors; settings validation enforces this).
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        cluster: eks.Cluster,
+        vpc: ec2.IVpc,
+        settings: GpuNodeSettings,
+        subnet: ec2.ISubnet,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        instance: Instance = settings.instance
+
+        self.security_group: ec2.SecurityGroup | None = None
+        network_interfaces = None
+        if settings.efa:
+            self.security_group = ec2.SecurityGroup(
+                self,
+                "EfaSecurityGroup",
+                vpc=vpc,
+                description="EFA: all traffic between GPU nodes, in and out",
+                allow_all_outbound=False,
+            )
+            # Separate ingress/egress resources referencing the group itself (inline self
+            # references would be a circular dependency in CloudFormation).
+            self.security_group.connections.allow_internally(
+                ec2.Port.all_traffic(), "EFA between GPU nodes"
+            )
+            groups = [self.security_group.security_group_id, cluster.cluster_security_group_id]
+            network_interfaces = [
+                ec2.CfnLaunchTemplate.NetworkInterfaceProperty(
+                    device_index=0 if card == 0 else 1,
+                    network_card_index=card,
+                    interface_type="efa",
+                    groups=groups,
+                    delete_on_termination=True,
+                )
+                for card in range(instance.efa_interfaces)
+            ]
+
+        self.placement_group: ec2.CfnPlacementGroup | None = None
+        placement = None
+        if settings.placement_group:
+            self.placement_group = ec2.CfnPlacementGroup(self, "PlacementGroup", strategy="cluster")
+            placement = ec2.CfnLaunchTemplate.PlacementProperty(group_name=self.placement_group.ref)
+
+        reservation = None
+        market_options = None
+        if settings.capacity_reservation_id:
+            reservation = ec2.CfnLaunchTemplate.CapacityReservationSpecificationProperty(
+                capacity_reservation_target=ec2.CfnLaunchTemplate.CapacityReservationTargetProperty(
+                    capacity_reservation_id=settings.capacity_reservation_id
+                )
+            )
+        if settings.capacity_type is CapacityType.CAPACITY_BLOCK:
+            market_options = ec2.CfnLaunchTemplate.InstanceMarketOptionsProperty(
+                market_type="capacity-block"
+            )
+
+        self.launch_template = ec2.CfnLaunchTemplate(
+            self,
+            "LaunchTemplate",
+            launch_template_data=ec2.CfnLaunchTemplate.LaunchTemplateDataProperty(
+                metadata_options=_METADATA_OPTIONS,
+                block_device_mappings=[_root_volume(settings.root_volume_gib)],
+                network_interfaces=network_interfaces,
+                placement=placement,
+                capacity_reservation_specification=reservation,
+                instance_market_options=market_options,
+                tag_specifications=_tag_specs("gpu-worker"),
+            ),
+        )
+
+        self.nodegroup = eks.Nodegroup(
+            self,
+            "Nodegroup",
+            cluster=cluster,
+            ami_type=eks.NodegroupAmiType.AL2023_X86_64_NVIDIA,
+            instance_types=[ec2.InstanceType(settings.instance_type)],
+            capacity_type=_capacity_type(settings.capacity_type),
+            min_size=settings.min_size,
+            desired_size=settings.desired_size,
+            max_size=settings.max_size,
+            labels=dict(GPU_NODE_LABELS),
+            taints=[
+                eks.TaintSpec(
+                    effect=eks.TaintEffect.NO_SCHEDULE, key=GPU_TAINT_KEY, value=GPU_TAINT_VALUE
+                )
+            ],
+            subnets=ec2.SubnetSelection(subnets=[subnet]),
+            launch_template_spec=eks.LaunchTemplateSpec(
+                id=self.launch_template.ref,
+                version=self.launch_template.attr_latest_version_number,
+            ),
+            # Replace GPU nodes one at a time: a training job loses at most one worker.
+            max_unavailable=1,
+        )
+
+
+def _capacity_type(value: CapacityType) -> eks.CapacityType:
+    return {
+        CapacityType.ON_DEMAND: eks.CapacityType.ON_DEMAND,
+        CapacityType.SPOT: eks.CapacityType.SPOT,
+        CapacityType.CAPACITY_BLOCK: eks.CapacityType.CAPACITY_BLOCK,
+    }[value]
+
+
+def _tag_specs(role: str) -> list[ec2.CfnLaunchTemplate.TagSpecificationProperty]:
+    # Instances and volumes carry the node role so cost reports split GPU from system spend.
+    return [
+        ec2.CfnLaunchTemplate.TagSpecificationProperty(
+            resource_type=resource_type,
+            tags=[CfnTag(key="ray-train/node-role", value=role)],
+        )
+        for resource_type in ("instance", "volume")
+    ]

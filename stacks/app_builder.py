@@ -1,0 +1,77 @@
+"""Build the CDK app of one environment: settings → stacks, with the cdk-nag gate attached."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aws_cdk as cdk
+from cdk_nag import AwsSolutionsChecks
+
+from config.settings import Settings
+from stacks.cluster_stack import ClusterStack
+from stacks.nag import acknowledge_findings
+from stacks.network_stack import NetworkStack
+
+CDK_JSON = Path(__file__).resolve().parents[1] / "cdk.json"
+
+
+@dataclass
+class EnvironmentStacks:
+    network: NetworkStack
+    cluster: ClusterStack
+
+    def all(self) -> list[cdk.Stack]:
+        return [self.network, self.cluster]
+
+
+def availability_zones_context(settings: Settings) -> dict[str, list[str]]:
+    """Offline synthesis: tell CDK the AZs instead of letting it look them up with credentials
+    (and silently use dummy AZs when it cannot)."""
+    key = f"availability-zones:account={settings.account}:region={settings.region}"
+    return {key: list(settings.vpc.availability_zones)}
+
+
+def cdk_json_context() -> dict[str, Any]:
+    """cdk.json's context (feature flags), so `python app.py`, the tests and `npx cdk` agree."""
+    return dict(json.loads(CDK_JSON.read_text(encoding="utf-8")).get("context", {}))
+
+
+def new_app(settings: Settings, *, outdir: str | None = None) -> cdk.App:
+    context = {**cdk_json_context(), **availability_zones_context(settings), "env": settings.name}
+    return cdk.App(outdir=outdir, context=context)
+
+
+def build_environment(app: cdk.App, settings: Settings, *, nag: bool = True) -> EnvironmentStacks:
+    env = cdk.Environment(account=settings.account, region=settings.region)
+    prefix = settings.stack_prefix
+    common: dict = {
+        "env": env,
+        "termination_protection": settings.termination_protection,
+    }
+    network = NetworkStack(
+        app,
+        f"{prefix}-Network",
+        settings=settings,
+        description=f"Ray Train on EKS ({settings.name}): VPC, NAT, endpoints, flow logs",
+        **common,
+    )
+    cluster = ClusterStack(
+        app,
+        f"{prefix}-Cluster",
+        settings=settings,
+        vpc=network.vpc,
+        gpu_subnet=network.private_subnet_in(settings.gpu_nodes.availability_zone),
+        description=f"Ray Train on EKS ({settings.name}): EKS, node groups, GPU/EFA/KubeRay add-ons",
+        **common,
+    )
+    stacks = EnvironmentStacks(network=network, cluster=cluster)
+
+    for key, value in {"environment": settings.name, **settings.tags}.items():
+        cdk.Tags.of(app).add(key, value)
+    if nag:
+        cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
+        acknowledge_findings(stacks)
+    return stacks

@@ -1,0 +1,168 @@
+"""Cluster: EKS (aws_eks_v2), managed add-ons, system and EFA GPU node groups, Helm add-ons."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import aws_cdk as cdk
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_eks_v2 as eks
+from aws_cdk import aws_kms as kms
+from constructs import Construct
+
+from cdk_constructs.addons import GpuDevicePlugins, KubeRayOperator
+from cdk_constructs.node_groups import EfaGpuNodeGroup, SystemNodeGroup
+from config.settings import KUBECTL_LAYERS, EndpointAccess, Settings
+from stacks.common import removal_policy
+
+CONTROL_PLANE_LOG_TYPES = [
+    eks.ClusterLoggingTypes.API,
+    eks.ClusterLoggingTypes.AUDIT,
+    eks.ClusterLoggingTypes.AUTHENTICATOR,
+    eks.ClusterLoggingTypes.CONTROLLER_MANAGER,
+    eks.ClusterLoggingTypes.SCHEDULER,
+]
+
+
+def kubernetes_version(version: str) -> eks.KubernetesVersion:
+    return getattr(eks.KubernetesVersion, "V" + version.replace(".", "_"))  # type: ignore[no-any-return]
+
+
+def kubectl_layer(scope: Construct, version: str) -> Any:
+    """The kubectl/helm Lambda layer whose kubectl matches the cluster's Kubernetes version."""
+    module_name, class_name = KUBECTL_LAYERS[version].rsplit(".", 1)
+    layer_class = getattr(importlib.import_module(module_name), class_name)
+    return layer_class(scope, "KubectlLayer")
+
+
+class ClusterStack(cdk.Stack):
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        settings: Settings,
+        vpc: ec2.IVpc,
+        gpu_subnet: ec2.ISubnet,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(scope, construct_id, **kwargs)
+        cluster_settings = settings.cluster
+
+        self.secrets_key = kms.Key(
+            self,
+            "SecretsKey",
+            description=f"Envelope encryption of Kubernetes secrets ({cluster_settings.name})",
+            enable_key_rotation=True,
+            removal_policy=removal_policy(settings),
+        )
+
+        if cluster_settings.endpoint_access is EndpointAccess.PRIVATE:
+            endpoint = eks.EndpointAccess.PRIVATE
+        else:
+            endpoint = eks.EndpointAccess.PUBLIC_AND_PRIVATE.only_from(
+                *cluster_settings.public_access_cidrs
+            )
+
+        private_subnets = ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS)
+        self.cluster = eks.Cluster(
+            self,
+            "Cluster",
+            cluster_name=cluster_settings.name,
+            version=kubernetes_version(cluster_settings.kubernetes_version),
+            vpc=vpc,
+            vpc_subnets=[private_subnets],
+            endpoint_access=endpoint,
+            cluster_logging=CONTROL_PLANE_LOG_TYPES,
+            secrets_encryption_key=self.secrets_key,
+            # Capacity comes only from the node groups below (no Auto Mode, no default group).
+            default_capacity_type=eks.DefaultCapacityType.NODEGROUP,
+            default_capacity=0,
+            # Admins come from settings through access entries, not from whoever ran the deploy.
+            bootstrap_cluster_creator_admin_permissions=False,
+            # The networking add-ons are installed below as managed add-ons, with versions EKS
+            # keeps compatible, instead of the unmanaged copies EKS would otherwise bootstrap.
+            bootstrap_self_managed_addons=False,
+            kubectl_provider_options=eks.KubectlProviderOptions(
+                kubectl_layer=kubectl_layer(self, cluster_settings.kubernetes_version),
+            ),
+            removal_policy=cdk.RemovalPolicy.DESTROY,
+        )
+
+        for index, arn in enumerate(cluster_settings.admin_principal_arns):
+            self.cluster.grant_access(
+                f"Admin{index}",
+                arn,
+                [
+                    eks.AccessPolicy.from_access_policy_name(
+                        "AmazonEKSClusterAdminPolicy",
+                        access_scope_type=eks.AccessScopeType.CLUSTER,
+                    )
+                ],
+            )
+
+        # Managed add-ons. The VPC CNI enforces Kubernetes NetworkPolicy (the Ray namespace relies
+        # on it); Pod Identity gives Ray pods their S3 permissions.
+        vpc_cni = eks.Addon(
+            self,
+            "VpcCni",
+            cluster=self.cluster,
+            addon_name="vpc-cni",
+            configuration_values={"enableNetworkPolicy": "true"},
+        )
+        kube_proxy = eks.Addon(self, "KubeProxy", cluster=self.cluster, addon_name="kube-proxy")
+        pod_identity = eks.Addon(
+            self, "PodIdentityAgent", cluster=self.cluster, addon_name="eks-pod-identity-agent"
+        )
+
+        self.system_nodes = SystemNodeGroup(
+            self,
+            "SystemNodes",
+            cluster=self.cluster,
+            settings=settings.system_nodes,
+            subnets=vpc.select_subnets(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS).subnets,
+        )
+        self.gpu_nodes = EfaGpuNodeGroup(
+            self,
+            "GpuNodes",
+            cluster=self.cluster,
+            vpc=vpc,
+            settings=settings.gpu_nodes,
+            subnet=gpu_subnet,
+        )
+        for group in (self.system_nodes.nodegroup, self.gpu_nodes.nodegroup):
+            # Nodes join only once their networking add-ons exist.
+            group.node.add_dependency(vpc_cni, kube_proxy, pod_identity)
+        # CoreDNS needs somewhere to run before EKS reports it active.
+        coredns = eks.Addon(self, "CoreDns", cluster=self.cluster, addon_name="coredns")
+        coredns.node.add_dependency(self.system_nodes.nodegroup)
+
+        self.device_plugins = GpuDevicePlugins(
+            self,
+            "GpuDevicePlugins",
+            cluster=self.cluster,
+            nvidia_version=settings.addons.nvidia_device_plugin,
+            efa_version=settings.addons.efa_device_plugin if settings.gpu_nodes.efa else None,
+        )
+        self.kuberay = KubeRayOperator(
+            self,
+            "KubeRay",
+            cluster=self.cluster,
+            version=settings.addons.kuberay_operator,
+            ray_namespace=settings.workload.namespace,
+        )
+        # Teardown order: Helm releases go before the nodes they run on (a release deleted after
+        # its nodes leaves finalizers and pods stuck), and both before the cluster.
+        self.device_plugins.node.add_dependency(self.gpu_nodes.nodegroup, coredns)
+        self.kuberay.node.add_dependency(self.system_nodes.nodegroup, coredns)
+
+        cdk.CfnOutput(
+            self,
+            "UpdateKubeconfig",
+            value=(
+                f"aws eks update-kubeconfig --region {settings.region} "
+                f"--name {cluster_settings.name}"
+            ),
+            description="Configure kubectl for this cluster",
+        )

@@ -1,0 +1,106 @@
+"""Network: VPC with private node subnets, NAT for egress, VPC endpoints and flow logs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aws_cdk as cdk
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_logs as logs
+from constructs import Construct
+
+from config.settings import Settings
+from stacks.common import removal_policy
+
+
+class NetworkStack(cdk.Stack):
+    def __init__(self, scope: Construct, construct_id: str, *, settings: Settings, **kwargs: Any):
+        super().__init__(scope, construct_id, **kwargs)
+        vpc_settings = settings.vpc
+
+        self.vpc = ec2.Vpc(
+            self,
+            "Vpc",
+            ip_addresses=ec2.IpAddresses.cidr(vpc_settings.cidr),
+            availability_zones=list(vpc_settings.availability_zones),
+            nat_gateways=vpc_settings.nat_gateways,
+            subnet_configuration=[
+                # Public subnets hold only the NAT gateways (and nothing EKS may put there: no
+                # public load balancers are created by this app).
+                ec2.SubnetConfiguration(
+                    name="Public", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=24
+                ),
+                # The VPC CNI gives every pod a VPC address: /19 leaves room for 8k pods per AZ.
+                ec2.SubnetConfiguration(
+                    name="Private", subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS, cidr_mask=19
+                ),
+            ],
+            # Removes the default security group's rules (CIS 5.4): nothing may use it by accident.
+            restrict_default_security_group=True,
+        )
+        # EKS discovers subnets for internal load balancers by these tags.
+        for subnet in self.vpc.private_subnets:
+            cdk.Tags.of(subnet).add("kubernetes.io/role/internal-elb", "1")
+
+        flow_log_group = logs.LogGroup(
+            self,
+            "FlowLogs",
+            retention=_retention(vpc_settings.flow_log_retention_days),
+            removal_policy=removal_policy(settings),
+        )
+        self.vpc.add_flow_log(
+            "FlowLog",
+            destination=ec2.FlowLogDestination.to_cloud_watch_logs(flow_log_group),
+            traffic_type=ec2.FlowLogTrafficType.ALL,
+        )
+
+        # Image pulls and checkpoint traffic stay off the NAT gateway where an endpoint exists.
+        self.vpc.add_gateway_endpoint("S3", service=ec2.GatewayVpcEndpointAwsService.S3)
+        endpoint_sg = ec2.SecurityGroup(
+            self,
+            "EndpointSecurityGroup",
+            vpc=self.vpc,
+            description="HTTPS from inside the VPC to the interface endpoints",
+            allow_all_outbound=False,
+        )
+        endpoint_sg.add_ingress_rule(
+            ec2.Peer.ipv4(vpc_settings.cidr), ec2.Port.tcp(443), "HTTPS from the VPC"
+        )
+        for name, service in (
+            ("EcrApi", ec2.InterfaceVpcEndpointAwsService.ECR),
+            ("EcrDocker", ec2.InterfaceVpcEndpointAwsService.ECR_DOCKER),
+            ("Sts", ec2.InterfaceVpcEndpointAwsService.STS),
+        ):
+            self.vpc.add_interface_endpoint(
+                name,
+                service=service,
+                private_dns_enabled=True,
+                # The group above already admits HTTPS from the VPC; no second, token-built rule.
+                open=False,
+                security_groups=[endpoint_sg],
+                subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS),
+            )
+
+    def private_subnet_in(self, availability_zone: str) -> ec2.ISubnet:
+        for subnet in self.vpc.private_subnets:
+            if subnet.availability_zone == availability_zone:
+                return subnet
+        raise ValueError(f"no private subnet in {availability_zone}")
+
+
+def _retention(days: int) -> logs.RetentionDays:
+    by_days = {
+        1: logs.RetentionDays.ONE_DAY,
+        3: logs.RetentionDays.THREE_DAYS,
+        5: logs.RetentionDays.FIVE_DAYS,
+        7: logs.RetentionDays.ONE_WEEK,
+        14: logs.RetentionDays.TWO_WEEKS,
+        30: logs.RetentionDays.ONE_MONTH,
+        60: logs.RetentionDays.TWO_MONTHS,
+        90: logs.RetentionDays.THREE_MONTHS,
+        120: logs.RetentionDays.FOUR_MONTHS,
+        150: logs.RetentionDays.FIVE_MONTHS,
+        180: logs.RetentionDays.SIX_MONTHS,
+        365: logs.RetentionDays.ONE_YEAR,
+    }
+    return by_days[days]
