@@ -6,6 +6,7 @@ stub (Service Quotas: moto's mock only knows the `vpc` service) instead of patch
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -56,16 +57,14 @@ def credential_problem(exc: BaseException) -> str | None:
     if isinstance(exc, bce.TokenRetrievalError | bce.SSOError | bce.UnauthorizedSSOTokenError):
         return f"the AWS SSO session has expired or is invalid ({exc}): run `aws sso login`"
     if isinstance(exc, bce.ClientError) and error_code(exc) in _CREDENTIAL_CODES:
-        return (
-            f"AWS rejected the credentials ({error_code(exc)}: {error_message(exc)}); "
-            f"{CONFIGURE_HINT}"
-        )
+        return f"AWS rejected the credentials ({error_code(exc)}: {error_message(exc)}); {CONFIGURE_HINT}"
     return None
 
 
-def known_regions() -> list[str]:
+@functools.cache
+def known_regions() -> tuple[str, ...]:
     """Regions botocore knows for EC2 (offline: from its bundled endpoint data)."""
-    return boto3.session.Session().get_available_regions("ec2")
+    return tuple(boto3.session.Session().get_available_regions("ec2"))
 
 
 def session(profile: str | None) -> boto3.session.Session:
@@ -133,9 +132,7 @@ class CapacityApi:
         except bce.ClientError as exc:
             if error_code(exc) != "NoSuchResourceException":
                 raise
-            resp = self.quotas.get_aws_default_service_quota(
-                ServiceCode="ec2", QuotaCode=quota_code
-            )
+            resp = self.quotas.get_aws_default_service_quota(ServiceCode="ec2", QuotaCode=quota_code)
         return float(resp["Quota"]["Value"])
 
     def on_demand_instance_types(self) -> list[str]:

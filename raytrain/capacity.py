@@ -93,9 +93,7 @@ class QuotaClass:
 # Service Quotas console under Amazon EC2.
 G_VT = QuotaClass("L-DB2E81BA", "Running On-Demand G and VT instances")
 P = QuotaClass("L-417A185B", "Running On-Demand P instances")
-STANDARD = QuotaClass(
-    "L-1216C47A", "Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances"
-)
+STANDARD = QuotaClass("L-1216C47A", "Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances")
 
 # Keyed by the letters before the generation digit. Longer prefixes such as dl, inf, trn, hpc and
 # mac (own quotas) must not fall into d, i, t, h or m; im/is (im4gn, is4gen) are I types.
@@ -148,9 +146,7 @@ def _signals_deferred() -> Iterator[None]:
     unwind past the only reference to a live reservation. Blocked signals stay pending and are
     raised as soon as the block ends, i.e. once the id is stored (or the cancel is done).
     """
-    if not hasattr(signal, "pthread_sigmask") or (
-        threading.current_thread() is not threading.main_thread()
-    ):
+    if not hasattr(signal, "pthread_sigmask") or (threading.current_thread() is not threading.main_thread()):
         yield
         return
     old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
@@ -199,9 +195,7 @@ class Prober:
         try:
             unknown = True
             with _signals_deferred():
-                reservation_id = api.create_probe_reservation(
-                    instance_type, zone, count, token, tag
-                )
+                reservation_id = api.create_probe_reservation(instance_type, zone, count, token, tag)
                 unknown = False
             return ProbeResult(True, "reserved", f"reserved {count} and cancelled")
         except bce.ClientError as exc:
@@ -241,10 +235,7 @@ class Prober:
 
 
 def cancel_command(region: str, reservation_id: str) -> str:
-    return (
-        f"aws ec2 cancel-capacity-reservation --region {region} "
-        f"--capacity-reservation-id {reservation_id}"
-    )
+    return f"aws ec2 cancel-capacity-reservation --region {region} --capacity-reservation-id {reservation_id}"
 
 
 # --- evaluation --------------------------------------------------------------------------------
@@ -432,9 +423,7 @@ def _judge(
     if reservation is not None:
         res_zone = reservation.get("AvailabilityZone")
         if r.region != reservation_region or r.zone != res_zone:
-            r.reason = (
-                f"capacity reservation {reservation['CapacityReservationId']} is in {res_zone}"
-            )
+            r.reason = f"capacity reservation {reservation['CapacityReservationId']} is in {res_zone}"
             r.blocker = _BLOCK_RESERVATION
             return
         problem = _reservation_problem(reservation, need)
@@ -472,15 +461,12 @@ def _judge(
 def _reservation_problem(reservation: dict[str, Any], need: Need) -> str | None:
     rid = reservation["CapacityReservationId"]
     if reservation.get("InstanceType") != need.instance.name:
-        return (
-            f"reservation {rid} is for {reservation.get('InstanceType')}, not {need.instance.name}"
-        )
+        return f"reservation {rid} is for {reservation.get('InstanceType')}, not {need.instance.name}"
     if reservation.get("State") not in ("active", "scheduled"):
         return f"reservation {rid} is {reservation.get('State')}"
     if int(reservation.get("TotalInstanceCount", 0)) < need.count:
         return (
-            f"reservation {rid} holds {reservation.get('TotalInstanceCount')} instances, "
-            f"{need.count} needed"
+            f"reservation {rid} holds {reservation.get('TotalInstanceCount')} instances, {need.count} needed"
         )
     if reservation.get("InstanceMatchCriteria") != "targeted":
         return None  # open reservations work too; targeted is what the node group names
@@ -585,9 +571,7 @@ def updated_text(
     data = yaml.load(text)
     changes: list[str] = []
 
-    def put(
-        mapping: CommentedMap, key: str, value: Any, label: str, after: str | None = None
-    ) -> None:
+    def put(mapping: CommentedMap, key: str, value: Any, label: str, after: str | None = None) -> None:
         if key in mapping and mapping[key] == value:
             return
         old = mapping.get(key, "(unset)")
@@ -663,16 +647,12 @@ def register(subparsers: Any) -> None:
         epilog=EXIT_CODES_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "--env", required=True, help="environment name (config/environments/NAME.yaml)"
-    )
+    parser.add_argument("--env", required=True, help="environment name (config/environments/NAME.yaml)")
     parser.add_argument(
         "--regions",
         help="comma-separated candidate regions (default: the environment's region)",
     )
-    parser.add_argument(
-        "--instance-type", help="GPU instance type (default: gpu_nodes.instance_type)"
-    )
+    parser.add_argument("--instance-type", help="GPU instance type (default: gpu_nodes.instance_type)")
     parser.add_argument(
         "--count",
         type=int,
@@ -736,9 +716,7 @@ class _UsageError(Exception):
     pass
 
 
-def _run(
-    args: argparse.Namespace, console: Console, err: Console, api_factory: ApiFactory | None
-) -> int:
+def _run(args: argparse.Namespace, console: Console, err: Console, api_factory: ApiFactory | None) -> int:
     settings = load_settings(args.env, args.config_dir)
     itype = args.instance_type or settings.gpu_nodes.instance_type
     if itype not in CATALOGUE:
@@ -758,9 +736,7 @@ def _run(
         raise _UsageError(f"--count must be at least 1 (got {count})")
     reservation_id = args.capacity_reservation_id or gpu.capacity_reservation_id
     if reservation_id and not _CAPACITY_RESERVATION_RE.match(reservation_id):
-        raise _UsageError(
-            f"{reservation_id!r} is not a capacity reservation id like cr-0123456789abcdef0"
-        )
+        raise _UsageError(f"{reservation_id!r} is not a capacity reservation id like cr-0123456789abcdef0")
     regions = _regions(args.regions, settings.region)
     need = Need(CATALOGUE[itype], count, min(gpu.min_size, count))
 
@@ -774,9 +750,7 @@ def _run(
     apis = {region: api_factory(region) for region in regions}
     prober = Prober(warn=lambda text: err.print(text, markup=False, highlight=False))
     with _terminate_as_exception():
-        plan = evaluate(
-            apis, need, settings, probe=args.probe, prober=prober, reservation_id=reservation_id
-        )
+        plan = evaluate(apis, need, settings, probe=args.probe, prober=prober, reservation_id=reservation_id)
     render(plan, need, console)
     if prober.leaked:
         return EXIT_LEAKED
