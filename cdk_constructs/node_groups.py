@@ -123,9 +123,7 @@ class EfaGpuNodeGroup(Construct):
             )
             # Separate ingress/egress resources referencing the group itself (inline self
             # references would be a circular dependency in CloudFormation).
-            self.security_group.connections.allow_internally(
-                ec2.Port.all_traffic(), "EFA between GPU nodes"
-            )
+            self.security_group.connections.allow_internally(ec2.Port.all_traffic(), "EFA between GPU nodes")
             groups = [self.security_group.security_group_id, cluster.cluster_security_group_id]
             network_interfaces = [
                 ec2.CfnLaunchTemplate.NetworkInterfaceProperty(
@@ -153,9 +151,7 @@ class EfaGpuNodeGroup(Construct):
                 )
             )
         if settings.capacity_type is CapacityType.CAPACITY_BLOCK:
-            market_options = ec2.CfnLaunchTemplate.InstanceMarketOptionsProperty(
-                market_type="capacity-block"
-            )
+            market_options = ec2.CfnLaunchTemplate.InstanceMarketOptionsProperty(market_type="capacity-block")
 
         self.launch_template = ec2.CfnLaunchTemplate(
             self,
@@ -163,6 +159,9 @@ class EfaGpuNodeGroup(Construct):
             launch_template_data=ec2.CfnLaunchTemplate.LaunchTemplateDataProperty(
                 metadata_options=_METADATA_OPTIONS,
                 block_device_mappings=[_root_volume(settings.root_volume_gib)],
+                # The type sits in the launch template, not the node group: CDK's node group
+                # checks AMI/type pairs against a list that lags new GPU types (p5 is missing).
+                instance_type=settings.instance_type,
                 network_interfaces=network_interfaces,
                 placement=placement,
                 capacity_reservation_specification=reservation,
@@ -176,16 +175,13 @@ class EfaGpuNodeGroup(Construct):
             "Nodegroup",
             cluster=cluster,
             ami_type=eks.NodegroupAmiType.AL2023_X86_64_NVIDIA,
-            instance_types=[ec2.InstanceType(settings.instance_type)],
             capacity_type=_capacity_type(settings.capacity_type),
             min_size=settings.min_size,
             desired_size=settings.desired_size,
             max_size=settings.max_size,
             labels=dict(GPU_NODE_LABELS),
             taints=[
-                eks.TaintSpec(
-                    effect=eks.TaintEffect.NO_SCHEDULE, key=GPU_TAINT_KEY, value=GPU_TAINT_VALUE
-                )
+                eks.TaintSpec(effect=eks.TaintEffect.NO_SCHEDULE, key=GPU_TAINT_KEY, value=GPU_TAINT_VALUE)
             ],
             subnets=ec2.SubnetSelection(subnets=[subnet]),
             launch_template_spec=eks.LaunchTemplateSpec(

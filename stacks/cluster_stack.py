@@ -61,9 +61,7 @@ class ClusterStack(cdk.Stack):
         if cluster_settings.endpoint_access is EndpointAccess.PRIVATE:
             endpoint = eks.EndpointAccess.PRIVATE
         else:
-            endpoint = eks.EndpointAccess.PUBLIC_AND_PRIVATE.only_from(
-                *cluster_settings.public_access_cidrs
-            )
+            endpoint = eks.EndpointAccess.PUBLIC_AND_PRIVATE.only_from(*cluster_settings.public_access_cidrs)
 
         private_subnets = ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS)
         self.cluster = eks.Cluster(
@@ -160,9 +158,6 @@ class ClusterStack(cdk.Stack):
         cdk.CfnOutput(
             self,
             "UpdateKubeconfig",
-            value=(
-                f"aws eks update-kubeconfig --region {settings.region} "
-                f"--name {cluster_settings.name}"
-            ),
+            value=(f"aws eks update-kubeconfig --region {settings.region} --name {cluster_settings.name}"),
             description="Configure kubectl for this cluster",
         )

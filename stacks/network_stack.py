@@ -27,9 +27,7 @@ class NetworkStack(cdk.Stack):
             subnet_configuration=[
                 # Public subnets hold only the NAT gateways (and nothing EKS may put there: no
                 # public load balancers are created by this app).
-                ec2.SubnetConfiguration(
-                    name="Public", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=24
-                ),
+                ec2.SubnetConfiguration(name="Public", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=24),
                 # The VPC CNI gives every pod a VPC address: /19 leaves room for 8k pods per AZ.
                 ec2.SubnetConfiguration(
                     name="Private", subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS, cidr_mask=19

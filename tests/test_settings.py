@@ -1,0 +1,267 @@
+"""Settings validation: each bad value stops with one message naming the file, field and what is valid."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+from ruamel.yaml import YAML
+
+from config.catalogue import CATALOGUE
+from config.loader import ENVIRONMENTS_DIR, SettingsError, environment_names, load_settings, parse_settings
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCE = "config/environments/dev.yaml"
+
+
+def dev_data() -> dict:
+    return YAML(typ="safe", pure=True).load((ENVIRONMENTS_DIR / "dev.yaml").read_text())
+
+
+def parse(data: dict):
+    import json
+
+    # JSON is YAML, and quotes every string exactly.
+    return parse_settings(json.dumps(data), name="dev", source=SOURCE)
+
+
+def error_of(data: dict) -> str:
+    with pytest.raises(SettingsError) as info:
+        parse(data)
+    message = str(info.value)
+    assert message.startswith(SOURCE), message
+    assert "Traceback" not in message
+    return message
+
+
+def test_shipped_environments_are_valid():
+    assert environment_names() == ["dev", "prod"]
+    for name in ["dev", "prod", "example"]:
+        settings = load_settings(name)
+        assert settings.name == name
+        assert settings.gpu_nodes.availability_zone in settings.vpc.availability_zones
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field", "hint"),
+    [
+        (
+            lambda d: d["gpu_nodes"].update(instance_type="g6.12xlarg"),
+            "gpu_nodes.instance_type",
+            "g6.12xlarge",
+        ),
+        (
+            lambda d: d["gpu_nodes"].update(instance_type="g6.xlarge"),
+            "gpu_nodes.instance_type",
+            "EFA GPU types",
+        ),
+        (
+            lambda d: d["gpu_nodes"].update(availability_zone="us-west-2d"),
+            "gpu_nodes.availability_zone",
+            "us-west-2a",
+        ),
+        (
+            lambda d: d["vpc"].update(availability_zones=["us-east-1a", "us-east-1b"]),
+            "vpc.availability_zones",
+            "not in region",
+        ),
+        (lambda d: d["gpu_nodes"].update(min_size=3, max_size=2), "gpu_nodes", "greater than max_size"),
+        (
+            lambda d: d["cluster"].update(kubernetes_version="1.29"),
+            "cluster.kubernetes_version",
+            "1.34, 1.35, 1.36",
+        ),
+        (
+            lambda d: d["cluster"].update(admin_principal_arns=["arn:aws:iam::12:role/x"]),
+            "cluster.admin_principal_arns",
+            "IAM role or user ARN",
+        ),
+        (
+            lambda d: d["cluster"].update(public_access_cidrs=["10.0.0.300/8"]),
+            "cluster.public_access_cidrs.0",
+            "CIDR",
+        ),
+        (lambda d: d["vpc"].update(cidr="10.0.0.1/16"), "vpc.cidr", "CIDR"),
+        (lambda d: d.update(unknown_field=1), "unknown_field", "unknown field"),
+        (lambda d: d["gpu_nodes"].update(efa_interfaces=2), "gpu_nodes.efa_interfaces", "unknown field"),
+        (lambda d: d.update(account="1234"), "account", "12-digit"),
+        (lambda d: d.update(region="uswest2"), "region", "region name"),
+        (
+            lambda d: d["gpu_nodes"].update(capacity_reservation_id="cr-1"),
+            "gpu_nodes.capacity_reservation_id",
+            "cr-",
+        ),
+        (
+            lambda d: d["gpu_nodes"].update(capacity_reservation_id="cr-0123456789abcdef0"),
+            "gpu_nodes.placement_group",
+            "must be false",
+        ),
+        (
+            lambda d: d["gpu_nodes"].update(capacity_type="CAPACITY_BLOCK"),
+            "gpu_nodes.capacity_reservation_id",
+            "CAPACITY_BLOCK",
+        ),
+        (lambda d: d["gpu_nodes"].update(capacity_type="RESERVED"), "gpu_nodes.capacity_type", "ON_DEMAND"),
+        (lambda d: d["gpu_nodes"].update(root_volume_gib=100), "gpu_nodes.root_volume_gib", "200"),
+        (
+            lambda d: d["system_nodes"].update(instance_type="g6.12xlarge"),
+            "system_nodes.instance_type",
+            "GPU type",
+        ),
+        (lambda d: d["vpc"].update(nat_gateways=3), "vpc.nat_gateways", "availability zones"),
+        (lambda d: d["cluster"].update(endpoint_access="private"), "cluster", "must be empty"),
+        (
+            lambda d: (
+                d["addons"].update(kuberay_operator="latest")
+                if "addons" in d
+                else d.update(addons={"kuberay_operator": "latest"})
+            ),
+            "addons.kuberay_operator",
+            "pinned chart version",
+        ),
+    ],
+)
+def test_bad_values_name_the_field_and_what_is_valid(mutate, field, hint):
+    data = dev_data()
+    mutate(data)
+    message = error_of(data)
+    assert f"  - {field}:" in message, message
+    assert hint in message, message
+
+
+def test_missing_required_field():
+    data = dev_data()
+    del data["gpu_nodes"]["availability_zone"]
+    assert "gpu_nodes.availability_zone: required field is missing" in error_of(data)
+
+
+def test_name_in_file_is_rejected():
+    data = dev_data()
+    data["name"] = "other"
+    assert "name: not allowed" in error_of(data)
+
+
+def test_not_yaml_and_not_a_mapping():
+    with pytest.raises(SettingsError, match="not valid YAML"):
+        parse_settings("a: [1, 2", name="dev", source=SOURCE)
+    with pytest.raises(SettingsError, match="expected a mapping"):
+        parse_settings("- 1\n- 2\n", name="dev", source=SOURCE)
+
+
+def test_unknown_environment_lists_known_ones():
+    with pytest.raises(SettingsError, match="known environments: dev, prod"):
+        load_settings("staging")
+
+
+# ------------------------------------------------------------------ properties
+
+FAST = hsettings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@FAST
+@given(st.text(min_size=1, max_size=20).filter(lambda s: s.strip() not in CATALOGUE))
+def test_any_unknown_instance_type_is_rejected(name):
+    data = dev_data()
+    data["gpu_nodes"]["instance_type"] = name
+    assert "gpu_nodes.instance_type" in error_of(data)
+
+
+@FAST
+@given(st.sampled_from(sorted(CATALOGUE)))
+def test_gpu_types_pass_only_with_gpus_and_efa(name):
+    data = dev_data()
+    data["gpu_nodes"]["instance_type"] = name
+    itype = CATALOGUE[name]
+    if itype.gpus and itype.efa:
+        assert parse(data).gpu_nodes.instance.name == name
+    else:
+        assert "gpu_nodes.instance_type" in error_of(data)
+
+
+@FAST
+# Desired sizes whose GPU count divides the default global batch (the job cross-checks that).
+@given(st.integers(0, 20), st.sampled_from([0, 1, 2, 4]), st.integers(1, 20))
+def test_sizes_valid_iff_ordered(min_size, desired, max_size):
+    data = dev_data()
+    data["gpu_nodes"].update(min_size=min_size, desired_size=desired, max_size=max_size)
+    # desired 0 is rejected too: the workload's GPU worker group needs a node to run on.
+    if min_size <= desired <= max_size and desired >= 1:
+        assert parse(data).gpu_nodes.desired_size == desired
+    else:
+        assert "gpu_nodes" in error_of(data)
+
+
+@FAST
+@given(st.sampled_from(["us-west-2", "us-east-1", "eu-west-1"]), st.sampled_from("abcdef"))
+def test_gpu_az_must_be_a_vpc_az(region, zone):
+    data = dev_data()
+    data["gpu_nodes"]["availability_zone"] = f"{region}{zone}"
+    if f"{region}{zone}" in data["vpc"]["availability_zones"]:
+        parse(data)
+    else:
+        assert "gpu_nodes.availability_zone" in error_of(data)
+
+
+@FAST
+@given(st.ip_addresses(v=4), st.integers(0, 32))
+def test_cidrs_must_be_network_addresses(address, prefix):
+    import ipaddress
+
+    data = dev_data()
+    cidr = f"{address}/{prefix}"
+    data["cluster"]["public_access_cidrs"] = [cidr]
+    try:
+        ipaddress.ip_network(cidr, strict=True)
+    except ValueError:
+        assert "cluster.public_access_cidrs.0" in error_of(data)
+    else:
+        assert parse(data).cluster.public_access_cidrs == [cidr]
+
+
+# ------------------------------------------------------------------ command line
+
+
+def run_app(env: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    import json
+    import os
+
+    environ = dict(os.environ, CDK_CONTEXT_JSON=json.dumps({"env": env}), CDK_OUTDIR=str(cwd / "out"))
+    return subprocess.run(
+        [sys.executable, str(ROOT / "app.py")],
+        capture_output=True,
+        text=True,
+        env=environ,
+        cwd=ROOT,
+        check=False,
+    )
+
+
+def test_app_with_unknown_environment_fails_cleanly(tmp_path):
+    result = run_app("staging", tmp_path)
+    assert result.returncode == 1
+    assert "no such environment file for env='staging'" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not list((tmp_path / "out").glob("*.template.json")) if (tmp_path / "out").exists() else True
+
+
+def test_synth_all_with_a_bad_file_writes_nothing(tmp_path, monkeypatch):
+    from config import loader
+    from stacks import synth_all
+
+    envs = tmp_path / "environments"
+    envs.mkdir()
+    (envs / "dev.yaml").write_text((ENVIRONMENTS_DIR / "dev.yaml").read_text())
+    (envs / "broken.yaml").write_text(
+        (ENVIRONMENTS_DIR / "dev.yaml").read_text().replace("g6.12xlarge", "g9.huge")
+    )
+    monkeypatch.setattr(loader, "ENVIRONMENTS_DIR", envs)
+    monkeypatch.setattr(synth_all, "environment_names", lambda: loader.environment_names(envs))
+    monkeypatch.setattr(synth_all, "load_settings", lambda name: loader.load_settings(name, envs))
+    out = tmp_path / "cdk.out"
+    assert synth_all.main(["--out", str(out)]) == 1
+    assert not out.exists()
