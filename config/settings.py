@@ -254,7 +254,7 @@ class AddonSettings(_Model):
 # Workload/job patterns (chart and RayJob).
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _RUN_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{0,39}$")
-_HF_MODEL_RE = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$")
+_HF_MODEL_RE = re.compile(r"^([A-Za-z0-9][\w.-]{0,95}/)?[A-Za-z0-9][\w.-]{0,95}$")
 _S3_URI_RE = re.compile(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?$")
 _ABS_PATH_RE = re.compile(r"^/\S*$")
 _RESERVED_NAMESPACES = {"default", "kube-system", "kube-public", "kube-node-lease", "kuberay-system"}
@@ -364,7 +364,7 @@ class Sharding(StrEnum):
 
 
 class Transport(StrEnum):
-    AUTO = "auto"  # efa when gpu_nodes.efa, else socket
+    AUTO = "auto"  # efa when gpu_nodes.efa, else socket (the job accepts any on a single node)
     EFA = "efa"
     SOCKET = "socket"
     IB = "ib"
@@ -379,6 +379,7 @@ class JobSettings(_Model):
     # RayJob retries and new RayJobs, so a new job with the same run_name resumes from the
     # latest checkpoint: change it to start a fresh run.
     run_name: str = "qwen2.5-1.5b-fsdp2"
+    # Hugging Face id, s3:// prefix or absolute path: weights (pretrained) and tokenizer.
     model: str = "Qwen/Qwen2.5-1.5B"
     init: ModelInit = ModelInit.PRETRAINED
     shape: ModelShape = ModelShape.QWEN2_5_1_5B
@@ -424,9 +425,12 @@ class JobSettings(_Model):
     @field_validator("model")
     @classmethod
     def _model(cls, value: str) -> str:
-        if not _HF_MODEL_RE.match(value):
-            raise ValueError(f"{value!r} is not a Hugging Face model id like Qwen/Qwen2.5-1.5B")
-        return value
+        if _HF_MODEL_RE.match(value) or _S3_URI_RE.match(value) or _ABS_PATH_RE.match(value):
+            return value
+        raise ValueError(
+            f"{value!r} is not a model: use a Hugging Face id like Qwen/Qwen2.5-1.5B, an "
+            "s3://bucket/prefix, or an absolute path inside the container"
+        )
 
     @field_validator("data")
     @classmethod

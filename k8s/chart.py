@@ -297,7 +297,9 @@ def training_args(settings: Settings, *, checkpoint_uri: str) -> list[str]:
         "--lr", repr(job.lr),
         "--seed", str(job.seed),
         "--sharding", job.sharding.value,
-        "--expect-transport", job.transport(settings.gpu_nodes.efa).value,
+        # `auto` stays auto: the job resolves it per run ("any" on one node, where no inter-node
+        # link exists, else RAYTRAIN_EXPECT_TRANSPORT, which the workers get from the settings).
+        "--expect-transport", job.expect_transport.value,
     ]  # fmt: skip
     if job.compile:
         args.append("--compile")

@@ -52,7 +52,7 @@ def test_environment_files_are_valid_with_defaults() -> None:
         ({"job": {"sharding": "zero3"}}, "job.sharding", "'auto', 'full' or 'hsdp'"),
         ({"job": {"expect_transport": "tcp"}}, "job.expect_transport", "got 'tcp'"),
         ({"job": {"data": "bucket/key"}}, "job.data", "s3://bucket/prefix"),
-        ({"job": {"model": "not a model"}}, "job.model", "Hugging Face model id"),
+        ({"job": {"model": "not a model"}}, "job.model", "Hugging Face id"),
         ({"job": {"run_name": "Run_1"}}, "job.run_name", "is not a run name"),
         ({"job": {"output_dir": "relative/dir"}}, "job.output_dir", "absolute path"),
         ({"job": {"cluster": "standing"}}, "job.ttl_seconds_after_finished", "must be 0"),
