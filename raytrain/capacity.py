@@ -70,6 +70,9 @@ exit codes:
   {EXIT_INTERRUPTED}  interrupted (Ctrl-C); probe reservations were cancelled
   {EXIT_TERMINATED}  terminated (SIGTERM); probe reservations were cancelled
 
+A probe reservation is cancelled on every exit path. Ctrl-C or SIGTERM while a create or cancel
+call is in flight takes effect when that call returns, so that no reservation is left behind.
+
 IAM permissions: ec2:DescribeAvailabilityZones, ec2:DescribeInstanceTypeOfferings,
 ec2:DescribeInstanceTypes, ec2:DescribeInstances, ec2:GetSpotPlacementScores,
 servicequotas:GetServiceQuota, servicequotas:GetAWSDefaultServiceQuota; with --probe also
@@ -321,8 +324,7 @@ def evaluate(
     notes: list[str] = []
     itype = need.instance.name
     qclass = quota_class(itype)
-    if qclass is None:  # the catalogue holds only G, P and standard types today
-        raise AwsError(f"no On-Demand quota code known for {itype}")
+    assert qclass is not None, itype  # checked by _run before any AWS call
     reservation: dict[str, Any] | None = None
     reservation_region: str | None = None
     if reservation_id:
@@ -358,7 +360,8 @@ def evaluate(
         scores, score_note = _scores(api, itype, need.count)
         if score_note:
             notes.append(f"{region}: Spot placement scores unavailable ({score_note})")
-        if quota.free < need.vcpus:
+        # A quota increase only helps where the type is offered at all.
+        if quota.free < need.vcpus and offered:
             requests[region] = quota.increase_command(region, need.vcpus)
         for zone in zones:
             result = ZoneResult(
@@ -432,7 +435,7 @@ def _judge(
             return
     if quota.free < need.vcpus:
         short = f"quota short: {quota_text}, {need.vcpus} needed for {need.count} nodes"
-        if quota.free >= need.min_vcpus and need.min_count < need.count:
+        if 0 < need.min_count < need.count and quota.free >= need.min_vcpus:
             short += f" (min_size {need.min_count} fits)"
         r.reason, r.blocker = short + "; request the increase below", _BLOCK_QUOTA
         return
@@ -724,6 +727,8 @@ def _run(args: argparse.Namespace, console: Console, err: Console, api_factory: 
             f"{itype!r} is not in the instance catalogue (config/catalogue.py); "
             f"known types: {', '.join(sorted(CATALOGUE))}"
         )
+    if quota_class(itype) is None:
+        raise _UsageError(f"no On-Demand vCPU quota code is known for {itype} (G, VT, P and standard only)")
     if args.write and itype != settings.gpu_nodes.instance_type:
         raise _UsageError(
             f"--write pins a zone for gpu_nodes.instance_type "

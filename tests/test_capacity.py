@@ -271,6 +271,7 @@ def test_quota_short_prints_the_increase_request(world, envdir, capsys) -> None:
     assert "No zone fits." in out
     assert "quota short: 48 of 96 vCPUs free (L-DB2E81BA), 96 needed for 2 nodes" in out
     assert "quota short: 0 of 0 vCPUs free (L-DB2E81BA)" in out
+    assert "(min_size 0 fits)" not in out  # dev's min_size 0 says nothing
     assert (
         "aws service-quotas request-service-quota-increase --region us-east-1 "
         "--service-code ec2 --quota-code L-DB2E81BA --desired-value 144"
@@ -293,12 +294,13 @@ def test_quota_short_for_desired_but_min_fits_is_said(world, envdir, capsys) -> 
 
 def test_not_offered_anywhere(world, envdir, capsys) -> None:
     # moto lists no g6.12xlarge offering in eu-west-1 (it does for g5.12xlarge).
-    world.applied_quotas["eu-west-1"] = {"L-DB2E81BA": 192}
+    world.applied_quotas["eu-west-1"] = {"L-DB2E81BA": 0}
 
     code = run(world, envdir, "--env", "dev", "--regions", "eu-west-1", "--probe")
 
     out = capsys.readouterr().out
     assert code == capacity.EXIT_NO_FIT
+    assert "request-service-quota-increase" not in out  # more quota would not help here
     ranked = rows(out)
     assert len(ranked) == 3
     assert all("g6.12xlarge is not offered in this zone" in r for r in ranked)
