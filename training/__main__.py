@@ -1,0 +1,36 @@
+"""`python -m training [options]`: see `python -m training --help`."""
+
+from __future__ import annotations
+
+import sys
+
+from training.options import OptionError, parse_args
+
+PROG = "python -m training"
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        opts = parse_args(sys.argv[1:] if argv is None else argv)
+        from training.driver import run
+
+        summ = run(opts)
+    except OptionError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        # Ray wraps worker failures; the workers' tracebacks are already in the log above.
+        print(f"{PROG}: training failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    tps, mfu = summ["tokens_per_s"], summ["mfu"]
+    line = f"[train] done: {summ['steps']} steps, final loss {summ['final_loss']:.4f}"
+    if tps:
+        line += f", {tps:,.0f} tokens/s"
+    if mfu:
+        line += f", MFU {100 * mfu:.1f}%"
+    print(line + f", {summ['wall_time_s']:.0f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""The driver: checks the options against the cluster, prepares data, runs the TorchTrainer."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from training import summary as summary_mod
+from training.checkpoint import STATE_FILE
+from training.options import OptionError, TrainOptions, data_files
+
+
+def check_model(opts: TrainOptions) -> Any:
+    """Load the model config (no weights) and check the sequence length against its positions."""
+    from training.model import model_config
+
+    try:
+        cfg = model_config(opts.init, opts.shape, opts.model)
+    except Exception as exc:
+        raise OptionError(f"--model: cannot load the config of {opts.model!r}: {exc}") from None
+    max_pos = getattr(cfg, "max_position_embeddings", None)
+    if max_pos and opts.seq_len > max_pos:
+        raise OptionError(f"--seq-len: {opts.seq_len} is beyond the model's {max_pos} positions")
+    if opts.data != "random" and opts.shape != "tiny":
+        from training.data import load_tokenizer
+
+        try:
+            load_tokenizer(opts.shape, opts.model)
+        except Exception as exc:
+            raise OptionError(f"--model: cannot load the tokenizer of {opts.model!r}: {exc}") from None
+    if opts.liger and getattr(cfg, "model_type", "") not in ("qwen2", "llama", "mistral"):
+        raise OptionError(f"--liger: not wired for model type {cfg.model_type!r}")
+    return cfg
+
+
+def init_ray(opts: TrainOptions) -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    if opts.address:
+        ray.init(address=opts.address)
+        return
+    # Embedded local Ray: its workers must import this package; they inherit the environment.
+    root = str(Path(__file__).resolve().parents[1])
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if root not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([root, *paths])
+    ray.init()
+
+
+def resolve_workers(opts: TrainOptions) -> tuple[int, bool]:
+    """Worker count and whether they use GPUs, checked against the cluster and the batch sizes."""
+    import ray
+
+    gpus = int(ray.cluster_resources().get("GPU", 0))
+    use_gpu = gpus > 0
+    workers = opts.num_workers or (gpus if use_gpu else 2)
+    if use_gpu and workers > gpus:
+        raise OptionError(f"--num-workers: {workers} is more than the cluster's {gpus} GPUs")
+    if not use_gpu:
+        cpus = int(ray.cluster_resources().get("CPU", 0))
+        if workers > cpus:
+            raise OptionError(f"--num-workers: {workers} CPU workers but Ray has {cpus} CPUs")
+    per_step = opts.micro_batch_size * workers
+    if opts.global_batch_size is not None and opts.global_batch_size % per_step:
+        raise OptionError(
+            f"--global-batch-size: {opts.global_batch_size} is not a multiple of micro batch × "
+            f"workers = {opts.micro_batch_size} × {workers} = {per_step}"
+        )
+    return workers, use_gpu
+
+
+def prepare_blocks(opts: TrainOptions) -> Any:
+    """Tokenize and pack real data once, in the driver's Ray Data job; workers index into it."""
+    if opts.data == "random":
+        return None
+    import ray
+
+    from training.data import build_blocks
+
+    try:
+        blocks = build_blocks(
+            data_files(opts.data),
+            field=opts.text_field,
+            shape=opts.shape,
+            model=opts.model,
+            seq_len=opts.seq_len,
+        )
+    except ValueError as exc:
+        raise OptionError(str(exc)) from None
+    if len(blocks) == 0:
+        raise OptionError(f"--data: {opts.data} holds fewer than --seq-len {opts.seq_len} tokens")
+    print(f"[train] data: {len(blocks)} blocks of {opts.seq_len} tokens from {opts.data}", flush=True)
+    return ray.put(blocks)
+
+
+def run(opts: TrainOptions) -> dict[str, Any]:
+    """Run (or resume) the training run; return the summary."""
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from training.loop import train_loop
+
+    t0 = time.time()
+    check_model(opts)
+    init_ray(opts)
+    workers, use_gpu = resolve_workers(opts)
+    blocks = prepare_blocks(opts)
+    trainer = TorchTrainer(
+        train_loop,
+        train_loop_config={"options": opts.to_dict(), "blocks": blocks},
+        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
+        scaling_config=ScalingConfig(
+            num_workers=workers,
+            use_gpu=use_gpu,
+            resources_per_worker=None if use_gpu else {"CPU": 1},
+        ),
+        run_config=RunConfig(
+            name=opts.run_name,
+            storage_path=opts.storage_path,
+            failure_config=FailureConfig(max_failures=opts.max_failures),
+            checkpoint_config=CheckpointConfig(num_to_keep=opts.keep_checkpoints),
+        ),
+    )
+    result = trainer.fit()
+    if result.checkpoint is None:
+        raise RuntimeError("the run ended without a checkpoint")
+    with result.checkpoint.as_directory() as ckpt_dir:
+        meta = json.loads(Path(ckpt_dir, STATE_FILE).read_text())
+    summ = summary_mod.summarize(meta, opts.to_dict(), time.time() - t0)
+    summ["checkpoint"] = result.checkpoint.path
+    for path in summary_mod.write(summ, opts.output_dir, opts.storage_path):
+        print(f"[train] wrote {path}", flush=True)
+    return summ

@@ -1,0 +1,63 @@
+"""FLOPs per token and MFU.
+
+FLOPs per token follow the PaLM appendix-B estimate: 6·N for the dense matmuls (forward + backward) plus
+12·L·d·T for attention scores and values, where N counts every parameter once (tied embeddings once),
+L is the number of layers, d the hidden size and T the sequence length.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Dense (no 2:4 sparsity) bf16 Tensor Core peak, TFLOP/s per GPU, from NVIDIA's data sheets:
+#   H100 SXM / H200 SXM: 989 (H100 and H200 Tensor Core GPU data sheets, "BF16 Tensor Core 1,979*",
+#     * = with sparsity, so 989.5 dense); H100 PCIe / NVL: 756 (H100 data sheet, PCIe column 1,513*).
+#   A100 (SXM and PCIe): 312 (A100 data sheet, "BF16 Tensor Core 312 | 624*").
+#   L40S: 362 (L40S data sheet, "BF16 Tensor Core 362.05 | 733*").
+#   L4: 121 (L4 data sheet, "BF16 Tensor Core 242*", * with sparsity).
+#   A10: 125 (A10 data sheet, "BF16 Tensor Core 125 | 250*"). The A10G in g5 instances is a variant with
+#     no separate NVIDIA data sheet; it is left out rather than guessed: pass --peak-tflops to get MFU on it.
+# Names are matched as substrings of torch.cuda.get_device_name(), most specific first.
+PEAK_BF16_TFLOPS: tuple[tuple[str, float], ...] = (
+    ("H200", 989.0),
+    ("H100 PCIE", 756.0),
+    ("H100 NVL", 835.0),  # H100 NVL data sheet: 1,671* with sparsity
+    ("H100", 989.0),
+    ("A100", 312.0),
+    ("L40S", 362.0),
+    ("L4", 121.0),
+    ("A10G", 0.0),  # unknown on purpose, see above
+    ("A10", 125.0),
+)
+
+
+def peak_tflops(device_name: str) -> float | None:
+    """Peak dense bf16 TFLOP/s for a GPU name, or None when it is not in the table."""
+    upper = device_name.upper()
+    for key, value in PEAK_BF16_TFLOPS:
+        if key in upper:
+            return value or None
+    return None
+
+
+def count_params(model: Any) -> int:
+    """Parameters counted once each (a tied lm_head shares the embedding's tensor)."""
+    seen: set[int] = set()
+    total = 0
+    for p in model.parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            total += p.numel()
+    return total
+
+
+def flops_per_token(n_params: int, n_layers: int, hidden: int, seq_len: int) -> float:
+    """Training FLOPs per token: 6N + 12·L·d·T."""
+    return 6.0 * n_params + 12.0 * n_layers * hidden * seq_len
+
+
+def mfu(tokens_per_s: float, flops_tok: float, n_gpus: int, peak: float | None) -> float | None:
+    """Model FLOPs utilisation in [0, 1], or None when the peak is unknown (CPU, unlisted GPU)."""
+    if not peak or n_gpus <= 0:
+        return None
+    return tokens_per_s * flops_tok / (peak * 1e12 * n_gpus)

@@ -1,0 +1,248 @@
+"""The per-worker training function that Ray Train runs on every rank."""
+
+from __future__ import annotations
+
+import math
+import os
+import resource
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from training import checkpoint
+from training.data import Batches
+from training.flops import count_params, flops_per_token, mfu, peak_tflops
+from training.model import apply_fsdp, apply_liger, build_model, make_mesh
+from training.options import TrainOptions
+
+EXPECT_ENV = "RAYTRAIN_EXPECT_TRANSPORT"
+
+
+def resolve_expect(flag: str, backend: str, nodes: int, env: Mapping[str, str]) -> str:
+    """What the transport gate must see. Gloo and single-node runs have no inter-node NCCL traffic
+    to judge, so `auto` accepts anything there; on several GPU nodes it takes the cluster's setting.
+    """
+    if flag != "auto":
+        return flag
+    if backend != "nccl" or nodes <= 1:
+        return "any"
+    return env.get(EXPECT_ENV, "any") or "any"
+
+
+def lr_at(step: int, opts: TrainOptions) -> float:
+    """Linear warm-up, then cosine decay to 10 % of --lr. A function of the step: nothing to save."""
+    if opts.warmup_steps and step < opts.warmup_steps:
+        return opts.lr * (step + 1) / opts.warmup_steps
+    span = max(1, opts.steps - opts.warmup_steps)
+    frac = min(1.0, (step - opts.warmup_steps) / span)
+    return opts.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * frac)))
+
+
+def _peak_mem_gib(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    # CPU: the process's peak resident set (ru_maxrss is KiB on Linux).
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def _progress(m: dict[str, Any], steps: int) -> str:
+    parts = [
+        f"step {m['step']}/{steps}",
+        f"loss {m['loss']:.4f}",
+        f"{m['tokens_per_s']:,.0f} tok/s",
+    ]
+    if m.get("mfu") is not None:
+        parts.append(f"MFU {100 * m['mfu']:.1f}%")
+    parts += [f"mem {m['peak_mem_gib']:.2f} GiB", f"data wait {1000 * m['data_wait_s']:.1f} ms"]
+    return "[train] " + " | ".join(parts)
+
+
+def _say(line: str) -> None:
+    # Not print(): Ray Train V2 patches it into a logger that shows each line twice.
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+class _Trainer:
+    """One rank's model, optimizer, data and counters."""
+
+    def __init__(self, opts: TrainOptions, blocks: Any) -> None:
+        import ray.train
+        import ray.train.torch
+
+        self.opts = opts
+        ctx = ray.train.get_context()
+        self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
+        local_world = ctx.get_local_world_size()
+        self.nodes = self.world // local_world if self.world % local_world == 0 else self.world
+        self.device = ray.train.torch.get_device()
+        self.on_gpu = self.device.type == "cuda"
+        if self.on_gpu:
+            torch.cuda.set_device(self.device)
+        self.backend = dist.get_backend()
+
+        model = build_model(opts.init, opts.shape, opts.model, opts.seed)
+        if opts.liger:
+            apply_liger(model)
+        self.n_params = count_params(model)
+        mcfg: Any = model.config
+        self.flops_tok = flops_per_token(
+            self.n_params, mcfg.num_hidden_layers, mcfg.hidden_size, opts.seq_len
+        )
+        gpu_name = torch.cuda.get_device_name(self.device) if self.on_gpu else "cpu"
+        self.device_name = gpu_name
+        self.peak = opts.peak_tflops or (peak_tflops(gpu_name) if self.on_gpu else None)
+        mesh = make_mesh(self.device.type, opts.sharding, self.world, local_world)
+        self.model: Any = apply_fsdp(
+            model,
+            mesh,
+            compile_layers=opts.compile,
+            activation_checkpointing=opts.activation_checkpointing,
+        )
+        self.model.train()
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=opts.lr,
+            betas=(0.9, 0.95),
+            weight_decay=opts.weight_decay,
+            fused=True if self.on_gpu else None,
+        )
+        micro = opts.micro_batch_size
+        self.global_batch = opts.global_batch_size or micro * self.world
+        self.accum = self.global_batch // (micro * self.world)
+        self.batches = Batches(
+            blocks,
+            seq_len=opts.seq_len,
+            vocab=mcfg.vocab_size,
+            seed=opts.seed,
+            micro=micro,
+            accum=self.accum,
+            world=self.world,
+            rank=self.rank,
+        )
+        self.step, self.position = 0, 0
+        self.history: list[dict[str, Any]] = []
+        self.resumes: list[dict[str, Any]] = []
+        self.transport: dict[str, Any] = {}
+        torch.manual_seed(opts.seed * 1000 + self.rank)
+
+    def resume(self, ckpt_dir: str) -> None:
+        meta = checkpoint.load(ckpt_dir, self.model, self.optimizer)
+        self.step, self.position = meta["step"], meta["position"]
+        self.history = [h for h in meta.get("history", []) if h["step"] <= self.step]
+        self.resumes = [
+            *meta.get("resumes", []),
+            {"from_step": self.step, "world_size": self.world, "rng_restored": meta["rng_restored"]},
+        ]
+        if self.rank == 0:
+            _say(f"[train] resumed from step {self.step} (data position {self.position})")
+
+    def train_step(self) -> dict[str, Any]:
+        opts, model = self.opts, self.model
+        t0 = time.perf_counter()
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr_at(self.step, opts)
+        data_wait = 0.0
+        loss_sum = torch.zeros((), device=self.device, dtype=torch.float32)
+        for mb in range(self.accum):
+            tw = time.perf_counter()
+            ids = self.batches.micro_batch(self.position, mb).to(self.device, non_blocking=True)
+            data_wait += time.perf_counter() - tw
+            # Reduce-scatter gradients only after the step's last micro-batch.
+            model.set_requires_gradient_sync(mb == self.accum - 1)
+            loss = model(input_ids=ids, labels=ids, use_cache=False).loss / self.accum
+            loss.backward()
+            loss_sum += loss.detach().float()
+        grad_norm = None
+        if opts.grad_clip > 0:
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), opts.grad_clip)
+            grad_norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        dist.all_reduce(loss_sum)  # also the step's sync point, so the timing below is honest
+        dt = time.perf_counter() - t0
+        self.step += 1
+        self.position += self.global_batch
+        tps = self.global_batch * opts.seq_len / dt
+        metrics: dict[str, Any] = {
+            "step": self.step,
+            "loss": loss_sum.item() / self.world,
+            "tokens_per_s": tps,
+            "step_time_s": dt,
+            "data_wait_s": data_wait,
+            "peak_mem_gib": _peak_mem_gib(self.device),
+            "lr": lr_at(self.step - 1, opts),
+            "grad_norm": float(grad_norm) if grad_norm is not None else None,
+        }
+        util = mfu(tps, self.flops_tok, self.world, self.peak) if self.on_gpu else None
+        if util is not None:
+            metrics["mfu"] = util
+        self.history.append(metrics)
+        return metrics
+
+    def save_and_report(self, metrics: dict[str, Any]) -> None:
+        import ray.train
+
+        tmp = tempfile.mkdtemp(prefix="raytrain-ckpt-")
+        extra = {
+            "history": self.history,
+            "resumes": self.resumes,
+            "transport": self.transport,
+            "n_params": self.n_params,
+            "flops_per_token": self.flops_tok,
+            "peak_tflops": self.peak,
+            "device": self.device_name,
+            "backend": self.backend,
+            "nodes": self.nodes,
+            "global_batch_size": self.global_batch,
+            "accum_steps": self.accum,
+        }
+        try:
+            checkpoint.save(
+                tmp, self.model, self.optimizer, step=self.step, position=self.position, extra=extra
+            )
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def train_loop(config: dict[str, Any]) -> None:
+    """Ray Train's per-worker function: build, resume, gate the transport, train, checkpoint."""
+    import ray
+    import ray.train
+
+    opts = TrainOptions.from_dict(config["options"])
+    blocks = ray.get(config["blocks"]) if config.get("blocks") is not None else None
+    tr = _Trainer(opts, blocks)
+    ckpt = ray.train.get_checkpoint()
+    if ckpt is not None:
+        with ckpt.as_directory() as ckpt_dir:
+            tr.resume(ckpt_dir)
+
+    # Every rank, after the process group is up and before the first step: fail before training
+    # when inter-node traffic is not on the expected transport.
+    from training.netprobe import run_transport_gate
+
+    expect = resolve_expect(opts.expect_transport, tr.backend, tr.nodes, os.environ)
+    tr.transport = dict(run_transport_gate(expect, log_dir=None))
+    tr.transport.setdefault("expect", expect)
+
+    first = True
+    while tr.step < opts.steps:
+        metrics = tr.train_step()
+        if first:
+            metrics = {**metrics, "transport": tr.transport}
+        if tr.rank == 0 and (tr.step % opts.log_every == 0 or tr.step == opts.steps):
+            _say(_progress(metrics, opts.steps))
+        # Every rank takes the same branch: ray.train.report is a barrier.
+        if tr.step % opts.checkpoint_every == 0 or tr.step == opts.steps:
+            tr.save_and_report(metrics)
+        elif first or tr.step % opts.report_every == 0:
+            ray.train.report(metrics)
+        first = False

@@ -1,0 +1,184 @@
+"""Model construction and the FSDP2 sharding plan."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+import torch
+from torch import nn
+
+# Qwen2.5-1.5B as published (config.json of Qwen/Qwen2.5-1.5B), and a tiny shape for CPU runs whose
+# vocabulary fits the byte-level tokenizer (256 bytes + EOS, rounded up).
+SHAPES: dict[str, dict[str, Any]] = {
+    "qwen2.5-1.5b": dict(
+        vocab_size=151936,
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        max_position_embeddings=32768,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+    ),
+    "tiny": dict(
+        vocab_size=264,
+        hidden_size=128,
+        intermediate_size=352,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+    ),
+}
+
+
+def shape_config(shape: str) -> Any:
+    from transformers import Qwen2Config
+
+    return Qwen2Config(**SHAPES[shape], use_cache=False)
+
+
+def fetch_s3_dir(uri: str, dest: str, weights: bool = True) -> str:
+    """Copy an s3:// model prefix to a local dir (optionally without weights) and return the dir."""
+    import pyarrow.fs as pafs
+
+    fs, root = pafs.FileSystem.from_uri(uri)
+    infos = fs.get_file_info(pafs.FileSelector(root, recursive=True))
+    os.makedirs(dest, exist_ok=True)
+    for info in infos:
+        if info.type != pafs.FileType.File:
+            continue
+        rel = os.path.relpath(info.path, root)
+        if not weights and rel.endswith((".safetensors", ".bin", ".pt", ".pth")):
+            continue
+        target = os.path.join(dest, rel)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        pafs.copy_files(info.path, target, source_filesystem=fs)
+    return dest
+
+
+def local_model_dir(model: str, weights: bool) -> str:
+    """A path or id that from_pretrained accepts: s3:// prefixes are copied to a temp dir first."""
+    if not model.startswith("s3://"):
+        return model
+    dest = tempfile.mkdtemp(prefix="raytrain-model-")
+    return fetch_s3_dir(model, dest, weights=weights)
+
+
+def model_config(init: str, shape: str, model: str) -> Any:
+    """The model's config (random init: the named shape; pretrained: the model's own config)."""
+    if init == "random":
+        return shape_config(shape)
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(local_model_dir(model, weights=False))
+
+
+def _dtype_kwarg() -> str:
+    # transformers renamed torch_dtype to dtype in 4.56; the DLC may ship an older release.
+    import transformers
+
+    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+    return "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
+
+
+def build_model(init: str, shape: str, model: str, seed: int) -> nn.Module:
+    """fp32 model on the CPU (FSDP2 moves each rank's shard to its device); master weights stay fp32."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    kwargs = {_dtype_kwarg(): torch.float32, "attn_implementation": "sdpa"}
+    if init == "random":
+        m = AutoModelForCausalLM.from_config(shape_config(shape), **kwargs)
+    else:
+        m = AutoModelForCausalLM.from_pretrained(local_model_dir(model, weights=True), **kwargs)
+    m.config.use_cache = False
+    return m
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise ValueError(f"{type(model).__name__} has no model.layers: not a supported decoder")
+    return layers
+
+
+def sharding_plan(model: nn.Module) -> list[tuple[str, list[str]]]:
+    """FSDP units in the order fully_shard is applied: one per decoder layer, then the root.
+
+    Each unit lists the parameter names it owns. The root owns everything outside the layers, so
+    the embedding and a tied lm_head (one tensor) land in one unit and are gathered once.
+    """
+    layers = decoder_layers(model)
+    units: list[tuple[str, list[str]]] = []
+    in_layers: set[int] = set()
+    for i, layer in enumerate(layers):
+        names = [f"model.layers.{i}.{n}" for n, _ in layer.named_parameters()]
+        units.append((f"model.layers.{i}", names))
+        in_layers.update(id(p) for p in layer.parameters())
+    root = [n for n, p in model.named_parameters() if id(p) not in in_layers]
+    units.append(("", root))
+    return units
+
+
+def make_mesh(device_type: str, sharding: str, world: int, local_world: int) -> Any:
+    """1-D mesh for full sharding; 2-D (replicate across nodes, shard inside a node) for HSDP.
+
+    auto picks HSDP with more than one node: the all-gathers and reduce-scatters then stay on the
+    node's NVLink and only one gradient all-reduce per step crosses the slower inter-node network.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+
+    nodes = world // local_world if local_world and world % local_world == 0 else 1
+    use_hsdp = sharding == "hsdp" or (sharding == "auto" and nodes > 1)
+    if use_hsdp:
+        if world % local_world:
+            raise ValueError(f"HSDP needs equal workers per node: {world} over {local_world}")
+        return init_device_mesh(
+            device_type, (world // local_world, local_world), mesh_dim_names=("replicate", "shard")
+        )
+    return init_device_mesh(device_type, (world,), mesh_dim_names=("shard",))
+
+
+def apply_fsdp(
+    model: nn.Module,
+    mesh: Any,
+    *,
+    mixed_precision: bool = True,
+    compile_layers: bool = False,
+    activation_checkpointing: bool = False,
+) -> nn.Module:
+    """fully_shard each decoder layer, then the root (bf16 compute, fp32 master and reduction)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    if activation_checkpointing:
+        hf: Any = model
+        hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    mp = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if mixed_precision
+        else MixedPrecisionPolicy()
+    )
+    layers = decoder_layers(model)
+    for i, layer in enumerate(layers):
+        if compile_layers:
+            layer.compile()
+        # The last layer's params are needed again at once by the backward: keep them gathered.
+        fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=i < len(layers) - 1)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    return model
+
+
+def apply_liger(model: nn.Module) -> None:
+    """Liger's Triton kernels, including the fused linear cross-entropy that never builds full logits."""
+    from liger_kernel.transformers import _apply_liger_kernel_to_instance
+
+    _apply_liger_kernel_to_instance(model=model)

@@ -1,0 +1,367 @@
+"""Command-line and config-file options, validated before any Ray worker starts."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, NoReturn
+
+SHAPES = ("qwen2.5-1.5b", "tiny")
+SHARDINGS = ("auto", "full", "hsdp")
+TRANSPORTS = ("auto", "efa", "socket", "ib", "any")
+DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
+DEFAULT_MODEL = "Qwen/Qwen2.5-1.5B"
+SAMPLE_DATA = Path(__file__).resolve().parent / "sample" / "sample.jsonl"
+# Hugging Face repo ids: "name" or "org/name" of letters, digits, "-", "_", ".".
+_HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+class OptionError(Exception):
+    """A bad option: the message names it and says what is valid."""
+
+
+@dataclasses.dataclass
+class TrainOptions:
+    run_name: str
+    storage_path: str
+    output_dir: str
+    num_workers: int | None
+    address: str | None
+    max_failures: int
+    checkpoint_every: int
+    keep_checkpoints: int
+    model: str
+    init: str
+    shape: str
+    data: str
+    text_field: str
+    seq_len: int
+    global_batch_size: int | None
+    micro_batch_size: int
+    steps: int
+    lr: float
+    warmup_steps: int
+    weight_decay: float
+    grad_clip: float
+    seed: int
+    sharding: str
+    compile: bool
+    activation_checkpointing: bool
+    liger: bool
+    expect_transport: str
+    peak_tflops: float | None
+    log_every: int
+    report_every: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrainOptions:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise OptionError(message)
+
+
+def _positive(kind: type) -> Any:
+    def conv(text: str) -> Any:
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+
+    conv.__name__ = kind.__name__
+    return conv
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    pos_int, pos_float = _positive(int), _positive(float)
+    p = _Parser(
+        prog="python -m training",
+        description="Train a causal LM with PyTorch FSDP2 on Ray Train (local Ray by default).",
+        allow_abbrev=False,
+    )
+    p.add_argument("--config", metavar="FILE", help="YAML or JSON file of options; flags override it")
+    g = p.add_argument_group("run")
+    g.add_argument("--run-name", default="train", help="Ray Train run name; the same name resumes")
+    g.add_argument(
+        "--storage-path",
+        help="checkpoint storage: local dir or s3://bucket/prefix (default: OUTPUT_DIR/checkpoints)",
+    )
+    g.add_argument("--output-dir", help="where summary.json and the plot go (default: runs/RUN_NAME)")
+    g.add_argument(
+        "--num-workers",
+        type=pos_int,
+        help="training workers (default: the cluster's GPUs, or 2 CPU workers without GPUs)",
+    )
+    g.add_argument("--address", help="Ray cluster address ('auto' on the cluster); none = local Ray")
+    g.add_argument(
+        "--max-failures",
+        type=_non_negative_int,
+        default=3,
+        help="worker-group restarts from the last checkpoint before giving up",
+    )
+    g.add_argument("--checkpoint-every", type=pos_int, default=50, metavar="STEPS")
+    g.add_argument("--keep-checkpoints", type=int, default=2, help="checkpoints kept (>= 2)")
+    g.add_argument(
+        "--log-every",
+        type=pos_int,
+        default=1,
+        metavar="STEPS",
+        help="progress line on rank 0 every STEPS steps",
+    )
+    g.add_argument(
+        "--report-every",
+        type=pos_int,
+        default=10,
+        metavar="STEPS",
+        help="ray.train.report every STEPS steps (and at each checkpoint); every step "
+        "is in summary.json. Each report waits for the Train controller's poll",
+    )
+    g = p.add_argument_group("model")
+    g.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help="Hugging Face id, local dir or s3:// prefix (weights with --init pretrained; "
+        "tokenizer for real data unless --shape tiny)",
+    )
+    g.add_argument("--init", choices=("pretrained", "random"), default="pretrained")
+    g.add_argument("--shape", choices=SHAPES, default="qwen2.5-1.5b", help="architecture for --init random")
+    g.add_argument(
+        "--sharding",
+        choices=SHARDINGS,
+        default="auto",
+        help="full: FSDP over all ranks; hsdp: shard inside a node, replicate across "
+        "nodes; auto: hsdp when more than one node",
+    )
+    g.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="torch.compile each decoder layer",
+    )
+    g.add_argument("--activation-checkpointing", action=argparse.BooleanOptionalAction, default=False)
+    g.add_argument(
+        "--liger",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="Liger kernels incl. fused linear cross-entropy (needs liger-kernel)",
+    )
+    g = p.add_argument_group("data")
+    g.add_argument(
+        "--data",
+        default="random",
+        help="'random' token ids, or a .jsonl/.parquet file or folder, local or s3://",
+    )
+    g.add_argument("--text-field", default="text", help="text column of the jsonl/parquet records")
+    g.add_argument("--seq-len", type=pos_int, default=2048)
+    g.add_argument(
+        "--global-batch-size",
+        type=pos_int,
+        help="sequences per optimizer step (default: micro batch × workers)",
+    )
+    g.add_argument("--micro-batch-size", type=pos_int, default=1, help="sequences per worker pass")
+    g = p.add_argument_group("optimisation")
+    g.add_argument("--steps", type=pos_int, default=100)
+    g.add_argument("--lr", type=pos_float, default=1e-4)
+    g.add_argument("--warmup-steps", type=_non_negative_int, help="default: 10%% of --steps")
+    g.add_argument("--weight-decay", type=float, default=0.1)
+    g.add_argument("--grad-clip", type=float, default=1.0, help="max grad norm; 0 = off")
+    g.add_argument("--seed", type=_non_negative_int, default=0)
+    g = p.add_argument_group("metrics and network")
+    g.add_argument(
+        "--expect-transport",
+        choices=TRANSPORTS,
+        default="auto",
+        help="inter-node NCCL transport the job requires before training (auto: "
+        "'any' on CPU or one node, else $RAYTRAIN_EXPECT_TRANSPORT or 'any')",
+    )
+    g.add_argument(
+        "--peak-tflops",
+        type=pos_float,
+        help="peak bf16 TFLOP/s per GPU for MFU when the GPU is not in the table",
+    )
+    return p
+
+
+def _config_argv(path: str, parser: argparse.ArgumentParser) -> list[str]:
+    """Turn a config file into flags placed before the command line's, so the command line wins."""
+    file = Path(path)
+    if not file.is_file():
+        raise OptionError(f"--config: no such file: {path}")
+    text = file.read_text()
+    try:
+        if file.suffix.lower() == ".json":
+            data = json.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text)
+    except Exception as exc:
+        raise OptionError(f"--config: {path} is not valid YAML/JSON: {exc}") from None
+    if data is None:
+        return []
+    if not isinstance(data, dict):
+        raise OptionError(f"--config: {path} must hold a mapping of option names to values")
+    actions = {a.dest: a for a in parser._actions if a.option_strings and a.dest != "help"}
+    argv: list[str] = []
+    for key, value in data.items():
+        dest = str(key).replace("-", "_")
+        if dest not in actions or dest == "config":
+            valid = ", ".join(sorted(d.replace("_", "-") for d in actions if d != "config"))
+            raise OptionError(f"--config: unknown option '{key}' in {path}; valid: {valid}")
+        flag = "--" + dest.replace("_", "-")
+        if isinstance(actions[dest], argparse.BooleanOptionalAction):
+            if not isinstance(value, bool):
+                raise OptionError(f"{flag} (in {path}): must be true or false, got {value!r}")
+            argv.append(flag if value else "--no-" + flag[2:])
+        elif value is not None:
+            if isinstance(value, (dict, list)):
+                raise OptionError(f"{flag} (in {path}): must be a single value, got {value!r}")
+            argv += [flag, str(value)]
+    return argv
+
+
+def parse_args(argv: list[str]) -> TrainOptions:
+    """Parse flags (and --config), then check what can be checked without Ray."""
+    parser = build_parser()
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--config")
+    known, _ = pre.parse_known_args(argv)
+    full = (_config_argv(known.config, parser) if known.config else []) + list(argv)
+    ns = parser.parse_args(full)
+    d = vars(ns)
+    d.pop("config", None)
+    _check_run(d)
+    _check_training(d)
+    if d["data"] != "random":
+        check_text_field(_check_data_path(d["data"])[0], d["text_field"])
+    if d["init"] == "pretrained" or (d["data"] != "random" and d["shape"] != "tiny"):
+        _check_model_ref(d["model"])
+    return TrainOptions(**d)
+
+
+def _check_run(d: dict[str, Any]) -> None:
+    """Names and paths; fills in the defaults that depend on other options."""
+    if not d["run_name"] or not re.fullmatch(r"[A-Za-z0-9][\w.-]*", d["run_name"]):
+        raise OptionError(f"--run-name: use letters, digits, '-', '_', '.'; got {d['run_name']!r}")
+    if d["keep_checkpoints"] < 2:
+        raise OptionError(f"--keep-checkpoints: must be >= 2, got {d['keep_checkpoints']}")
+    if d["output_dir"] is None:
+        d["output_dir"] = os.path.join("runs", d["run_name"])
+    d["output_dir"] = os.path.abspath(d["output_dir"])
+    if d["storage_path"] is None:
+        d["storage_path"] = os.path.join(d["output_dir"], "checkpoints")
+    if not d["storage_path"].startswith("s3://"):
+        if "://" in d["storage_path"]:
+            raise OptionError(f"--storage-path: a local dir or s3://…, got {d['storage_path']!r}")
+        d["storage_path"] = os.path.abspath(d["storage_path"])
+
+
+def _check_training(d: dict[str, Any]) -> None:
+    if d["warmup_steps"] is None:
+        d["warmup_steps"] = d["steps"] // 10
+    if d["grad_clip"] < 0:
+        raise OptionError(f"--grad-clip: must be >= 0, got {d['grad_clip']}")
+    if d["weight_decay"] < 0:
+        raise OptionError(f"--weight-decay: must be >= 0, got {d['weight_decay']}")
+    if d["global_batch_size"] is not None and d["global_batch_size"] % d["micro_batch_size"]:
+        raise OptionError(
+            f"--global-batch-size: must be a multiple of --micro-batch-size "
+            f"({d['micro_batch_size']}), got {d['global_batch_size']}"
+        )
+    if d["liger"]:
+        import importlib.util
+
+        if importlib.util.find_spec("liger_kernel") is None:
+            raise OptionError("--liger: needs the liger-kernel package, which is not installed")
+
+
+def _check_model_ref(model: str) -> None:
+    if model.startswith("s3://"):
+        return  # checked when the config is fetched (resolve_model_config)
+    if os.path.isdir(model):
+        if not (Path(model) / "config.json").is_file():
+            raise OptionError(f"--model: {model} has no config.json (not a Hugging Face model dir)")
+        return
+    if model.startswith((".", "/")) or not _HF_ID.match(model):
+        raise OptionError(
+            f"--model: {model!r} is neither an existing dir, an s3:// prefix nor a Hugging Face id"
+        )
+
+
+def data_files(data: str) -> list[str]:
+    """The jsonl/parquet files a --data value names, sorted (the order is part of the data order)."""
+    if data.startswith("s3://"):
+        import pyarrow.fs as pafs
+
+        fs, root = pafs.FileSystem.from_uri(data)
+        info = fs.get_file_info(root)
+        if info.type == pafs.FileType.File:
+            paths = [root]
+        elif info.type == pafs.FileType.Directory:
+            sel = pafs.FileSelector(root, recursive=True)
+            paths = [i.path for i in fs.get_file_info(sel) if i.type == pafs.FileType.File]
+        else:
+            raise OptionError(f"--data: {data} does not exist or cannot be read")
+        return sorted("s3://" + p for p in paths if p.endswith(DATA_SUFFIXES))
+    path = Path(data)
+    if path.is_file():
+        return [str(path.resolve())]
+    if path.is_dir():
+        return sorted(str(p.resolve()) for p in path.rglob("*") if p.suffix in DATA_SUFFIXES)
+    raise OptionError(f"--data: {data} does not exist ('random', a file, a folder or s3://…)")
+
+
+def _check_data_path(data: str) -> list[str]:
+    try:
+        files = data_files(data)
+    except OptionError:
+        raise
+    except Exception as exc:
+        raise OptionError(f"--data: cannot read {data}: {exc}") from None
+    if not files:
+        raise OptionError(f"--data: no {'/'.join(DATA_SUFFIXES)} files under {data}")
+    for f in files:
+        if not f.startswith("s3://") and not os.access(f, os.R_OK):
+            raise OptionError(f"--data: {f} is not readable")
+    if len({f.endswith(".parquet") for f in files}) > 1:
+        raise OptionError(f"--data: {data} mixes jsonl and parquet files; use one format")
+    return files
+
+
+def check_text_field(first_file: str, field: str) -> None:
+    """Read only the first record's keys (or the parquet schema) of the first file."""
+    import pyarrow.fs as pafs
+
+    fs, path = pafs.FileSystem.from_uri(first_file if "://" in first_file else "file://" + first_file)
+    try:
+        if first_file.endswith(".parquet"):
+            import pyarrow.parquet as pq
+
+            with fs.open_input_file(path) as f:
+                names = pq.read_schema(f).names
+        else:
+            with fs.open_input_stream(path) as f:
+                head = f.read(1 << 20).decode("utf-8", errors="replace").lstrip()
+            first = head.splitlines()[0] if head else ""
+            names = list(json.loads(first)) if first.startswith("{") else []
+    except Exception as exc:
+        raise OptionError(f"--data: cannot read {first_file}: {exc}") from None
+    if field not in names:
+        raise OptionError(f"--text-field: no field {field!r} in {first_file} (has {names})")

@@ -1,0 +1,94 @@
+"""End-of-run summary.json and the loss/throughput plot."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from typing import Any
+
+SUMMARY_FILE = "summary.json"
+PLOT_FILE = "training.png"
+
+
+def summarize(meta: dict[str, Any], options: dict[str, Any], wall_s: float) -> dict[str, Any]:
+    """Aggregate the per-step history kept in the final checkpoint.
+
+    Steady-state figures leave out the first step of the run and of each resume (start-up, compile).
+    """
+    history: list[dict[str, Any]] = meta.get("history", [])
+    skip = {1} | {r["from_step"] + 1 for r in meta.get("resumes", [])}
+    steady = [h for h in history if h["step"] not in skip] or history
+
+    def mean(key: str) -> float | None:
+        vals = [h[key] for h in steady if h.get(key) is not None]
+        return statistics.fmean(vals) if vals else None
+
+    return {
+        "run_name": options["run_name"],
+        "steps": meta.get("step"),
+        "final_loss": history[-1]["loss"] if history else None,
+        "tokens_per_s": mean("tokens_per_s"),
+        "mfu": mean("mfu"),
+        "step_time_s": mean("step_time_s"),
+        "data_wait_s": mean("data_wait_s"),
+        "peak_mem_gib": max((h["peak_mem_gib"] for h in history), default=None),
+        "n_params": meta.get("n_params"),
+        "flops_per_token": meta.get("flops_per_token"),
+        "peak_tflops_per_gpu": meta.get("peak_tflops"),
+        "world_size": meta.get("world_size"),
+        "nodes": meta.get("nodes"),
+        "device": meta.get("device"),
+        "backend": meta.get("backend"),
+        "global_batch_size": meta.get("global_batch_size"),
+        "accum_steps": meta.get("accum_steps"),
+        "data_position": meta.get("position"),
+        "resumes": meta.get("resumes", []),
+        "transport": meta.get("transport"),
+        "wall_time_s": wall_s,
+        "options": options,
+        "history": history,
+    }
+
+
+def plot(summary: dict[str, Any], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    hist = summary["history"]
+    steps = [h["step"] for h in hist]
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    ax1.plot(steps, [h["loss"] for h in hist], color="tab:blue")
+    ax1.set_ylabel("loss")
+    ax1.set_title(f"{summary['run_name']}: {summary['world_size']} × {summary['device']}")
+    ax2.plot(steps, [h["tokens_per_s"] for h in hist], color="tab:green")
+    ax2.set_ylabel("tokens/s")
+    ax2.set_xlabel("step")
+    for r in summary["resumes"]:
+        for ax in (ax1, ax2):
+            ax.axvline(r["from_step"], color="tab:red", linestyle=":", linewidth=1)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write(summary: dict[str, Any], output_dir: str, storage_path: str) -> list[str]:
+    """Write summary.json and the plot to output_dir; copy both next to the checkpoints on S3."""
+    os.makedirs(output_dir, exist_ok=True)
+    spath = os.path.join(output_dir, SUMMARY_FILE)
+    with open(spath, "w") as f:
+        json.dump(summary, f, indent=2, default=str)
+    ppath = os.path.join(output_dir, PLOT_FILE)
+    plot(summary, ppath)
+    written = [spath, ppath]
+    if storage_path.startswith("s3://"):
+        import pyarrow.fs as pafs
+
+        fs, root = pafs.FileSystem.from_uri(storage_path.rstrip("/") + "/" + summary["run_name"])
+        for local in (spath, ppath):
+            target = f"{root}/{os.path.basename(local)}"
+            pafs.copy_files(local, target, destination_filesystem=fs)
+            written.append(f"s3://{target}")
+    return written
