@@ -29,6 +29,9 @@ _CREDENTIAL_CODES = {
     "UnrecognizedClientException",
 }
 
+# Error codes that mean "these credentials may not make this call".
+_PERMISSION_CODES = {"AccessDenied", "AccessDeniedException", "UnauthorizedOperation"}
+
 CONFIGURE_HINT = (
     "configure AWS credentials first: `aws configure sso` / `aws sso login --profile NAME` "
     "then pass --profile NAME (or set AWS_PROFILE), or set AWS_ACCESS_KEY_ID and "
@@ -62,6 +65,22 @@ def credential_problem(exc: BaseException) -> str | None:
 
 
 @functools.cache
+def permission_problem(exc: BaseException) -> str | None:
+    """The user-facing message when `exc` is a missing IAM permission."""
+    if isinstance(exc, bce.ClientError) and error_code(exc) in _PERMISSION_CODES:
+        operation = getattr(exc, "operation_name", "") or "the call"
+        return (
+            f"missing permission for {operation} ({error_code(exc)}: {error_message(exc)}); "
+            "`raytrain capacity --help` lists the permissions needed"
+        )
+    return None
+
+
+def fatal_problem(exc: BaseException) -> str | None:
+    """Credentials or permission: no later region or zone would do better, so stop."""
+    return credential_problem(exc) or permission_problem(exc)
+
+
 def known_regions() -> tuple[str, ...]:
     """Regions botocore knows for EC2 (offline: from its bundled endpoint data)."""
     return tuple(boto3.session.Session().get_available_regions("ec2"))

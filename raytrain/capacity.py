@@ -48,6 +48,7 @@ from raytrain.aws import (
     credential_problem,
     error_code,
     error_message,
+    fatal_problem,
     known_regions,
     session,
 )
@@ -203,7 +204,7 @@ class Prober:
             return ProbeResult(True, "reserved", f"reserved {count} and cancelled")
         except bce.ClientError as exc:
             unknown = False  # AWS answered with an error: nothing was created
-            if credential_problem(exc):
+            if fatal_problem(exc):
                 raise
             return classify_probe_error(exc)
         finally:
@@ -344,7 +345,7 @@ def evaluate(
             offered = api.offered_zones(itype)
             quota = _region_quota(api, qclass)
         except bce.ClientError as exc:
-            if credential_problem(exc):
+            if fatal_problem(exc):
                 raise
             results.append(
                 ZoneResult(
@@ -702,7 +703,7 @@ def run(args: argparse.Namespace, api_factory: ApiFactory | None = None) -> int:
         err.print(f"error: {exc}", markup=False, highlight=False)
         return EXIT_AWS
     except (bce.ClientError, bce.BotoCoreError) as exc:
-        message = credential_problem(exc)
+        message = fatal_problem(exc)
         if message is None:
             if isinstance(exc, bce.ClientError):
                 message = f"AWS call failed: {error_code(exc)}: {error_message(exc)}"

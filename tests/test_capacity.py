@@ -472,6 +472,22 @@ def test_rejected_credentials(world, envdir, capsys) -> None:
     assert "AWS rejected the credentials (ExpiredTokenException" in capsys.readouterr().err
 
 
+def test_missing_permission_stops_with_exit_3(world, envdir, capsys) -> None:
+    world.quota_error = "AccessDeniedException"
+    assert run(world, envdir, "--env", "dev") == capacity.EXIT_AWS
+    err = capsys.readouterr().err
+    assert "missing permission for GetServiceQuota (AccessDeniedException" in err
+    assert "Traceback" not in err
+
+
+def test_missing_probe_permission_stops_before_other_zones(world, envdir, capsys) -> None:
+    world.applied_quotas["us-west-2"] = {"L-DB2E81BA": 192}
+    world.create_errors = dict.fromkeys(["us-west-2a", "us-west-2b"], "UnauthorizedOperation")
+    assert run(world, envdir, "--env", "dev", "--probe") == capacity.EXIT_AWS
+    assert len(world.create_calls) == 1
+    assert "missing permission for CreateCapacityReservation" in capsys.readouterr().err
+
+
 def test_account_mismatch_blocks_write(world, monkeypatch) -> None:
     settings = load_settings("dev")
     messages: list[str] = []
