@@ -14,6 +14,7 @@ from config.settings import Settings
 from stacks.cluster_stack import ClusterStack
 from stacks.nag import acknowledge_findings
 from stacks.network_stack import NetworkStack
+from stacks.workload_stack import WorkloadStack
 
 CDK_JSON = Path(__file__).resolve().parents[1] / "cdk.json"
 
@@ -22,9 +23,10 @@ CDK_JSON = Path(__file__).resolve().parents[1] / "cdk.json"
 class EnvironmentStacks:
     network: NetworkStack
     cluster: ClusterStack
+    workload: WorkloadStack
 
     def all(self) -> list[cdk.Stack]:
-        return [self.network, self.cluster]
+        return [self.network, self.cluster, self.workload]
 
 
 def availability_zones_context(settings: Settings) -> dict[str, list[str]]:
@@ -67,7 +69,17 @@ def build_environment(app: cdk.App, settings: Settings, *, nag: bool = True) -> 
         description=f"Ray Train on EKS ({settings.name}): EKS, node groups, GPU/EFA/KubeRay add-ons",
         **common,
     )
-    stacks = EnvironmentStacks(network=network, cluster=cluster)
+    workload = WorkloadStack(
+        app,
+        f"{prefix}-Workload",
+        settings=settings,
+        cluster=cluster.cluster,
+        description=f"Ray Train on EKS ({settings.name}): checkpoints, training code, RayCluster/RayJob",
+        **common,
+    )
+    # Destroy order: the workload (RayJob, RayCluster) goes before the cluster's operator and nodes.
+    workload.add_dependency(cluster)
+    stacks = EnvironmentStacks(network=network, cluster=cluster, workload=workload)
 
     for key, value in {"environment": settings.name, **settings.tags}.items():
         cdk.Tags.of(app).add(key, value)

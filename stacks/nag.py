@@ -102,3 +102,12 @@ def acknowledge_findings(stacks: EnvironmentStacks) -> None:
         "AwsSolutions-L1",
         "CDK pins the runtime of its kubectl handler to the one the kubectl layer is built for.",
     )
+
+    workload = stacks.workload
+    bucket_arn = workload.get_logical_id(workload.bucket.node.default_child)  # type: ignore[arg-type]
+    _ack(
+        workload.role.node.find_child("DefaultPolicy"),
+        f"AwsSolutions-IAM5[Resource::<{bucket_arn}.Arn>/checkpoints/*]",
+        "Ray Train writes one file per rank and checkpoint under the run's prefix; the names are "
+        "not known in advance, so the object wildcard is limited to the checkpoints/ prefix.",
+    )

@@ -1,7 +1,7 @@
 """Synthesize every environment offline: `python -m stacks.synth_all [ENV ...] [--out cdk.out]`.
 
 Each environment gets its own cloud assembly under `<out>/<env>/` (CloudFormation templates, assets,
-the cdk-nag validation report). Settings of all requested environments are validated first, and
+the cdk-nag validation report) and the rendered Kubernetes manifests under `<out>/<env>/manifests/`. Settings of all requested environments are validated first, and
 each assembly is written to a temporary folder and moved into place only when complete, so a
 failure never leaves a half-written environment behind.
 """
@@ -19,6 +19,7 @@ from rich.table import Table
 
 from config.loader import SettingsError, environment_names, load_settings
 from config.settings import Settings
+from k8s.chart import render_manifests
 from stacks.app_builder import EnvironmentStacks, build_environment, new_app
 
 
@@ -31,6 +32,14 @@ def synthesize(settings: Settings, out_dir: Path) -> EnvironmentStacks:
         app = new_app(settings, outdir=str(staging))
         stacks = build_environment(app, settings)
         app.synth()
+        review = stacks.workload.review
+        render_manifests(
+            settings,
+            staging / "manifests",
+            code_uri=review.code_uri,
+            code_hash=review.code_hash,
+            checkpoint_uri=review.checkpoint_uri,
+        )
         old = None
         if target.exists():
             old = target.with_name(f".{settings.name}-old")

@@ -1,0 +1,184 @@
+"""Workload: checkpoint bucket, training code asset, Pod Identity for Ray pods, and the cdk8s chart
+(RayCluster/RayJob/NetworkPolicies) applied to the cluster."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aws_cdk as cdk
+import cdk8s
+from aws_cdk import aws_eks as eks_l1
+from aws_cdk import aws_eks_v2 as eks
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_s3 as s3
+from aws_cdk import aws_s3_assets as s3_assets
+from constructs import Construct
+
+from config.settings import RemovalPolicy, Settings
+from k8s.chart import build_workload_chart
+from stacks.common import removal_policy
+
+TRAINING_DIR = Path(__file__).resolve().parents[1] / "training"
+SERVICE_ACCOUNT = "ray-train"
+CHECKPOINT_PREFIX = "checkpoints"
+
+
+@dataclass(frozen=True)
+class ReviewValues:
+    """Literal values for rendering the manifests for review (the stack itself uses tokens)."""
+
+    code_uri: str
+    code_hash: str
+    checkpoint_uri: str
+
+
+def checkpoint_bucket_name(settings: Settings) -> str:
+    # Named, so the job's storage path is known before deploy and shows in the reviewed manifests.
+    return f"{settings.cluster.name}-ckpt-{settings.account}-{settings.region}".lower()
+
+
+class WorkloadStack(cdk.Stack):
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        settings: Settings,
+        cluster: eks.ICluster,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(scope, construct_id, **kwargs)
+        policy = removal_policy(settings)
+        destroy = settings.storage.removal_policy is RemovalPolicy.DESTROY
+
+        self.key = kms.Key(
+            self,
+            "CheckpointKey",
+            description=f"Checkpoints of {settings.cluster.name}",
+            enable_key_rotation=True,
+            removal_policy=policy,
+        )
+        self.access_logs = s3.Bucket(
+            self,
+            "AccessLogs",
+            encryption=s3.BucketEncryption.S3_MANAGED,  # log delivery cannot write SSE-KMS objects
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            enforce_ssl=True,
+            # Log delivery is granted by bucket policy (cdk.json flag), so ACLs stay off.
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+            lifecycle_rules=[s3.LifecycleRule(expiration=cdk.Duration.days(365))],
+            removal_policy=policy,
+            auto_delete_objects=destroy,
+        )
+        self.bucket = s3.Bucket(
+            self,
+            "Checkpoints",
+            bucket_name=checkpoint_bucket_name(settings),
+            encryption=s3.BucketEncryption.KMS,
+            encryption_key=self.key,
+            bucket_key_enabled=True,
+            versioned=True,
+            enforce_ssl=True,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            server_access_logs_bucket=self.access_logs,
+            server_access_logs_prefix="checkpoints/",
+            lifecycle_rules=[
+                # Old versions of overwritten checkpoint files are only a safety net.
+                s3.LifecycleRule(noncurrent_version_expiration=cdk.Duration.days(30)),
+                s3.LifecycleRule(abort_incomplete_multipart_upload_after=cdk.Duration.days(7)),
+            ],
+            removal_policy=policy,
+            # dev: emptied (all versions) and removed on destroy; prod: retained.
+            auto_delete_objects=destroy,
+        )
+
+        # The training package travels as a zip asset and becomes the job's Ray working_dir.
+        self.code = s3_assets.Asset(
+            self,
+            "TrainingCode",
+            path=str(TRAINING_DIR),
+            exclude=["**/__pycache__", "**/*.pyc", "runs", "**/.pytest_cache"],
+        )
+
+        # EKS Pod Identity: the Ray service account gets this role, and nothing else does.
+        self.role = iam.Role(
+            self,
+            "RayPodRole",
+            assumed_by=iam.ServicePrincipal("pods.eks.amazonaws.com"),
+            description=f"Ray pods of {settings.cluster.name}: read code, read/write checkpoints",
+        )
+        assert self.role.assume_role_policy is not None
+        self.role.assume_role_policy.add_statements(
+            iam.PolicyStatement(
+                actions=["sts:TagSession"],
+                principals=[iam.ServicePrincipal("pods.eks.amazonaws.com")],
+            )
+        )
+        # Exact actions rather than grant_read_write's wildcards: this role is reachable from pods.
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["s3:GetObject"],
+                resources=[self.code.bucket.arn_for_objects(self.code.s3_object_key)],
+            )
+        )
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
+                resources=[self.bucket.arn_for_objects(f"{CHECKPOINT_PREFIX}/*")],
+            )
+        )
+        self.role.add_to_policy(
+            iam.PolicyStatement(actions=["kms:Decrypt", "kms:GenerateDataKey"], resources=[self.key.key_arn])
+        )
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["s3:ListBucket"],
+                resources=[self.bucket.bucket_arn],
+                conditions={"StringLike": {"s3:prefix": [f"{CHECKPOINT_PREFIX}/*", CHECKPOINT_PREFIX]}},
+            )
+        )
+        namespace = settings.workload.namespace
+        self.association = eks_l1.CfnPodIdentityAssociation(
+            self,
+            "RayPodIdentity",
+            cluster_name=cluster.cluster_name,
+            namespace=namespace,
+            service_account=SERVICE_ACCOUNT,
+            role_arn=self.role.role_arn,
+        )
+
+        code_uri = f"s3://{self.code.s3_bucket_name}/{self.code.s3_object_key}"
+        checkpoint_uri = f"s3://{self.bucket.bucket_name}/{CHECKPOINT_PREFIX}"
+        chart = build_workload_chart(
+            cdk8s.App(),
+            settings,
+            code_uri=code_uri,
+            code_hash=self.code.asset_hash,
+            checkpoint_uri=checkpoint_uri,
+            service_account_name=SERVICE_ACCOUNT,
+            # The cluster stack creates the namespace before the KubeRay operator (which binds
+            # its Role there), so it outlives this stack's objects on destroy.
+            include_namespace=False,
+        )
+        self.manifest = eks.KubernetesManifest(
+            self,
+            "RayWorkload",
+            cluster=cluster,
+            manifest=chart.to_json(),
+            # Let kubectl apply handle objects that exist (e.g. after a failed rollback).
+            overwrite=True,
+        )
+        # Pods start only once they can get credentials.
+        self.manifest.node.add_dependency(self.association)
+
+        qualifier = cdk.DefaultStackSynthesizer.DEFAULT_QUALIFIER
+        self.review = ReviewValues(
+            code_uri=(
+                f"s3://cdk-{qualifier}-assets-{settings.account}-{settings.region}/{self.code.asset_hash}.zip"
+            ),
+            code_hash=self.code.asset_hash,
+            checkpoint_uri=f"s3://{checkpoint_bucket_name(settings)}/{CHECKPOINT_PREFIX}",
+        )

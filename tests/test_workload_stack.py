@@ -1,0 +1,115 @@
+"""Workload stack: checkpoint bucket, code asset, Pod Identity and the chart applied to the cluster."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from stacks.workload_stack import checkpoint_bucket_name
+
+ENVS = ["dev", "prod", "p5"]
+
+
+def of_type(template: dict, type_name: str) -> dict[str, dict]:
+    return {k: v for k, v in template["Resources"].items() if v["Type"] == type_name}
+
+
+def checkpoint_bucket(template: dict) -> dict:
+    (bucket,) = [b for b in of_type(template, "AWS::S3::Bucket").values() if "BucketName" in b["Properties"]]
+    return bucket
+
+
+@pytest.mark.parametrize("env", ENVS)
+def test_checkpoint_bucket_is_private_versioned_encrypted_and_tls_only(synthesized, env):
+    s = synthesized[env].settings
+    t = synthesized[env].template("Workload")
+    bucket = checkpoint_bucket(t)
+    props = bucket["Properties"]
+    assert props["BucketName"] == checkpoint_bucket_name(s)
+    assert props["VersioningConfiguration"] == {"Status": "Enabled"}
+    assert props["PublicAccessBlockConfiguration"] == {
+        "BlockPublicAcls": True,
+        "BlockPublicPolicy": True,
+        "IgnorePublicAcls": True,
+        "RestrictPublicBuckets": True,
+    }
+    sse = props["BucketEncryption"]["ServerSideEncryptionConfiguration"][0]
+    assert sse["ServerSideEncryptionByDefault"]["SSEAlgorithm"] == "aws:kms"
+    assert "LoggingConfiguration" in props
+    policies = [p for p in of_type(t, "AWS::S3::BucketPolicy").values()]
+    tls_denies = [
+        st
+        for p in policies
+        for st in p["Properties"]["PolicyDocument"]["Statement"]
+        if st["Effect"] == "Deny"
+        and st.get("Condition", {}).get("Bool", {}).get("aws:SecureTransport") == "false"
+    ]
+    assert len(tls_denies) >= 2  # the checkpoint bucket and its access-log bucket
+
+
+def test_retention_per_environment(synthesized):
+    dev = synthesized["dev"].template("Workload")
+    prod = synthesized["prod"].template("Workload")
+    assert checkpoint_bucket(dev)["DeletionPolicy"] == "Delete"
+    assert of_type(dev, "Custom::S3AutoDeleteObjects"), "dev empties its buckets on destroy"
+    assert checkpoint_bucket(prod)["DeletionPolicy"] == "Retain"
+    assert not of_type(prod, "Custom::S3AutoDeleteObjects")
+    (key,) = of_type(prod, "AWS::KMS::Key").values()
+    assert key["DeletionPolicy"] == "Retain" and key["Properties"]["EnableKeyRotation"] is True
+
+
+@pytest.mark.parametrize("env", ENVS)
+def test_pod_identity_role_reads_code_and_writes_only_the_checkpoint_prefix(synthesized, env):
+    s = synthesized[env].settings
+    t = synthesized[env].template("Workload")
+    (association,) = of_type(t, "AWS::EKS::PodIdentityAssociation").values()
+    assert association["Properties"]["Namespace"] == s.workload.namespace
+    assert association["Properties"]["ServiceAccount"] == "ray-train"
+    role_id = association["Properties"]["RoleArn"]["Fn::GetAtt"][0]
+    trust = t["Resources"][role_id]["Properties"]["AssumeRolePolicyDocument"]["Statement"]
+    actions = {a for st in trust for a in ([st["Action"]] if isinstance(st["Action"], str) else st["Action"])}
+    assert actions == {"sts:AssumeRole", "sts:TagSession"}
+    assert all(st["Principal"] == {"Service": "pods.eks.amazonaws.com"} for st in trust)
+    (policy,) = [
+        p for p in of_type(t, "AWS::IAM::Policy").values() if {"Ref": role_id} in p["Properties"]["Roles"]
+    ]
+    statements = policy["Properties"]["PolicyDocument"]["Statement"]
+    text = json.dumps(statements)
+    assert '"s3:*"' not in text and '"*"' not in text
+    writes = [st for st in statements if "s3:PutObject" in json.dumps(st["Action"])]
+    assert len(writes) == 1 and "/checkpoints/*" in json.dumps(writes[0]["Resource"])
+    code_reads = [st for st in statements if st["Action"] == "s3:GetObject"]
+    assert any(".zip" in json.dumps(st["Resource"]) for st in code_reads)
+
+
+@pytest.mark.parametrize("env", ENVS)
+def test_chart_applied_to_the_cluster_after_pod_identity(synthesized, env):
+    t = synthesized[env].template("Workload")
+    (manifest_id, manifest), *_ = of_type(t, "Custom::AWSCDK-EKS-KubernetesResource").items()
+    body = json.dumps(manifest["Properties"]["Manifest"])
+    for kind in ("RayJob", "NetworkPolicy", "ServiceAccount"):
+        assert f'\\"kind\\":\\"{kind}\\"' in body, kind
+    assert '\\"kind\\":\\"Namespace\\"' not in body  # owned by the cluster stack
+    association = next(iter(of_type(t, "AWS::EKS::PodIdentityAssociation")))
+    assert association in manifest.get("DependsOn", [])
+
+
+@pytest.mark.parametrize("env", ENVS)
+def test_destroy_order_workload_before_cluster_before_network(synthesized, env):
+    manifest = json.loads((synthesized[env].directory / "manifest.json").read_text())
+    artifacts = manifest["artifacts"]
+    assert f"RayTrain-{env}-Cluster" in artifacts[f"RayTrain-{env}-Workload"]["dependencies"]
+    assert f"RayTrain-{env}-Network" in artifacts[f"RayTrain-{env}-Cluster"]["dependencies"]
+
+
+@pytest.mark.parametrize("env", ["dev", "prod"])
+def test_manifests_rendered_for_review(synthesized, env):
+    folder = synthesized[env].directory / "manifests"
+    names = sorted(p.name for p in folder.glob("*.k8s.yaml"))
+    assert any(n.startswith("RayJob.") for n in names)
+    assert any(n.startswith("NetworkPolicy.default-deny") for n in names)
+    rayjob = next(folder.glob("RayJob.*")).read_text()
+    s = synthesized[env].settings
+    assert f"s3://{checkpoint_bucket_name(s)}/checkpoints" in rayjob
+    assert "${Token" not in rayjob
