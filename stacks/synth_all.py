@@ -1,7 +1,8 @@
 """Synthesize every environment offline: `python -m stacks.synth_all [ENV ...] [--out cdk.out]`.
 
 Each environment gets its own cloud assembly under `<out>/<env>/` (CloudFormation templates, assets,
-the cdk-nag validation report) and the rendered Kubernetes manifests under `<out>/<env>/manifests/`. Settings of all requested environments are validated first, and
+the cdk-nag validation report) and the rendered Kubernetes manifests under
+`<out>/<env>/manifests/`. Settings of all requested environments are validated first, and
 each assembly is written to a temporary folder and moved into place only when complete, so a
 failure never leaves a half-written environment behind.
 """

@@ -86,7 +86,7 @@ def test_pod_identity_role_reads_code_and_writes_only_the_checkpoint_prefix(synt
 @pytest.mark.parametrize("env", ENVS)
 def test_chart_applied_to_the_cluster_after_pod_identity(synthesized, env):
     t = synthesized[env].template("Workload")
-    (manifest_id, manifest), *_ = of_type(t, "Custom::AWSCDK-EKS-KubernetesResource").items()
+    (_, manifest), *_ = of_type(t, "Custom::AWSCDK-EKS-KubernetesResource").items()
     body = json.dumps(manifest["Properties"]["Manifest"])
     for kind in ("RayJob", "NetworkPolicy", "ServiceAccount"):
         assert f'\\"kind\\":\\"{kind}\\"' in body, kind
