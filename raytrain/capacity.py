@@ -330,7 +330,12 @@ def evaluate(
     reservation_region: str | None = None
     if reservation_id:
         for region, api in apis.items():
-            reservation = api.reservation(reservation_id)
+            try:
+                reservation = api.reservation(reservation_id)
+            except bce.ClientError as exc:
+                if fatal_problem(exc):
+                    raise
+                continue  # e.g. a region not enabled: it shows up as such in the plan
             if reservation is not None:
                 reservation_region = region
                 break
