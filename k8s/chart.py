@@ -601,13 +601,23 @@ def render_manifests(
     code_uri: str,
     code_hash: str,
     checkpoint_uri: str,
+    service_account_name: str = "ray-train",
+    include_namespace: bool = True,
 ) -> list[Path]:
-    """Write the chart as YAML for review: one file per object, `NNNN-<kind>-<name>.k8s.yaml`
-    in creation order, under `out_dir` (stale `*.k8s.yaml` files there are removed first)."""
+    """Write the chart as YAML for review: one file per object, `<Kind>.<name>.k8s.yaml`, under
+    `out_dir` (stale `*.k8s.yaml` files there are removed first). Returns the files, sorted."""
     out_dir.mkdir(parents=True, exist_ok=True)
     for old in out_dir.glob("*.k8s.yaml"):
         old.unlink()
     app = cdk8s.App(outdir=str(out_dir), yaml_output_type=cdk8s.YamlOutputType.FILE_PER_RESOURCE)
-    build_workload_chart(app, settings, code_uri=code_uri, code_hash=code_hash, checkpoint_uri=checkpoint_uri)
+    build_workload_chart(
+        app,
+        settings,
+        code_uri=code_uri,
+        code_hash=code_hash,
+        checkpoint_uri=checkpoint_uri,
+        service_account_name=service_account_name,
+        include_namespace=include_namespace,
+    )
     app.synth()
     return sorted(out_dir.glob("*.k8s.yaml"))
