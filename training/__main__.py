@@ -16,7 +16,8 @@ def main(argv: list[str] | None = None) -> int:
 
         summ = run(opts)
     except OptionError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        # One line: messages quoted from libraries (hub errors) can span several.
+        print(f"{PROG}: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     except Exception as exc:
         # Ray wraps worker failures; the workers' tracebacks are already in the log above.

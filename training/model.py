@@ -129,23 +129,27 @@ def sharding_plan(model: nn.Module) -> list[tuple[str, list[str]]]:
     return units
 
 
-def make_mesh(device_type: str, sharding: str, world: int, local_world: int) -> Any:
-    """1-D mesh for full sharding; 2-D (replicate across nodes, shard inside a node) for HSDP.
+def mesh_shape(sharding: str, world: int, local_world: int) -> tuple[int, ...]:
+    """(world,) for full sharding; (nodes, per node) for HSDP: replicate across nodes, shard inside.
 
-    auto picks HSDP with more than one node: the all-gathers and reduce-scatters then stay on the
-    node's NVLink and only one gradient all-reduce per step crosses the slower inter-node network.
+    auto picks HSDP with more than one node: the per-layer all-gathers and reduce-scatters then stay
+    on the node's NVLink and only one gradient all-reduce per step crosses the slower inter-node
+    network (DESIGN.md: at 5 GB/s full sharding needs >= 1.62 s/step of traffic, HSDP >= 0.62 s).
     """
-    from torch.distributed.device_mesh import init_device_mesh
-
     nodes = world // local_world if local_world and world % local_world == 0 else 1
-    use_hsdp = sharding == "hsdp" or (sharding == "auto" and nodes > 1)
-    if use_hsdp:
+    if sharding == "hsdp" or (sharding == "auto" and nodes > 1):
         if world % local_world:
             raise ValueError(f"HSDP needs equal workers per node: {world} over {local_world}")
-        return init_device_mesh(
-            device_type, (world // local_world, local_world), mesh_dim_names=("replicate", "shard")
-        )
-    return init_device_mesh(device_type, (world,), mesh_dim_names=("shard",))
+        return (world // local_world, local_world)
+    return (world,)
+
+
+def make_mesh(device_type: str, sharding: str, world: int, local_world: int) -> Any:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    shape = mesh_shape(sharding, world, local_world)
+    names = ("replicate", "shard") if len(shape) == 2 else ("shard",)
+    return init_device_mesh(device_type, shape, mesh_dim_names=names)
 
 
 def apply_fsdp(

@@ -285,6 +285,12 @@ def _check_training(d: dict[str, Any]) -> None:
             f"--global-batch-size: must be a multiple of --micro-batch-size "
             f"({d['micro_batch_size']}), got {d['global_batch_size']}"
         )
+    per_pass = d["micro_batch_size"] * (d["num_workers"] or 1)
+    if d["num_workers"] and d["global_batch_size"] and d["global_batch_size"] % per_pass:
+        raise OptionError(
+            f"--global-batch-size: {d['global_batch_size']} is not a multiple of micro batch × "
+            f"workers = {d['micro_batch_size']} × {d['num_workers']} = {per_pass}"
+        )
     if d["liger"]:
         import importlib.util
 

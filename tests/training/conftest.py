@@ -1,0 +1,30 @@
+"""One local Ray session for every Ray test of the training package."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def ray_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Start Ray once (2 CPUs); session files stay under pytest's tmp dir. Yields the GCS address."""
+    ray = pytest.importorskip("ray")
+    tmp = tmp_path_factory.mktemp("ray")
+    # Ray 2.60 turns token auth on for local clusters and writes ~/.ray/auth_token: not in tests.
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    os.environ["RAY_TMPDIR"] = str(tmp)
+    # Workers are started by the raylet and inherit this: they must import `training`.
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *paths])
+    # Short socket paths: AF_UNIX paths over 107 bytes fail, and pytest's tmp dirs are long.
+    ray.init(num_cpus=2, _temp_dir=str(tmp), include_dashboard=True, log_to_driver=True)
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()

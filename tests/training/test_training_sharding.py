@@ -1,0 +1,103 @@
+"""The FSDP2 sharding plan: one unit per decoder layer, then the root holding the tied weights."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from training.model import (
+    apply_fsdp,
+    build_model,
+    make_mesh,
+    mesh_shape,
+    shape_config,
+    sharding_plan,
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def single_rank_group() -> Iterator[None]:
+    """A one-rank gloo group, so fully_shard runs for real in this process."""
+    if dist.is_initialized():
+        pytest.skip("a process group already exists in this process")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_plan_for_qwen25_15b_on_meta() -> None:
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(shape_config("qwen2.5-1.5b"))
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    plan = sharding_plan(model)
+    assert [u for u, _ in plan] == [f"model.layers.{i}" for i in range(28)] + [""]
+    root = dict(plan)[""]
+    assert sorted(root) == ["model.embed_tokens.weight", "model.norm.weight"]
+    owned = [n for _, names in plan for n in names]
+    assert len(owned) == len(set(owned))  # every parameter in exactly one unit
+    assert {n for n, _ in model.named_parameters()} == set(owned)
+
+
+def test_fully_shard_keeps_tied_weights_in_root(single_rank_group: None) -> None:
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    model = build_model("random", "tiny", "", seed=0)
+    mesh = make_mesh("cpu", "full", world=1, local_world=1)
+    apply_fsdp(model, mesh)
+    assert isinstance(model, FSDPModule)
+    assert all(isinstance(layer, FSDPModule) for layer in model.model.layers)
+    assert not isinstance(model.model.embed_tokens, FSDPModule)
+    assert not isinstance(model.lm_head, FSDPModule)
+    # Still one tensor after sharding: the embedding and lm_head are gathered together, once.
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert isinstance(model.lm_head.weight, DTensor)
+
+    def group_params(module: FSDPModule) -> set[int]:
+        state = module._get_fsdp_state()
+        group = state._fsdp_param_group
+        return {id(p.sharded_param) for p in group.fsdp_params} if group else set()
+
+    tied = id(model.lm_head.weight)
+    assert tied in group_params(model)
+    assert all(tied not in group_params(layer) for layer in model.model.layers)
+
+    ids = torch.randint(0, 257, (2, 32))
+    loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+    loss.backward()
+    assert model.lm_head.weight.grad is not None
+    assert torch.isfinite(loss)
+
+
+def test_hsdp_mesh_is_two_dimensional(single_rank_group: None) -> None:
+    mesh = make_mesh("cpu", "hsdp", world=1, local_world=1)
+    assert mesh.mesh_dim_names == ("replicate", "shard")
+    assert make_mesh("cpu", "auto", world=1, local_world=1).mesh_dim_names == ("shard",)
+
+
+@pytest.mark.parametrize(
+    ("sharding", "world", "local", "shape"),
+    [
+        ("auto", 8, 8, (8,)),  # one node: plain FSDP
+        ("auto", 8, 4, (2, 4)),  # two nodes: shard inside each, replicate across
+        ("full", 8, 4, (8,)),
+        ("hsdp", 16, 8, (2, 8)),
+        ("hsdp", 4, 4, (1, 4)),
+    ],
+)
+def test_mesh_shape(sharding: str, world: int, local: int, shape: tuple[int, ...]) -> None:
+    assert mesh_shape(sharding, world, local) == shape
