@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import atexit
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +36,24 @@ class ReviewValues:
     code_uri: str
     code_hash: str
     checkpoint_uri: str
+
+
+def stage_training_code() -> Path:
+    """A folder whose zip unpacks, by Ray's rules, into a working_dir holding `training/`.
+
+    Ray unpacks a remote working_dir zip and strips the top-level folder when it is the only entry.
+    CDK zips a folder's contents, so the layout is <stage>/job/training/...: the zip's single
+    top-level `job/` is stripped and `python -m training` finds its package. The staged copy is
+    removed when the process exits (CDK has copied it into the assembly by then).
+    """
+    stage = Path(tempfile.mkdtemp(prefix="raytrain-code-"))
+    atexit.register(shutil.rmtree, stage, True)
+    shutil.copytree(
+        TRAINING_DIR,
+        stage / "job" / "training",
+        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache"),
+    )
+    return stage
 
 
 def checkpoint_bucket_name(settings: Settings) -> str:
@@ -96,12 +117,7 @@ class WorkloadStack(cdk.Stack):
         )
 
         # The training package travels as a zip asset and becomes the job's Ray working_dir.
-        self.code = s3_assets.Asset(
-            self,
-            "TrainingCode",
-            path=str(TRAINING_DIR),
-            exclude=["**/__pycache__", "**/*.pyc", "runs", "**/.pytest_cache"],
-        )
+        self.code = s3_assets.Asset(self, "TrainingCode", path=str(stage_training_code()))
 
         # EKS Pod Identity: the Ray service account gets this role, and nothing else does.
         self.role = iam.Role(

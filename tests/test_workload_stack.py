@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -113,3 +114,22 @@ def test_manifests_rendered_for_review(synthesized, env):
     s = synthesized[env].settings
     assert f"s3://{checkpoint_bucket_name(s)}/checkpoints" in rayjob
     assert "${Token" not in rayjob
+
+
+def test_code_asset_unpacks_into_a_working_dir_with_the_training_package(synthesized, tmp_path):
+    """Unpack the asset zip with Ray's own function, as Ray does for an s3:// working_dir."""
+    from ray._private.runtime_env.packaging import unzip_package
+
+    directory = synthesized["dev"].directory
+    assets = json.loads((directory / "RayTrain-dev-Workload.assets.json").read_text())["files"]
+    (staged,) = [
+        directory / a["source"]["path"]
+        for a in assets.values()
+        if a["source"].get("packaging") == "zip"
+        and list((directory / a["source"]["path"]).rglob("__main__.py"))
+    ]
+    # CDK zips the staged folder's contents at publish time; do the same.
+    archive = shutil.make_archive(str(tmp_path / "code"), "zip", staged)
+    unzip_package(archive, str(tmp_path / "working_dir"), remove_top_level_directory=True, unlink_zip=False)
+    assert (tmp_path / "working_dir" / "training" / "__main__.py").is_file()
+    assert not list((tmp_path / "working_dir").rglob("__pycache__"))
