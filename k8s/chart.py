@@ -23,19 +23,19 @@ import cdk8s
 import cdk8s_plus_27 as kplus
 from cdk8s_plus_27 import k8s as kube
 
+from cdk_constructs.addons import KUBERAY_NAMESPACE
+from cdk_constructs.node_groups import GPU_NODE_LABELS, GPU_TAINT_KEY, GPU_TAINT_VALUE, SYSTEM_NODE_LABELS
 from config.settings import ClusterMode, Settings
 from k8s.imports.raycluster.io import ray as rc
 from k8s.imports.rayjob.io import ray as rj
 
-# The KubeRay operator's namespace (cdk_constructs/addons.py installs it there). Its pods reach the
-# head's dashboard port to submit and follow jobs; nothing else outside the namespace may.
-KUBERAY_OPERATOR_NAMESPACE = "kuberay-system"
+# The KubeRay operator's namespace, where the cluster stack installs it. Its pods reach the head's
+# dashboard port to submit and follow jobs; nothing else outside the namespace may.
+KUBERAY_OPERATOR_NAMESPACE = KUBERAY_NAMESPACE
 
-# Node labels and the GPU taint, as the node groups set them (cdk_constructs/node_groups.py).
-SYSTEM_NODE_SELECTOR = {"role": "system"}
-GPU_NODE_SELECTOR = {"role": "gpu-worker"}
-GPU_TAINT_KEY = "nvidia.com/gpu"
-GPU_TAINT_VALUE = "present"
+# Node labels and the GPU taint are the node groups' own (one definition for EKS and the pods).
+SYSTEM_NODE_SELECTOR = dict(SYSTEM_NODE_LABELS)
+GPU_NODE_SELECTOR = {"role": GPU_NODE_LABELS["role"]}
 
 GCS_PORT = 6379
 DASHBOARD_PORT = 8265  # dashboard and job server (HTTP)

@@ -618,15 +618,3 @@ def test_render_manifests_writes_one_file_per_object(tmp_path: Path) -> None:
         (o["kind"], o["metadata"]["name"]) for o in rendered("dev")
     )
     assert all(f.parent == tmp_path for f in files)
-
-
-def test_chart_constants_agree_with_the_node_groups_and_addons() -> None:
-    from cdk_constructs import addons, node_groups
-
-    assert wl.KUBERAY_OPERATOR_NAMESPACE == addons.KUBERAY_NAMESPACE
-    assert node_groups.SYSTEM_NODE_LABELS.items() >= wl.SYSTEM_NODE_SELECTOR.items()
-    assert node_groups.GPU_NODE_LABELS.items() >= wl.GPU_NODE_SELECTOR.items()
-    assert (wl.GPU_TAINT_KEY, wl.GPU_TAINT_VALUE) == (
-        node_groups.GPU_TAINT_KEY,
-        node_groups.GPU_TAINT_VALUE,
-    )
