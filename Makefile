@@ -64,5 +64,10 @@ lock: ## re-resolve requirements.lock from pyproject.toml in a scratch venv
 	{ sed -n '1,3p' requirements.lock; .lock-venv/bin/pip freeze --exclude-editable | sed 's/+cpu$$//'; } > requirements.lock.new
 	mv requirements.lock.new requirements.lock && rm -rf .lock-venv
 
+imports: setup ## regenerate k8s/imports from the KubeRay CRDs in k8s/crds (one module per CRD)
+	rm -rf k8s/imports/raycluster k8s/imports/rayjob
+	npx cdk8s import raycluster:=k8s/crds/ray.io_rayclusters.yaml -l python -o k8s/imports --no-check-upgrade
+	npx cdk8s import rayjob:=k8s/crds/ray.io_rayjobs.yaml -l python -o k8s/imports --no-check-upgrade
+
 clean: ## remove synthesized output and caches
 	rm -rf $(OUT) .pytest_cache .mypy_cache .ruff_cache runs
