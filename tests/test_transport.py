@@ -235,3 +235,18 @@ def test_cli_main_in_process(capsys: pytest.CaptureFixture[str]) -> None:
     out = json.loads(capsys.readouterr().out)
     assert rc == 1 and "ranks" not in out
     assert "expected socket" in out["reasons"][0]
+
+
+def test_real_nccl_2_28_capture() -> None:
+    """Captured on one H200 with NCCL 2.28.9 (torch 2.11): two ranks told they are on two hosts
+    (NCCL_HOSTID), NCCL_NET=Socket over lo. Channels are connected lazily, after Init COMPLETE."""
+    files = logs("real_h200_nccl2.28_socket")
+    v = classify_files(files, "socket")
+    assert v.ok and v.transport == "socket"
+    assert v.nccl_version == "2.28.9+cuda13.0"
+    assert v.hosts == ["vm"] and v.nccl_nodes == 2 and v.inter_node is True
+    r0 = next(r for r in v.ranks if r["rank"] == 0)
+    assert r0["nics"] == 1 and r0["gdr"] is False and r0["network_paths"] == ["NET/Socket/0"]
+    assert r0["nccl_nodes"] == 2 and r0["init_complete"] is True
+    efa = classify_files(files, "efa")
+    assert not efa.ok and {f["rank"] for f in efa.fallback} == {0, 1}

@@ -75,6 +75,9 @@ _COMM = re.compile(
     r"(?: cudaDev (?P<dev>-?\d+))?.*?(?:commId (?P<commid>0x[0-9a-fA-F]+))?"
     r"(?: - Init (?P<phase>START|COMPLETE))?\s*$"
 )
+# NCCL 2.19+: "comm 0x… rank 0 nRanks 8 nNodes 2 localRanks 4 localRank 0 MNNVL 0": NCCL's own count
+# of nodes (hosts by host hash: in Kubernetes every pod counts as one).
+_TOPOLOGY = re.compile(r"nRanks (?P<nranks>\d+) nNodes (?P<nnodes>\d+) localRanks (?P<local>\d+)")
 # "GPU Direct RDMA Enabled for GPU 0 / HCA 0 (distance 4 <= 4), read 1 mode Default"
 _GDR = re.compile(r"GPU Direct RDMA (?P<state>Enabled|Disabled) for (?:GPU|HCA)")
 
@@ -139,6 +142,7 @@ class ProcessLog:
     channels: list[Channel] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     init_complete: bool = False
+    nnodes: int | None = None  # as NCCL counted them for its largest communicator
     lines: int = 0
     _thread_comm: dict[int, str] = field(default_factory=dict, repr=False)
 
@@ -202,6 +206,7 @@ class ProcessLog:
             "network_paths": nets,
             "intra_node_paths": intra,
             "init_complete": self.init_complete,
+            "nccl_nodes": self.nnodes,
             "warnings": self.warnings[:5],
             "sources": sorted(self.sources),
         }
@@ -266,6 +271,11 @@ def _apply(proc: ProcessLog, tid: int, level: str, msg: str) -> None:  # noqa: P
         enabled = g["state"] == "Enabled"
         proc.gdr = enabled or bool(proc.gdr)
         return
+    if t := _TOPOLOGY.search(msg):
+        proc.nnodes = max(proc.nnodes or 0, int(t["nnodes"]))
+        return
+    if "Destroy" in msg or "Abort" in msg:
+        return  # teardown lines repeat the comm without its commId
     if c := _COMM.search(msg):
         # Before NCCL 2.19 there is no commId: the size is the best key that all ranks share.
         comm_key = c["commid"] or f"nranks={c['nranks']}"
@@ -342,6 +352,7 @@ class Verdict:
     fallback: list[dict[str, Any]]  # processes whose inter-node traffic is not on the expected path
     ranks: list[dict[str, Any]]
     transports: dict[str, list[str]] = field(default_factory=dict)  # transport -> "host rank N"
+    nccl_nodes: int | None = None  # nodes as NCCL counted them (2.19+), beside the host names
 
     @property
     def exit_code(self) -> int:
@@ -359,6 +370,7 @@ class Verdict:
             "nccl_version": self.nccl_version,
             "inter_node": self.inter_node,
             "hosts": self.hosts,
+            "nccl_nodes": self.nccl_nodes,
             "world_size": self.world_size,
             "reasons": self.reasons,
             "notes": self.notes,
@@ -417,7 +429,8 @@ def classify(procs: Sequence[ProcessLog], expect: str = "efa") -> Verdict:  # no
     # Network channels between processes of one host (NCCL_P2P/SHM disabled, or the peer's log
     # absent) still show which network NCCL would use; judge them too.
     net_channels = [(p, c) for p in procs for c in p.net_channels]
-    multi_host = len(hosts) > 1
+    nccl_nodes = max((p.nnodes or 0 for p in procs), default=0)
+    multi_host = len(hosts) > 1 or nccl_nodes > 1
     inter_node = multi_host or bool(inter_channels)
 
     # Per process: the transports its network channels ride on; without channel lines (log cut
@@ -506,6 +519,7 @@ def classify(procs: Sequence[ProcessLog], expect: str = "efa") -> Verdict:  # no
         fallback=fallback,
         ranks=ranks,
         transports=breakdown,
+        nccl_nodes=nccl_nodes or None,
     )
 
 
