@@ -69,6 +69,17 @@ def test_find_own_log_matches_pid_exactly(tmp_path: Path, monkeypatch: pytest.Mo
     assert find_own_log(str(tmp_path / "missing"), pid=41) == []
 
 
+def test_prepare_nccl_log_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NCCL_DEBUG_FILE", f"{tmp_path}/a/b/nccl.%h.%p.log")
+    assert netprobe.prepare_nccl_log_dir() == tmp_path / "a" / "b"
+    assert (tmp_path / "a" / "b").is_dir()
+    monkeypatch.setenv("NCCL_DEBUG_FILE", f"{tmp_path}/%h/nccl.%p.log")
+    assert netprobe.prepare_nccl_log_dir() is None
+    assert not (tmp_path / "%h").exists()
+    monkeypatch.delenv("NCCL_DEBUG_FILE")
+    assert netprobe.prepare_nccl_log_dir() is None
+
+
 def test_gate_message_names_hosts_ranks_and_variables() -> None:
     verdict = classify_files(sorted((FIX / "socket_fallback").glob("*.log")), "efa")
     result = verdict.to_dict()

@@ -57,6 +57,22 @@ def nccl_env(log_dir: str) -> dict[str, str]:
     }
 
 
+def prepare_nccl_log_dir() -> Path | None:
+    """Create the directory of NCCL_DEBUG_FILE, if set; returns it.
+
+    NCCL opens its debug file once, on its first log line, and silently logs to stdout when the
+    directory does not exist: the gate would then find no log. Call before the first collective.
+    """
+    pattern = os.environ.get("NCCL_DEBUG_FILE")
+    if not pattern:
+        return None
+    directory = Path(pattern).parent
+    if "%" in str(directory):
+        return None  # a per-host/pid directory: NCCL's pattern, not ours to create
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory
+
+
 def bus_bandwidth(collective: str, total_bytes: int, seconds: float, world_size: int) -> tuple[float, float]:
     """(algbw, busbw) in GB/s as nccl-tests computes them.
 
@@ -176,6 +192,7 @@ def run_transport_gate(
         device = torch.device("cpu")
     if size_mb is None:
         size_mb = 256 if device.type == "cuda" else 8
+    prepare_nccl_log_dir()
     probe = _probe(dist, torch, device, size_bytes=int(size_mb * 2**20), warmup=warmup, iters=iters)
 
     pid = os.getpid()
@@ -258,6 +275,7 @@ def gate_message(result: dict[str, Any], envs: list[dict[str, str | None]] | Non
         "  check: the worker pods request vpc.amazonaws.com/efa (requests == limits) and the nodes "
         "have it allocatable (raytrain verify); FI_PROVIDER=efa; NCCL_NET_PLUGIN (aws-ofi-nccl, "
         "libnccl-net.so on LD_LIBRARY_PATH); NCCL_SOCKET_IFNAME (the pod interface, eth0); and that "
-        "NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=INIT,NET, NCCL_DEBUG_FILE reach the workers."
+        "NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=INIT,NET, NCCL_DEBUG_FILE reach the workers "
+        "(its directory must exist before NCCL starts)."
     )
     return "\n".join(lines)
