@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from training import transport
 from training.transport import classify, classify_files, parse_files, parse_lines
@@ -250,3 +253,36 @@ def test_real_nccl_2_28_capture() -> None:
     assert r0["nccl_nodes"] == 2 and r0["init_complete"] is True
     efa = classify_files(files, "efa")
     assert not efa.ok and {f["rank"] for f in efa.fallback} == {0, 1}
+
+
+# --- properties: order across processes and cut points do not break the parser ------------------
+
+_EFA_LINES = [f.read_text().splitlines(keepends=True) for f in logs("efa_g6")]
+_EFA_REFERENCE = classify_files(logs("efa_g6"), "efa")
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.randoms(use_true_random=False))
+def test_any_interleaving_of_the_ranks_gives_the_same_verdict(rnd: random.Random) -> None:
+    queues = [list(lines) for lines in _EFA_LINES]
+    stream: list[str] = []
+    while any(queues):
+        q = rnd.choice([q for q in queues if q])
+        stream.append(q.pop(0))  # each process's own lines stay in order, as in a real stream
+    v = classify(list(parse_lines(stream).values()), "efa")
+    assert (v.ok, v.transport, v.provider, v.world_size) == (True, "efa", "efa", 4)
+    assert v.ranks == [{**r, "sources": ["<stream>"]} for r in _EFA_REFERENCE.ranks]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(min_value=0, max_value=len("".join(_EFA_LINES[3]))), st.sampled_from(("efa", "socket", "any"))
+)
+def test_a_log_cut_anywhere_still_parses(cut: int, expect: str) -> None:
+    text = "".join(_EFA_LINES[3])[:cut]
+    lines = [line for f in _EFA_LINES[:3] for line in f] + text.splitlines(keepends=True)
+    v = classify(list(parse_lines(lines).values()), expect)
+    assert v.exit_code in (0, 1)
+    # Three complete EFA ranks on two hosts: a partial fourth never turns the verdict into socket.
+    assert v.transport in ("efa", "mixed")
+    assert v.ok == (expect in ("efa", "any") and v.transport == "efa")
