@@ -52,7 +52,7 @@ class SystemNodeGroup(Construct):
         scope: Construct,
         construct_id: str,
         *,
-        cluster: eks.Cluster,
+        cluster: eks.ICluster,
         settings: SystemNodeSettings,
         subnets: list[ec2.ISubnet],
     ) -> None:
@@ -103,7 +103,7 @@ class EfaGpuNodeGroup(Construct):
         scope: Construct,
         construct_id: str,
         *,
-        cluster: eks.Cluster,
+        cluster: eks.ICluster,
         vpc: ec2.IVpc,
         settings: GpuNodeSettings,
         subnet: ec2.ISubnet,

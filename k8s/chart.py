@@ -147,7 +147,9 @@ def worker_env(settings: Settings) -> dict[str, str]:
         "NCCL_DEBUG": "INFO",
         "NCCL_DEBUG_SUBSYS": "INIT,NET",
         # One log per process beside Ray's logs: the transport check and post-mortems read them.
-        "NCCL_DEBUG_FILE": f"{RAY_TMP}/nccl/nccl.%h.%p.log",
+        # Directly in the mounted /tmp/ray: NCCL does not create folders, and with a missing one it
+        # logs to stdout, where the transport gate cannot find the log.
+        "NCCL_DEBUG_FILE": f"{RAY_TMP}/nccl.%h.%p.log",
         "NCCL_SOCKET_IFNAME": "eth0",
     }
     if settings.gpu_nodes.efa:

@@ -46,7 +46,8 @@ def new_app(settings: Settings, *, outdir: str | None = None) -> cdk.App:
     return cdk.App(outdir=outdir, context=context)
 
 
-def build_environment(app: cdk.App, settings: Settings, *, nag: bool = True) -> EnvironmentStacks:
+def build_environment(app: cdk.Stage, settings: Settings, *, nag: bool = True) -> EnvironmentStacks:
+    """`app` is the App, or a pipeline's Stage (stacks/pipeline_stack.py) holding the same stacks."""
     env = cdk.Environment(account=settings.account, region=settings.region)
     prefix = settings.stack_prefix
     common: dict = {
@@ -56,6 +57,8 @@ def build_environment(app: cdk.App, settings: Settings, *, nag: bool = True) -> 
     network = NetworkStack(
         app,
         f"{prefix}-Network",
+        # Explicit, so inside a pipeline Stage the stacks keep these names (not "<stage>-<id>").
+        stack_name=f"{prefix}-Network",
         settings=settings,
         description=f"Ray Train on EKS ({settings.name}): VPC, NAT, endpoints, flow logs",
         **common,
@@ -63,6 +66,7 @@ def build_environment(app: cdk.App, settings: Settings, *, nag: bool = True) -> 
     cluster = ClusterStack(
         app,
         f"{prefix}-Cluster",
+        stack_name=f"{prefix}-Cluster",
         settings=settings,
         vpc=network.vpc,
         gpu_subnet=network.private_subnet_in(settings.gpu_nodes.availability_zone),
@@ -72,8 +76,9 @@ def build_environment(app: cdk.App, settings: Settings, *, nag: bool = True) -> 
     workload = WorkloadStack(
         app,
         f"{prefix}-Workload",
+        stack_name=f"{prefix}-Workload",
         settings=settings,
-        cluster=cluster.cluster,
+        cluster=cluster.cluster_ref,
         description=f"Ray Train on EKS ({settings.name}): checkpoints, training code, RayCluster/RayJob",
         **common,
     )
@@ -83,6 +88,16 @@ def build_environment(app: cdk.App, settings: Settings, *, nag: bool = True) -> 
 
     for key, value in {"environment": settings.name, **settings.tags}.items():
         cdk.Tags.of(app).add(key, value)
+    if settings.pipeline is not None and settings.pipeline.enabled:
+        from stacks.pipeline_stack import PipelineStack
+
+        PipelineStack(
+            app,
+            f"{prefix}-Pipeline",
+            settings=settings,
+            description=f"Ray Train on EKS ({settings.name}): CodePipeline deploying {settings.pipeline.environments}",
+            **common,
+        )
     if nag:
         cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
         acknowledge_findings(stacks)

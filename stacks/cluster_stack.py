@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Any, cast
 
 import aws_cdk as cdk
 from aws_cdk import aws_ec2 as ec2
@@ -26,7 +26,8 @@ CONTROL_PLANE_LOG_TYPES = [
 
 
 def kubernetes_version(version: str) -> eks.KubernetesVersion:
-    return getattr(eks.KubernetesVersion, "V" + version.replace(".", "_"))  # type: ignore[no-any-return]
+    version_enum: eks.KubernetesVersion = getattr(eks.KubernetesVersion, "V" + version.replace(".", "_"))
+    return version_enum
 
 
 def kubectl_layer(scope: Construct, version: str) -> Any:
@@ -88,6 +89,10 @@ class ClusterStack(cdk.Stack):
             removal_policy=cdk.RemovalPolicy.DESTROY,
         )
 
+        # jsii's Python typing declares `kubectl_provider_options` on the ICluster protocol but not
+        # on the Cluster class, so mypy cannot match them; the object is an ICluster at run time.
+        self.cluster_ref = cast("eks.ICluster", self.cluster)
+
         for index, arn in enumerate(cluster_settings.admin_principal_arns):
             self.cluster.grant_access(
                 f"Admin{index}",
@@ -105,26 +110,26 @@ class ClusterStack(cdk.Stack):
         vpc_cni = eks.Addon(
             self,
             "VpcCni",
-            cluster=self.cluster,
+            cluster=self.cluster_ref,
             addon_name="vpc-cni",
             configuration_values={"enableNetworkPolicy": "true"},
         )
-        kube_proxy = eks.Addon(self, "KubeProxy", cluster=self.cluster, addon_name="kube-proxy")
+        kube_proxy = eks.Addon(self, "KubeProxy", cluster=self.cluster_ref, addon_name="kube-proxy")
         pod_identity = eks.Addon(
-            self, "PodIdentityAgent", cluster=self.cluster, addon_name="eks-pod-identity-agent"
+            self, "PodIdentityAgent", cluster=self.cluster_ref, addon_name="eks-pod-identity-agent"
         )
 
         self.system_nodes = SystemNodeGroup(
             self,
             "SystemNodes",
-            cluster=self.cluster,
+            cluster=self.cluster_ref,
             settings=settings.system_nodes,
             subnets=vpc.select_subnets(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS).subnets,
         )
         self.gpu_nodes = EfaGpuNodeGroup(
             self,
             "GpuNodes",
-            cluster=self.cluster,
+            cluster=self.cluster_ref,
             vpc=vpc,
             settings=settings.gpu_nodes,
             subnet=gpu_subnet,
@@ -133,20 +138,20 @@ class ClusterStack(cdk.Stack):
             # Nodes join only once their networking add-ons exist.
             group.node.add_dependency(vpc_cni, kube_proxy, pod_identity)
         # CoreDNS needs somewhere to run before EKS reports it active.
-        coredns = eks.Addon(self, "CoreDns", cluster=self.cluster, addon_name="coredns")
+        coredns = eks.Addon(self, "CoreDns", cluster=self.cluster_ref, addon_name="coredns")
         coredns.node.add_dependency(self.system_nodes.nodegroup)
 
         self.device_plugins = GpuDevicePlugins(
             self,
             "GpuDevicePlugins",
-            cluster=self.cluster,
+            cluster=self.cluster_ref,
             nvidia_version=settings.addons.nvidia_device_plugin,
             efa_version=settings.addons.efa_device_plugin if settings.gpu_nodes.efa else None,
         )
         self.kuberay = KubeRayOperator(
             self,
             "KubeRay",
-            cluster=self.cluster,
+            cluster=self.cluster_ref,
             version=settings.addons.kuberay_operator,
             ray_namespace=settings.workload.namespace,
         )

@@ -260,7 +260,7 @@ def test_worker_nccl_environment(name: str) -> None:
     env = env_of(worker_container(name))
     assert env["NCCL_DEBUG"] == "INFO"
     assert env["NCCL_DEBUG_SUBSYS"] == "INIT,NET"
-    assert env["NCCL_DEBUG_FILE"] == "/tmp/ray/nccl/nccl.%h.%p.log"
+    assert env["NCCL_DEBUG_FILE"] == "/tmp/ray/nccl.%h.%p.log"
     assert env["NCCL_SOCKET_IFNAME"] == "eth0"
     if s.gpu_nodes.efa:
         assert env["FI_PROVIDER"] == "efa"
