@@ -95,7 +95,8 @@ def build_environment(app: cdk.Stage, settings: Settings, *, nag: bool = True) -
             app,
             f"{prefix}-Pipeline",
             settings=settings,
-            description=f"Ray Train on EKS ({settings.name}): CodePipeline deploying {settings.pipeline.environments}",
+            description=f"Ray Train on EKS ({settings.name}): CodePipeline deploying "
+            + ", ".join(settings.pipeline.environments),
             **common,
         )
     if nag:
