@@ -1,0 +1,233 @@
+"""Training throughput: the original sample's recipe against our loop, on the same GPU(s), in one run.
+
+    python bench/train_throughput.py [--configs original,ours,...] [--batch 16] [--seq-len 2048]
+                                     [--steps 12] [--shape qwen2.5-1.5b] [--num-workers N]
+
+Both run through Ray Train's TorchTrainer on the same machine, one after the other, with random
+weights of the same shape and random token ids, the same tokens per step (batch x seq_len per
+worker). Prints one JSON line per configuration (tokens/s, MFU, peak memory, time to first step)
+and a final line with the ratio ours/original. MFU uses 6N + 12*L*d*T FLOPs per token and the
+GPU's dense bf16 peak (989 TFLOP/s for H100/H200), for both recipes alike.
+
+- original: the AWS sample's recipe: the whole model in bf16, FSDP1 through Ray's
+  prepare_model with size_based_auto_wrap_policy(min_num_params=1e7), plain AdamW, Hugging Face loss.
+- ours*: `python -m training` as the RayJob runs it (training.driver.run), with the variant's options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+# Variants of our loop: options layered over the GPU defaults of `python -m training`.
+OURS: dict[str, list[str]] = {
+    "ours": ["--compile", "--liger"],
+    "ours-nocompile": ["--no-compile", "--liger"],
+    "ours-noliger": ["--compile", "--no-liger"],
+    "ours-eager": ["--no-compile", "--no-liger"],  # runs anywhere, the CPU included
+}
+
+
+def original_recipe(config: dict[str, Any]) -> None:
+    """The sample's train function, step for step; rank 0 writes its timings to config['out']."""
+    import functools
+
+    import ray.train
+    import ray.train.torch
+    import torch
+    from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy
+    from transformers import AutoModelForCausalLM
+
+    from training.model import shape_config
+
+    device = ray.train.torch.get_device()
+    torch.manual_seed(0)
+    cfg = shape_config(config["shape"])
+    model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.bfloat16)
+    model = ray.train.torch.prepare_model(
+        model,
+        parallel_strategy="fsdp",
+        parallel_strategy_kwargs={
+            "auto_wrap_policy": functools.partial(size_based_auto_wrap_policy, min_num_params=int(1e7))
+        },
+    )
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    batch, seq = config["batch"], config["seq_len"]
+    times = []
+    for _ in range(config["steps"]):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        ids = torch.randint(0, cfg.vocab_size, (batch, seq), device=device)
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        loss.item()  # the sample logs the loss every step: a sync point
+        times.append(time.perf_counter() - t0)
+    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    if ray.train.get_context().get_world_rank() == 0:
+        Path(config["out"]).write_text(json.dumps({"step_times": times, "peak_mem_gib": peak}))
+
+
+def run_original(args: argparse.Namespace, workers: int, use_gpu: bool) -> dict[str, Any]:
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    out = Path(tempfile.mkdtemp(prefix="bench-original-")) / "timings.json"
+    t0 = time.time()
+    TorchTrainer(
+        original_recipe,
+        train_loop_config={
+            "shape": args.shape,
+            "batch": args.batch,
+            "seq_len": args.seq_len,
+            "steps": args.steps,
+            "out": str(out),
+        },
+        scaling_config=ScalingConfig(num_workers=workers, use_gpu=use_gpu),
+        run_config=RunConfig(name=f"bench-original-{int(t0)}", storage_path=args.storage),
+    ).fit()
+    timings = json.loads(out.read_text())
+    steady = timings["step_times"][args.warmup :]
+    step_s = statistics.fmean(steady)
+    return {
+        "tokens_per_s": workers * args.batch * args.seq_len / step_s,
+        "step_time_s": step_s,
+        "peak_mem_gib": timings["peak_mem_gib"],
+        "first_step_s": timings["step_times"][0],
+        "wall_s": time.time() - t0,
+    }
+
+
+def run_ours(name: str, args: argparse.Namespace, workers: int) -> dict[str, Any]:
+    from training.driver import run
+    from training.options import parse_args
+
+    t0 = time.time()
+    argv = [
+        "--run-name", f"bench-{name}-{int(t0)}",
+        "--storage-path", args.storage,
+        "--output-dir", str(Path(args.storage) / f"{name}-out"),
+        "--init", "random",
+        "--shape", args.shape,
+        "--data", "random",
+        "--seq-len", str(args.seq_len),
+        "--micro-batch-size", str(args.batch),
+        "--steps", str(args.steps),
+        "--checkpoint-every", str(args.steps),
+        "--warmup-steps", "0",
+        "--num-workers", str(workers),
+        *OURS[name],
+    ]  # fmt: skip
+    summary = run(parse_args(argv))
+    history = summary["history"]
+    steady = history[args.warmup :]
+    step_s = statistics.fmean(h["step_time_s"] for h in steady)
+    return {
+        "tokens_per_s": workers * args.batch * args.seq_len / step_s,
+        "step_time_s": step_s,
+        "peak_mem_gib": max(h["peak_mem_gib"] for h in history),
+        "first_step_s": history[0]["step_time_s"],
+        "wall_s": time.time() - t0,
+        "options": {k: summary["options"][k] for k in ("compile", "liger", "sharding", "micro_batch_size")},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--configs", default="original,ours", help=f"original and/or {', '.join(OURS)}")
+    parser.add_argument("--shape", default="qwen2.5-1.5b")
+    parser.add_argument("--batch", type=int, default=16, help="sequences per worker per step (both recipes)")
+    parser.add_argument("--seq-len", type=int, default=2048)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--warmup", type=int, default=3, help="steps left out of the averages")
+    parser.add_argument("--num-workers", type=int, help="default: every GPU of this machine")
+    parser.add_argument("--storage", default=None, help="Ray Train storage (default: a temp dir)")
+    args = parser.parse_args(argv)
+    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    unknown = [c for c in configs if c != "original" and c not in OURS]
+    if unknown:
+        parser.error(f"unknown configs {unknown}; valid: original, {', '.join(OURS)}")
+    if args.steps <= args.warmup:
+        parser.error("--steps must exceed --warmup")
+    args.storage = args.storage or tempfile.mkdtemp(prefix="bench-storage-")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+    import ray
+    import torch
+
+    from training.flops import flops_per_token, peak_tflops
+    from training.model import SHAPES
+
+    use_gpu = torch.cuda.is_available()
+    if "original" in configs and not use_gpu:
+        parser.error("'original' needs a GPU: Ray's prepare_model only does FSDP with use_gpu=True")
+    workers = args.num_workers or (torch.cuda.device_count() if use_gpu else 2)
+    gpu = torch.cuda.get_device_name(0) if use_gpu else "cpu"
+    peak = peak_tflops(gpu) if use_gpu else None
+    shape = SHAPES[args.shape]
+    n_params = _param_count(args.shape)
+    flops_tok = flops_per_token(n_params, shape["num_hidden_layers"], shape["hidden_size"], args.seq_len)
+    ray.init(num_cpus=None if use_gpu else 2)
+    env = {
+        "gpu": gpu,
+        "gpus": workers,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if use_gpu else None,
+        "ray": ray.__version__,
+        "shape": args.shape,
+        "params": n_params,
+        "gflop_per_token": flops_tok / 1e9,
+        "batch_per_worker": args.batch,
+        "seq_len": args.seq_len,
+    }
+    print(json.dumps({"environment": env}), flush=True)
+
+    results: dict[str, dict[str, Any]] = {}
+    for name in configs:
+        row = run_original(args, workers, use_gpu) if name == "original" else run_ours(name, args, workers)
+        if peak:
+            row["mfu"] = row["tokens_per_s"] * flops_tok / (workers * peak * 1e12)
+        results[name] = row
+        print(json.dumps({"config": name, **row}), flush=True)
+    if "original" in results:
+        base = results["original"]
+        for name, row in results.items():
+            if name == "original":
+                continue
+            ratio = {"config": name, "speedup_vs_original": row["tokens_per_s"] / base["tokens_per_s"]}
+            if row.get("peak_mem_gib") and base.get("peak_mem_gib"):
+                ratio["memory_vs_original"] = row["peak_mem_gib"] / base["peak_mem_gib"]
+            print(json.dumps(ratio), flush=True)
+    return 0
+
+
+def _param_count(shape: str) -> int:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from training.flops import count_params
+    from training.model import shape_config
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(shape_config(shape))
+    return int(count_params(model))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
