@@ -9,6 +9,7 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
+from cdk_constructs.vpc_cleanup import VpcCleanup
 from config.settings import Settings
 from stacks.common import removal_policy
 
@@ -78,6 +79,15 @@ class NetworkStack(cdk.Stack):
                 security_groups=[endpoint_sg],
                 subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS),
             )
+
+        # On destroy, removes what EKS left in the VPC outside CloudFormation before the VPC goes.
+        self.cleanup = VpcCleanup(
+            self,
+            "EksLeftoverCleanup",
+            vpc=self.vpc,
+            cluster_name=settings.cluster.name,
+            removal_policy=removal_policy(settings),
+        )
 
     def private_subnet_in(self, availability_zone: str) -> ec2.ISubnet:
         for subnet in self.vpc.private_subnets:

@@ -1,0 +1,160 @@
+"""Custom resource that, when its stack is deleted, removes what EKS left in the VPC outside
+CloudFormation (load balancers, target groups, security groups, available ENIs), so the VPC's own
+deletion does not stop on a DependencyViolation. The handler is `vpc_cleanup_handler/handler.py`.
+
+Where it runs in a destroy, and why it sits in the Network stack:
+- The Cluster stack imports the Network stack's exports (VPC, subnets), so CloudFormation (and
+  `cdk destroy`, which follows stack dependencies) deletes Workload, then Cluster, then Network.
+  When Network's deletion starts, the EKS cluster and its node groups are already gone: nothing
+  recreates load balancers or ENIs behind our back.
+- Inside the Network stack this resource depends on every resource of the VPC construct (subnets,
+  route tables, NAT and internet gateways, endpoints, the VPC). CloudFormation deletes dependents
+  first, so this resource is deleted — the handler runs — before any of them.
+- Its function, role and log group are siblings it depends on, so they outlive it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import aws_cdk as cdk
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from constructs import Construct, IConstruct
+
+from cdk_constructs.vpc_cleanup_handler.handler import ELBV2_CLUSTER_TAG, cluster_tag
+
+HANDLER_DIR = Path(__file__).resolve().parent / "vpc_cleanup_handler"
+RESOURCE_TYPE = "Custom::EksVpcCleanup"
+# Lambda's ceiling; the handler keeps a margin to answer CloudFormation.
+HANDLER_TIMEOUT = cdk.Duration.minutes(15)
+
+
+class VpcCleanup(Construct):
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        vpc: ec2.Vpc,
+        cluster_name: str,
+        removal_policy: cdk.RemovalPolicy,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        stack = cdk.Stack.of(self)
+        self.log_group = logs.LogGroup(
+            self, "Logs", retention=logs.RetentionDays.ONE_MONTH, removal_policy=removal_policy
+        )
+        self.role = iam.Role(
+            self,
+            "Role",
+            assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+            description=f"Removes what EKS cluster {cluster_name} left in its VPC, on stack delete",
+        )
+        self.log_group.grant_write(self.role)
+        # Describe calls have no resource-level permissions.
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                actions=[
+                    "ec2:DescribeNetworkInterfaces",
+                    "ec2:DescribeSecurityGroups",
+                    "elasticloadbalancing:DescribeLoadBalancers",
+                    "elasticloadbalancing:DescribeTargetGroups",
+                    "elasticloadbalancing:DescribeTags",
+                ],
+                resources=["*"],
+            )
+        )
+        vpc_arn = stack.format_arn(service="ec2", resource="vpc", resource_name=vpc.vpc_id)
+        # Deletes only inside this VPC; the IDs are made by EKS/Kubernetes, unknown in advance.
+        delete_resources = [
+            stack.format_arn(service="ec2", resource="network-interface", resource_name="*"),
+            stack.format_arn(service="ec2", resource="security-group", resource_name="*"),
+        ]
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                actions=[
+                    "ec2:DeleteNetworkInterface",
+                    "ec2:DeleteSecurityGroup",
+                    "ec2:RevokeSecurityGroupIngress",
+                    "ec2:RevokeSecurityGroupEgress",
+                ],
+                resources=delete_resources,
+                conditions={"ArnEquals": {"ec2:Vpc": vpc_arn}},
+            )
+        )
+        elb_resources = [
+            stack.format_arn(service="elasticloadbalancing", resource="loadbalancer", resource_name="*"),
+            stack.format_arn(service="elasticloadbalancing", resource="targetgroup", resource_name="*"),
+        ]
+        elb_actions = [
+            "elasticloadbalancing:DeleteLoadBalancer",
+            "elasticloadbalancing:ModifyLoadBalancerAttributes",
+            "elasticloadbalancing:DeleteTargetGroup",
+        ]
+        # Only load balancers and target groups tagged for this cluster, by either controller.
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                actions=elb_actions,
+                resources=elb_resources,
+                conditions={"StringEquals": {f"aws:ResourceTag/{ELBV2_CLUSTER_TAG}": cluster_name}},
+            )
+        )
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                actions=elb_actions,
+                resources=elb_resources,
+                conditions={"Null": {f"aws:ResourceTag/{cluster_tag(cluster_name)}": "false"}},
+            )
+        )
+        self.function = lambda_.Function(
+            self,
+            "Handler",
+            runtime=lambda_.Runtime.PYTHON_3_14,
+            handler="handler.on_event",
+            code=lambda_.Code.from_asset(str(HANDLER_DIR), exclude=["__pycache__", "*.pyc"]),
+            timeout=HANDLER_TIMEOUT,
+            memory_size=256,
+            role=self.role,
+            log_group=self.log_group,
+            description=f"EKS leftovers cleanup for {cluster_name} (runs on stack delete only)",
+        )
+        self.resource = cdk.CustomResource(
+            self,
+            "Resource",
+            service_token=self.function.function_arn,
+            resource_type=RESOURCE_TYPE,
+            properties={"VpcId": vpc.vpc_id, "ClusterName": cluster_name},
+            # A handler that never answers fails the delete after this, not after an hour.
+            service_timeout=HANDLER_TIMEOUT.plus(cdk.Duration.minutes(1)),
+        )
+        # Deleted before every resource of the VPC (see the module docstring).
+        self.resource.node.add_dependency(vpc)
+
+        policy = self.role.node.find_child("DefaultPolicy")
+        _ack(
+            policy,
+            "AwsSolutions-IAM5[Resource::*]",
+            "Describe calls (ENIs, security groups, load balancers, target groups, tags) have no "
+            "resource-level permissions; every delete below is scoped.",
+        )
+        for arn in delete_resources:
+            _ack(
+                policy,
+                f"AwsSolutions-IAM5[Resource::{stack.resolve(arn)}]",
+                "The ENIs and security groups EKS leaves have IDs unknown before deploy; deletes are "
+                "limited to this VPC by the ec2:Vpc condition.",
+            )
+        for arn in elb_resources:
+            _ack(
+                policy,
+                f"AwsSolutions-IAM5[Resource::{stack.resolve(arn)}]",
+                "Load balancers and target groups made by Kubernetes controllers have names unknown "
+                "before deploy; deletes require the cluster's ownership tag (aws:ResourceTag condition).",
+            )
+
+
+def _ack(scope: IConstruct, rule: str, reason: str) -> None:
+    cdk.Validations.of(scope).acknowledge(cdk.Acknowledgment(id=rule, reason=reason))
