@@ -11,7 +11,7 @@ import importlib
 import sys
 
 # (module) — each registers one or more subcommands.
-COMMAND_MODULES: list[str] = ["raytrain.capacity", "raytrain.verify"]
+COMMAND_MODULES: list[str] = ["raytrain.capacity", "raytrain.verify", "raytrain.review"]
 
 
 def build_parser() -> argparse.ArgumentParser:
