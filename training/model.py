@@ -161,7 +161,13 @@ def apply_fsdp(
     activation_checkpointing: bool = False,
 ) -> nn.Module:
     """fully_shard each decoder layer, then the root (bf16 compute, fp32 master and reduction)."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    try:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    except ImportError:  # torch < 2.6 kept FSDP2 under _composable
+        from torch.distributed._composable.fsdp import (
+            MixedPrecisionPolicy,
+            fully_shard,
+        )
 
     if activation_checkpointing:
         hf: Any = model

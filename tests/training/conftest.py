@@ -22,7 +22,8 @@ def ray_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     # Workers are started by the raylet and inherit this: they must import `training`.
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *paths])
-    # Short socket paths: AF_UNIX paths over 107 bytes fail, and pytest's tmp dirs are long.
+    # ray.train.report waits for the controller's poll (2 s by default); the controller inherits this.
+    os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = "0.2"
     ray.init(num_cpus=2, _temp_dir=str(tmp), include_dashboard=True, log_to_driver=True)
     try:
         yield ray.get_runtime_context().gcs_address
