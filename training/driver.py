@@ -31,8 +31,12 @@ def check_model(opts: TrainOptions) -> Any:
             load_tokenizer(opts.shape, opts.model)
         except Exception as exc:
             raise OptionError(f"--model: cannot load the tokenizer of {opts.model!r}: {exc}") from None
-    if opts.liger and getattr(cfg, "model_type", "") not in ("qwen2", "llama", "mistral"):
-        raise OptionError(f"--liger: not wired for model type {cfg.model_type!r}")
+    if opts.liger:
+        import liger_kernel.transformers as lk
+
+        model_type = getattr(cfg, "model_type", "")
+        if not hasattr(lk, f"apply_liger_kernel_to_{model_type}"):
+            raise OptionError(f"--liger: liger-kernel has no patch for model type {model_type!r}")
     return cfg
 
 

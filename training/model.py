@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -65,11 +66,22 @@ def fetch_s3_dir(uri: str, dest: str, weights: bool = True) -> str:
 
 
 def local_model_dir(model: str, weights: bool) -> str:
-    """A path or id that from_pretrained accepts: s3:// prefixes are copied to a temp dir first."""
+    """A path or id that from_pretrained accepts. An s3:// prefix is copied once per node: the ranks
+    of a node share one folder (a file lock makes the others wait for the first copy)."""
     if not model.startswith("s3://"):
         return model
-    dest = tempfile.mkdtemp(prefix="raytrain-model-")
-    return fetch_s3_dir(model, dest, weights=weights)
+    import fcntl
+    import hashlib
+
+    key = hashlib.sha256(f"{model}|{weights}".encode()).hexdigest()[:16]
+    dest = os.path.join(tempfile.gettempdir(), f"raytrain-model-{key}")
+    done = os.path.join(dest, ".complete")
+    with open(dest + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.path.exists(done):
+            fetch_s3_dir(model, dest, weights=weights)
+            Path(done).touch()
+    return dest
 
 
 def model_config(init: str, shape: str, model: str) -> Any:
@@ -188,7 +200,12 @@ def apply_fsdp(
 
 
 def apply_liger(model: nn.Module) -> None:
-    """Liger's Triton kernels, including the fused linear cross-entropy that never builds full logits."""
-    from liger_kernel.transformers import _apply_liger_kernel_to_instance
+    """Liger's Triton kernels (RoPE, RMSNorm, SwiGLU) and the fused linear cross-entropy, which
+    never builds the full [tokens, vocab] logits. Applied to this instance, before fully_shard."""
+    import liger_kernel.transformers as lk
 
-    _apply_liger_kernel_to_instance(model=model)
+    model_type = getattr(getattr(model, "config", None), "model_type", "")
+    patch = getattr(lk, f"apply_liger_kernel_to_{model_type}", None)
+    if patch is None:
+        raise ValueError(f"--liger: liger-kernel has no patch for model type {model_type!r}")
+    patch(fused_linear_cross_entropy=True, cross_entropy=False, model=model)
