@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from training.driver import TransportGateFailed, run
 from training.options import OptionError, parse_args
 
 PROG = "python -m training"
@@ -12,13 +13,14 @@ PROG = "python -m training"
 def main(argv: list[str] | None = None) -> int:
     try:
         opts = parse_args(sys.argv[1:] if argv is None else argv)
-        from training.driver import run
-
         summ = run(opts)
     except OptionError as exc:
         # One line: messages quoted from libraries (hub errors) can span several.
         print(f"{PROG}: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
+    except TransportGateFailed as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 3
     except Exception as exc:
         # Ray wraps worker failures; the workers' tracebacks are already in the log above.
         print(f"{PROG}: training failed: {type(exc).__name__}: {exc}", file=sys.stderr)

@@ -9,8 +9,24 @@ from pathlib import Path
 from typing import Any
 
 from training import summary as summary_mod
-from training.checkpoint import STATE_FILE
 from training.options import OptionError, TrainOptions, data_files
+
+
+class TransportGateFailed(Exception):
+    """The transport gate stopped the run before training; the message says why."""
+
+
+class _GateVerdict:
+    """Holds rank 0's transport-gate failure for the driver (a Ray actor, see run())."""
+
+    def __init__(self) -> None:
+        self.failure: tuple[str, dict[str, Any]] | None = None
+
+    def set(self, message: str, result: dict[str, Any]) -> None:
+        self.failure = (message, result)
+
+    def get(self) -> tuple[str, dict[str, Any]] | None:
+        return self.failure
 
 
 def check_model(opts: TrainOptions) -> Any:
@@ -107,6 +123,7 @@ def prepare_blocks(opts: TrainOptions) -> Any:
 
 def run(opts: TrainOptions) -> dict[str, Any]:
     """Run (or resume) the training run; return the summary."""
+    import ray
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -117,9 +134,10 @@ def run(opts: TrainOptions) -> dict[str, Any]:
     init_ray(opts)
     workers, use_gpu = resolve_workers(opts)
     blocks = prepare_blocks(opts)
+    verdict: Any = ray.remote(num_cpus=0)(_GateVerdict).remote()
     trainer = TorchTrainer(
         train_loop,
-        train_loop_config={"options": opts.to_dict(), "blocks": blocks},
+        train_loop_config={"options": opts.to_dict(), "blocks": blocks, "gate_verdict": verdict},
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
         scaling_config=ScalingConfig(
             num_workers=workers,
@@ -134,12 +152,21 @@ def run(opts: TrainOptions) -> dict[str, Any]:
         ),
     )
     result = trainer.fit()
+    failure = ray.get(verdict.get.remote())
+    if failure is not None:
+        message, gate = failure
+        os.makedirs(opts.output_dir, exist_ok=True)
+        record = {"run_name": opts.run_name, "error": message, "transport": gate}
+        Path(opts.output_dir, summary_mod.SUMMARY_FILE).write_text(json.dumps(record, indent=2, default=str))
+        raise TransportGateFailed(message)
     if result.checkpoint is None:
         raise RuntimeError("the run ended without a checkpoint")
+    from training.checkpoint import STATE_FILE
+
     with result.checkpoint.as_directory() as ckpt_dir:
         meta = json.loads(Path(ckpt_dir, STATE_FILE).read_text())
     summ = summary_mod.summarize(meta, opts.to_dict(), time.time() - t0)
     summ["checkpoint"] = result.checkpoint.path
-    for path in summary_mod.write(summ, opts.output_dir, opts.storage_path):
-        print(f"[train] wrote {path}", flush=True)
+    for written in summary_mod.write(summ, opts.output_dir, opts.storage_path):
+        print(f"[train] wrote {written}", flush=True)
     return summ

@@ -227,10 +227,21 @@ def train_loop(config: dict[str, Any]) -> None:
 
     # Every rank, after the process group is up and before the first step: fail before training
     # when inter-node traffic is not on the expected transport.
-    from training.netprobe import run_transport_gate
+    from training.netprobe import TransportGateError, run_transport_gate
 
     expect = resolve_expect(opts.expect_transport, tr.backend, tr.nodes, os.environ)
-    tr.transport = dict(run_transport_gate(expect, log_dir=None))
+    try:
+        tr.transport = dict(run_transport_gate(expect, log_dir=None))
+    except TransportGateError as exc:
+        verdict = config.get("gate_verdict")
+        if verdict is None:
+            raise
+        # The gate judges every rank's facts together, so all ranks land here. Returning (not
+        # raising) ends the run without the FailureConfig retries: restarting the same workers
+        # on the same network cannot change the verdict. The driver reads it and exits non-zero.
+        if tr.rank == 0:
+            ray.get(verdict.set.remote(str(exc), dict(exc.result)))
+        return
     tr.transport.setdefault("expect", expect)
 
     first = True

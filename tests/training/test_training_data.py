@@ -103,6 +103,7 @@ def test_bundled_sample_is_small_and_usable() -> None:
 
 
 @pytest.mark.ray
+@pytest.mark.filterwarnings("ignore::DeprecationWarning:ray.*")
 def test_ray_data_pipeline_packs_in_file_order(ray_session: str, tmp_path: Path) -> None:
     """Ray Data reads, tokenizes and packs the sample exactly like a plain loop would, twice."""
     from training.data import build_blocks

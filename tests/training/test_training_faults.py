@@ -20,7 +20,8 @@ from training import checkpoint
 from training.driver import run
 from training.options import parse_args
 
-pytestmark = pytest.mark.ray
+# Ray's own DeprecationWarnings (its DataContext) are not ours to fix.
+pytestmark = [pytest.mark.ray, pytest.mark.filterwarnings("ignore::DeprecationWarning:ray.*")]
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS, EVERY = 24, 4
@@ -137,3 +138,19 @@ def test_stopped_run_resumes_under_same_name(
     _assert_same_run(summary, reference)
     on_disk = json.loads((tmp_path / "stopped" / "summary.json").read_text())
     assert on_disk["resumes"] == summary["resumes"]
+
+
+def test_transport_gate_failure_stops_before_training(
+    ray_session: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """gloo traffic is not EFA: the gate stops the run on every rank, with no retries, exit 3."""
+    from training.__main__ import main
+
+    argv = [*_argv(tmp_path, "gate"), "--expect-transport", "efa"]
+    assert main(argv) == 3
+    err = capsys.readouterr().err
+    assert "expected efa" in err, err
+    record = json.loads((tmp_path / "gate" / "summary.json").read_text())
+    assert record["transport"]["ok"] is False
+    assert record["transport"]["expect"] == "efa"
+    assert not list((tmp_path / "storage" / "gate").glob("checkpoint_*"))  # not one step trained
