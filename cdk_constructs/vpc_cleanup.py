@@ -10,7 +10,7 @@ Where it runs in a destroy, and why it sits in the Network stack:
 - Inside the Network stack this resource depends on every resource of the VPC construct (subnets,
   route tables, NAT and internet gateways, endpoints, the VPC). CloudFormation deletes dependents
   first, so this resource is deleted — the handler runs — before any of them.
-- Its function, role and log group are siblings it depends on, so they outlive it.
+- Its function and role are siblings it depends on, so they outlive it.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import aws_cdk as cdk
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
-from aws_cdk import aws_logs as logs
 from constructs import Construct, IConstruct
 
 from cdk_constructs.vpc_cleanup_handler.handler import ELBV2_CLUSTER_TAG, cluster_tag
@@ -40,12 +39,18 @@ class VpcCleanup(Construct):
         *,
         vpc: ec2.Vpc,
         cluster_name: str,
-        removal_policy: cdk.RemovalPolicy,
     ) -> None:
         super().__init__(scope, construct_id)
         stack = cdk.Stack.of(self)
-        self.log_group = logs.LogGroup(
-            self, "Logs", retention=logs.RetentionDays.ONE_MONTH, removal_policy=removal_policy
+        # Named, so its log group (/aws/lambda/<name>, created by Lambda on the first invocation and
+        # not by CloudFormation) is recognisable after destroy; the Network stack keeps a single
+        # CloudFormation log group, the flow logs'.
+        self.function_name = f"{cluster_name}-vpc-cleanup"[:64]
+        log_group_arn = stack.format_arn(
+            service="logs",
+            resource="log-group",
+            resource_name=f"/aws/lambda/{self.function_name}",
+            arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
         )
         self.role = iam.Role(
             self,
@@ -53,7 +58,12 @@ class VpcCleanup(Construct):
             assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
             description=f"Removes what EKS cluster {cluster_name} left in its VPC, on stack delete",
         )
-        self.log_group.grant_write(self.role)
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents"],
+                resources=[log_group_arn, f"{log_group_arn}:log-stream:*"],
+            )
+        )
         # Describe calls have no resource-level permissions.
         self.role.add_to_policy(
             iam.PolicyStatement(
@@ -118,7 +128,7 @@ class VpcCleanup(Construct):
             timeout=HANDLER_TIMEOUT,
             memory_size=256,
             role=self.role,
-            log_group=self.log_group,
+            function_name=self.function_name,
             description=f"EKS leftovers cleanup for {cluster_name} (runs on stack delete only)",
         )
         self.resource = cdk.CustomResource(
@@ -139,6 +149,12 @@ class VpcCleanup(Construct):
             "AwsSolutions-IAM5[Resource::*]",
             "Describe calls (ENIs, security groups, load balancers, target groups, tags) have no "
             "resource-level permissions; every delete below is scoped.",
+        )
+        _ack(
+            policy,
+            f"AwsSolutions-IAM5[Resource::{stack.resolve(log_group_arn)}:log-stream:*]",
+            "Lambda names its log streams per execution environment; the wildcard covers only the "
+            "streams of this function's own log group.",
         )
         for arn in delete_resources:
             _ack(

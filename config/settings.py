@@ -560,9 +560,7 @@ class PipelineSettings(_Model):
         for field in ("manual_approval", "smoke_job"):
             extra = [n for n in getattr(self, field) if n not in self.environments]
             if extra:
-                raise _FieldError(
-                    (field,), f"{extra} not in environments ({', '.join(self.environments)})"
-                )
+                raise _FieldError((field,), f"{extra} not in environments ({', '.join(self.environments)})")
         return self
 
 

@@ -86,7 +86,6 @@ class NetworkStack(cdk.Stack):
             "EksLeftoverCleanup",
             vpc=self.vpc,
             cluster_name=settings.cluster.name,
-            removal_policy=removal_policy(settings),
         )
 
     def private_subnet_in(self, availability_zone: str) -> ec2.ISubnet:

@@ -19,10 +19,13 @@ Target accounts must be bootstrapped to trust the pipeline's account:
 
 from __future__ import annotations
 
+import hashlib
+import re
 import shlex
 from typing import Any
 
 import aws_cdk as cdk
+import jsii
 from aws_cdk import aws_codebuild as codebuild
 from aws_cdk import aws_codecommit as codecommit
 from aws_cdk import aws_eks as eks_l1
@@ -134,6 +137,74 @@ class EnvironmentStage(cdk.Stage):
             description=f"Ray Train on EKS ({settings.name}): pipeline verification access",
         )
         self.access.add_stack_dependency(self.stacks.cluster)
+        cdk.Aspects.of(self).add(
+            _StandaloneNameTags(self.node.path + "/"), priority=cdk.AspectPriority.READONLY
+        )
+        _restore_standalone_logical_ids(self)
+
+
+def make_unique_id(components: list[str]) -> str:
+    """CDK's unique-ID algorithm (aws-cdk-lib core/lib/private/uniqueid): the human-readable path
+    plus an MD5 of it. Logical IDs are this over a construct's path inside its stack."""
+    components = [c for c in components if c != "Default"]
+    if len(components) == 1:
+        candidate = re.sub(r"[^A-Za-z0-9]", "", components[0])
+        if len(candidate) <= 255:
+            return candidate
+    digest = hashlib.md5("/".join(components).encode(), usedforsecurity=False).hexdigest()[:8].upper()
+    human: list[str] = []
+    for component in components:  # CDK drops a component that the previous one ends with
+        if not human or not human[-1].endswith(component):
+            human.append(component)
+    text = "".join(re.sub(r"[^A-Za-z0-9]", "", c) for c in human if c != "Resource")
+    return text[:240] + digest
+
+
+def _restore_standalone_logical_ids(stage: cdk.Stage) -> None:
+    """Some construct IDs embed another construct's unique ID, which covers its path from the root:
+    a security group rule to itself is `from <group's unique id>:ALL TRAFFIC`. Inside the stage that
+    ID includes the pipeline's path, so the rule's logical ID differs from the standalone stack's,
+    and a pipeline deploy would replace the rule (creating the duplicate first, which EC2 refuses).
+    Give such resources the logical IDs the standalone app gives them."""
+    depth = len(stage.node.scopes)  # path components of the stage itself
+    renamed: dict[str, str] = {}
+    for construct in stage.node.find_all():
+        scopes = construct.node.scopes
+        if len(scopes) > depth:
+            in_stage = cdk.Names.node_unique_id(construct.node)
+            standalone = make_unique_id([c.node.id for c in scopes[depth:]])
+            if in_stage != standalone:
+                renamed[in_stage] = standalone
+    marker = re.sub(r"[^A-Za-z0-9]", "", "".join(c.node.id for c in stage.node.scopes[1:]))
+    for construct in stage.node.find_all():
+        if not isinstance(construct, cdk.CfnResource):
+            continue
+        stack = cdk.Stack.of(construct)
+        components = [c.node.id for c in construct.node.scopes[len(stack.node.scopes) :]]
+        if not any(marker in c for c in components):
+            continue
+        for old, new in renamed.items():
+            components = [c.replace(old, new) for c in components]
+        construct.override_logical_id(make_unique_id(components))
+
+
+@jsii.implements(cdk.IAspect)
+class _StandaloneNameTags:
+    """CDK tags EC2 resources (VPC, subnets, gateways, route tables, ...) with `Name` = their construct
+    path, which inside this stage starts with the pipeline's path. Strip it, so the pipeline and a
+    manual deploy write the same tags instead of flipping them on every deploy. Runs after the tag
+    aspects (READONLY priority comes last)."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+
+    def visit(self, node: IConstruct) -> None:
+        tags = cdk.TagManager.of(node)  # both taggable interfaces (e.g. VPC endpoints use the v2 one)
+        if tags is None:
+            return
+        name = tags.tag_values().get("Name")
+        if name is not None and name.startswith(self.prefix):
+            tags.set_tag("Name", name.removeprefix(self.prefix), 1000)
 
 
 def _source(scope: Construct, p: PipelineSettings) -> pipelines.CodePipelineSource:

@@ -60,6 +60,17 @@ def test_cdk_nag_acknowledgements_are_scoped_and_explained(synthesized, env):
         stack + "Cluster/KubectlProvider",
         "/Nodegroup/NodeGroupRole",
         f"/RayTrain-{env}-Workload/RayPodRole/DefaultPolicy",
+        # EKS-leftovers cleanup: Describe calls on *, deletes scoped by VPC / ownership-tag conditions.
+        f"/RayTrain-{env}-Network/EksLeftoverCleanup/Role/DefaultPolicy",
+        # CDK Pipelines' generated roles (prod hosts the pipeline) and the post-deploy steps' role.
+        f"/RayTrain-{env}-Pipeline/Pipeline/Pipeline/Role/DefaultPolicy",
+        f"/RayTrain-{env}-Pipeline/Pipeline/Pipeline/Build/Synth/CdkBuildProject/Role/DefaultPolicy",
+        f"/RayTrain-{env}-Pipeline/Pipeline/Pipeline/Source/",
+        f"/RayTrain-{env}-Pipeline/Pipeline/UpdatePipeline/SelfMutation/Role/DefaultPolicy",
+        f"/RayTrain-{env}-Pipeline/Pipeline/Assets/FileRole/DefaultPolicy",
+        f"/RayTrain-{env}-Pipeline/Pipeline/PipelinesSecurityCheck/",
+        f"/RayTrain-{env}-Pipeline/Pipeline/Deploy-",
+        f"/RayTrain-{env}-Pipeline/StepsRole/DefaultPolicy",
     )
     for path, rules in nag.items():
         # Never the whole stack or app: each acknowledgement sits on the construct it concerns.
