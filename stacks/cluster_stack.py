@@ -9,6 +9,7 @@ import aws_cdk as cdk
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_kms as kms
+from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from cdk_constructs.addons import GpuDevicePlugins, KubeRayOperator
@@ -92,6 +93,20 @@ class ClusterStack(cdk.Stack):
         # jsii's Python typing declares `kubectl_provider_options` on the ICluster protocol but not
         # on the Cluster class, so mypy cannot match them; the object is an ICluster at run time.
         self.cluster_ref = cast("eks.ICluster", self.cluster)
+
+        # EKS writes control-plane logs to /aws/eks/<name>/cluster and, when that group is missing,
+        # creates it itself: outside CloudFormation, kept forever and left behind by every destroy.
+        # Created here first, it follows the environment's removal policy like the other logs.
+        self.control_plane_logs = logs.LogGroup(
+            self,
+            "ControlPlaneLogs",
+            log_group_name=f"/aws/eks/{cluster_settings.name}/cluster",
+            retention=logs.RetentionDays.THREE_MONTHS,
+            removal_policy=removal_policy(settings),
+        )
+        cfn_cluster = self.cluster.node.default_child
+        assert cfn_cluster is not None
+        cfn_cluster.node.add_dependency(self.control_plane_logs)
 
         for index, arn in enumerate(cluster_settings.admin_principal_arns):
             self.cluster.grant_access(

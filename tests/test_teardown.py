@@ -306,3 +306,40 @@ def test_node_groups_deleted_before_the_cluster(synthesized, env):
     for group in _resources(t, "AWS::EKS::Nodegroup").values():
         # ClusterName references the cluster: CloudFormation deletes the group first.
         assert group["Properties"]["ClusterName"] == {"Ref": cluster_id}
+
+
+STATEFUL = ("AWS::S3::Bucket", "AWS::KMS::Key", "AWS::Logs::LogGroup")
+
+
+@pytest.mark.parametrize(("env", "policy"), [("dev", "Delete"), ("prod", "Retain")])
+def test_every_stateful_resource_follows_the_environment(synthesized, env, policy):
+    """All stacks (the pipeline's too): dev removes every bucket, key and log group (buckets emptied
+    first); prod keeps them and protects every stack from deletion."""
+    manifest = json.loads((synthesized[env].directory / "manifest.json").read_text())
+    for name, template in synthesized[env].templates().items():
+        stateful = {k: r for t in STATEFUL for k, r in _resources(template, t).items()}
+        for logical_id, resource in stateful.items():
+            assert resource.get("DeletionPolicy") == policy, (name, logical_id)
+        buckets = _resources(template, "AWS::S3::Bucket")
+        emptied = {
+            r["Properties"]["BucketName"]["Ref"]
+            for r in _resources(template, "Custom::S3AutoDeleteObjects").values()
+        }
+        assert emptied == (set(buckets) if policy == "Delete" else set()), name
+        protected = manifest["artifacts"][name]["properties"].get("terminationProtection", False)
+        assert protected is (policy == "Retain"), name
+
+
+@pytest.mark.parametrize("env", ENVS)
+def test_control_plane_log_group_is_cloudformations(synthesized, env):
+    """EKS would create /aws/eks/<name>/cluster itself (outside CloudFormation, never deleted); the
+    Cluster stack creates it first so destroy treats it like the other logs."""
+    t = synthesized[env].template("Cluster")
+    name = f"/aws/eks/{synthesized[env].settings.cluster.name}/cluster"
+    ((group_id, _),) = [
+        (k, r)
+        for k, r in _resources(t, "AWS::Logs::LogGroup").items()
+        if r["Properties"]["LogGroupName"] == name
+    ]
+    (cluster,) = _resources(t, "AWS::EKS::Cluster").values()
+    assert group_id in cluster["DependsOn"]
