@@ -47,7 +47,7 @@ def shape_config(shape: str) -> Any:
 
 
 def fetch_s3_dir(uri: str, dest: str, weights: bool = True) -> str:
-    """Copy an s3:// model prefix to a local dir (optionally without weights) and return the dir."""
+    """Copy a model prefix (s3://, any pyarrow URI) to a local dir, optionally without weights."""
     import pyarrow.fs as pafs
 
     fs, root = pafs.FileSystem.from_uri(uri)
@@ -68,7 +68,7 @@ def fetch_s3_dir(uri: str, dest: str, weights: bool = True) -> str:
 def local_model_dir(model: str, weights: bool) -> str:
     """A path or id that from_pretrained accepts. An s3:// prefix is copied once per node: the ranks
     of a node share one folder (a file lock makes the others wait for the first copy)."""
-    if not model.startswith("s3://"):
+    if "://" not in model:
         return model
     import fcntl
     import hashlib

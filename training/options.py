@@ -299,8 +299,8 @@ def _check_training(d: dict[str, Any]) -> None:
 
 
 def _check_model_ref(model: str) -> None:
-    if model.startswith("s3://"):
-        return  # checked when the config is fetched (resolve_model_config)
+    if "://" in model:
+        return  # a remote prefix: checked when the driver fetches its config (check_model)
     if os.path.isdir(model):
         if not (Path(model) / "config.json").is_file():
             raise OptionError(f"--model: {model} has no config.json (not a Hugging Face model dir)")
@@ -313,9 +313,10 @@ def _check_model_ref(model: str) -> None:
 
 def data_files(data: str) -> list[str]:
     """The jsonl/parquet files a --data value names, sorted (the order is part of the data order)."""
-    if data.startswith("s3://"):
+    if "://" in data:  # s3://, or any URI pyarrow reads (file:// in tests)
         import pyarrow.fs as pafs
 
+        scheme = data.split("://", 1)[0]
         fs, root = pafs.FileSystem.from_uri(data)
         info = fs.get_file_info(root)
         if info.type == pafs.FileType.File:
@@ -325,7 +326,7 @@ def data_files(data: str) -> list[str]:
             paths = [i.path for i in fs.get_file_info(sel) if i.type == pafs.FileType.File]
         else:
             raise OptionError(f"--data: {data} does not exist or cannot be read")
-        return sorted("s3://" + p for p in paths if p.endswith(DATA_SUFFIXES))
+        return sorted(f"{scheme}://{p}" for p in paths if p.endswith(DATA_SUFFIXES))
     path = Path(data)
     if path.is_file():
         return [str(path.resolve())]
@@ -344,7 +345,7 @@ def _check_data_path(data: str) -> list[str]:
     if not files:
         raise OptionError(f"--data: no {'/'.join(DATA_SUFFIXES)} files under {data}")
     for f in files:
-        if not f.startswith("s3://") and not os.access(f, os.R_OK):
+        if "://" not in f and not os.access(f, os.R_OK):
             raise OptionError(f"--data: {f} is not readable")
     if len({f.endswith(".parquet") for f in files}) > 1:
         raise OptionError(f"--data: {data} mixes jsonl and parquet files; use one format")

@@ -81,14 +81,21 @@ def write(summary: dict[str, Any], output_dir: str, storage_path: str) -> list[s
     with open(spath, "w") as f:
         json.dump(summary, f, indent=2, default=str)
     ppath = os.path.join(output_dir, PLOT_FILE)
-    plot(summary, ppath)
-    written = [spath, ppath]
-    if storage_path.startswith("s3://"):
+    written = [spath]
+    try:
+        plot(summary, ppath)
+        written.append(ppath)
+    except ImportError as exc:
+        # An image without matplotlib must not fail a finished run: the numbers are in the json.
+        print(f"[train] no plot: {exc}", flush=True)
+    if "://" in storage_path:  # s3:// on the cluster: the head pod's disk does not outlive the job
         import pyarrow.fs as pafs
 
+        scheme = storage_path.split("://", 1)[0]
         fs, root = pafs.FileSystem.from_uri(storage_path.rstrip("/") + "/" + summary["run_name"])
-        for local in (spath, ppath):
+        fs.create_dir(root, recursive=True)
+        for local in list(written):
             target = f"{root}/{os.path.basename(local)}"
             pafs.copy_files(local, target, destination_filesystem=fs)
-            written.append(f"s3://{target}")
+            written.append(f"{scheme}://{target}")
     return written
