@@ -129,16 +129,30 @@ def _tokenize_batch(batch: Any, *, field: str, shape: str, model: str) -> dict[s
 _TOKENIZERS: dict[tuple[str, str], Any] = {}
 
 
+def _read_local(path: str, field: str, parquet: bool) -> Any:
+    import pyarrow.json as pj
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path, columns=[field]) if parquet else pj.read_json(path)
+    return table.select([field])
+
+
 def build_blocks(files: list[str], *, field: str, shape: str, model: str, seq_len: int) -> np.ndarray:
-    """Read jsonl/parquet with Ray Data, tokenize in parallel, and pack in file order."""
+    """Read jsonl/parquet with Ray Data, tokenize in parallel, and pack in file order.
+
+    Remote files are read by Ray Data tasks on any node. Local files exist only where the driver
+    runs (the head pod, which may offer no CPUs to tasks), so the driver reads them itself and
+    hands the table to Ray Data for tokenizing.
+    """
     import ray.data
 
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True  # the packed order must not depend on timing
-    if files[0].endswith(".parquet"):
-        ds = ray.data.read_parquet(files, columns=[field])
+    parquet = files[0].endswith(".parquet")
+    if all("://" in f for f in files):
+        ds = ray.data.read_parquet(files) if parquet else ray.data.read_json(files)
     else:
-        ds = ray.data.read_json(files)
+        ds = ray.data.from_arrow([_read_local(f, field, parquet) for f in files])
     tokenize: Any = _tokenize_batch
     ds = ds.select_columns([field]).map_batches(
         tokenize,

@@ -20,7 +20,7 @@ from training.data import (
     rank_slice,
     sequence_indices,
 )
-from training.options import SAMPLE_DATA
+from training.options import SAMPLE_DATA, data_files
 
 
 def test_byte_tokenizer_round_trip() -> None:
@@ -104,18 +104,25 @@ def test_bundled_sample_is_small_and_usable() -> None:
 
 @pytest.mark.ray
 @pytest.mark.filterwarnings("ignore::DeprecationWarning:ray.*")
-def test_ray_data_pipeline_packs_in_file_order(ray_session: str, tmp_path: Path) -> None:
-    """Ray Data reads, tokenizes and packs the sample exactly like a plain loop would, twice."""
+@pytest.mark.parametrize("kind", ["local-jsonl", "remote-parquet"])
+def test_ray_data_pipeline_packs_in_file_order(ray_session: str, tmp_path: Path, kind: str) -> None:
+    """Ray Data reads, tokenizes and packs exactly like a plain loop would, in file-name order."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     from training.data import build_blocks
 
-    # Two files: their order (sorted names) is part of the data order.
-    lines = SAMPLE_DATA.read_text().splitlines()
-    (tmp_path / "b.jsonl").write_text("\n".join(lines[:5]) + "\n")
-    (tmp_path / "a.jsonl").write_text("\n".join(lines[5:]) + "\n")
-    files = sorted(str(p) for p in tmp_path.glob("*.jsonl"))
-    docs = [json.loads(x)["text"] for f in files for x in Path(f).read_text().splitlines()]
+    docs = [json.loads(x)["text"] for x in SAMPLE_DATA.read_text().splitlines()]
+    parts = {"b": docs[:5], "a": docs[5:]}  # a before b: the sorted names set the order
+    for name, texts in parts.items():
+        if kind == "local-jsonl":
+            lines = [json.dumps({"text": t, "id": i}) for i, t in enumerate(texts)]
+            (tmp_path / f"{name}.jsonl").write_text("\n".join(lines) + "\n")
+        else:
+            pq.write_table(pa.table({"text": texts}), tmp_path / f"{name}.parquet")
+    files = data_files(str(tmp_path) if kind == "local-jsonl" else f"file://{tmp_path}")
     tok = ByteTokenizer()
-    expected = pack((tok.encode(d) for d in docs), 64, EOS_BYTE)
+    expected = pack((tok.encode(d) for d in parts["a"] + parts["b"]), 64, EOS_BYTE)
     got = build_blocks(files, field="text", shape="tiny", model="", seq_len=64)
     assert got.dtype == np.int32 and got.shape == expected.shape
     assert np.array_equal(got, expected)
