@@ -254,9 +254,12 @@ def smoke_commands(settings: Settings, *, code_hash: str) -> list[str]:
     get = f"kubectl -n {ns} get rayjob {name}"
     script = (
         f"end=$((SECONDS + {deadline})); "
-        f"while :; do state=$({get} -o jsonpath='{{.status.jobStatus}}') || exit 1; "
-        f'echo "rayjob {name}: ${{state:-PENDING}}"; '
-        f'case "$state" in SUCCEEDED) break;; FAILED|STOPPED) {get} -o yaml; exit 1;; esac; '
+        # <Ray job status>/<RayJob deployment status>: the job can also fail before Ray runs it
+        # (cluster never ready, deadline exceeded), which only the deployment status shows.
+        f"while :; do state=$({get} -o jsonpath='{{.status.jobStatus}}/{{.status.jobDeploymentStatus}}')"
+        " || exit 1; "
+        f'echo "rayjob {name}: $state"; '
+        f'case "$state" in SUCCEEDED/*) break;; FAILED/*|STOPPED/*|*/Failed) {get} -o yaml; exit 1;; esac; '
         f'[ "$SECONDS" -lt "$end" ] || {{ echo "rayjob {name}: no result in {deadline}s"; exit 1; }}; '
         f"sleep {SMOKE_POLL_SECONDS}; done"
     )

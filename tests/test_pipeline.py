@@ -104,7 +104,7 @@ def test_smoke_waits_for_the_rayjob_this_deploy_applied(synthesized):
     names = set(re.findall(r"\b(rj-[a-z0-9-]*-[0-9a-f]{10})\b", text))
     (name,) = names
     assert f"get rayjob {name} " in script
-    assert "SUCCEEDED) break" in script and "FAILED|STOPPED" in script
+    assert "SUCCEEDED/*) break" in script and "FAILED/*|STOPPED/*|*/Failed)" in script
 
 
 def _stage_templates(synthesized, env: str) -> dict[str, dict]:
@@ -211,3 +211,40 @@ pipeline:
 def test_pipeline_settings_errors_name_the_field(section, message):
     with pytest.raises(SettingsError, match=message.replace("[", r"\[").replace("]", r"\]")):
         parse_settings(PIPELINE_BASE + section, name="x", source="x.yaml")
+
+
+@pytest.mark.parametrize(
+    ("states", "rc"),
+    [
+        (["/Initializing", "RUNNING/Running", "SUCCEEDED/Complete"], 0),
+        (["RUNNING/Running", "FAILED/Failed"], 1),
+        (["/Failed"], 1),  # failed before Ray ran it (e.g. deadline while the cluster started)
+        ([], 1),  # no such RayJob: kubectl fails
+    ],
+)
+def test_smoke_script_passes_only_on_success(tmp_path, monkeypatch, states, rc):
+    import subprocess
+
+    from config.loader import load_settings
+    from stacks import pipeline_stack
+
+    monkeypatch.setattr(pipeline_stack, "SMOKE_POLL_SECONDS", 0)
+    script = pipeline_stack.smoke_commands(load_settings("dev"), code_hash="0" * 64)[-1]
+    # A kubectl that answers the `-o jsonpath` polls from the list (repeating its last state, as a
+    # job that stays put would), and fails like a missing RayJob when the list is empty.
+    (tmp_path / "states").write_text("".join(f"{s}\n" for s in states))
+    kubectl = tmp_path / "kubectl"
+    kubectl.write_text(
+        "#!/bin/bash\n"
+        'case "$*" in *jsonpath*) ;; *) echo "yaml of the job"; exit 0;; esac\n'
+        f'[ -s {tmp_path}/states ] || {{ echo "NotFound" >&2; exit 1; }}\n'
+        f"line=$(head -n1 {tmp_path}/states)\n"
+        f'[ "$(wc -l < {tmp_path}/states)" -gt 1 ] && sed -i 1d {tmp_path}/states\n'
+        'printf "%s" "$line"\n'
+    )
+    kubectl.chmod(0o755)
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin"}
+    result = subprocess.run(
+        ["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30, check=False
+    )
+    assert result.returncode == rc, result.stdout + result.stderr
