@@ -7,6 +7,7 @@ same global batches in the same order.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from typing import Any
 
@@ -49,6 +50,7 @@ def pack(docs: Iterable[list[int] | np.ndarray], seq_len: int, eos: int) -> np.n
     return stream[: n * seq_len].reshape(n, seq_len)
 
 
+@functools.lru_cache(maxsize=2)  # the current epoch and, at a boundary, the next
 def _epoch_order(n_blocks: int, seed: int, epoch: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch]).permutation(n_blocks)
 
@@ -56,12 +58,9 @@ def _epoch_order(n_blocks: int, seed: int, epoch: int) -> np.ndarray:
 def sequence_indices(position: int, count: int, n_blocks: int, seed: int) -> list[int]:
     """Block ids for global sequences [position, position + count): a fresh shuffle each epoch."""
     out = []
-    cache: dict[int, np.ndarray] = {}
     for i in range(position, position + count):
         epoch, j = divmod(i, n_blocks)
-        if epoch not in cache:
-            cache[epoch] = _epoch_order(n_blocks, seed, epoch)
-        out.append(int(cache[epoch][j]))
+        out.append(int(_epoch_order(n_blocks, seed, epoch)[j]))
     return out
 
 

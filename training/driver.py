@@ -62,7 +62,10 @@ def init_ray(opts: TrainOptions) -> None:
     if ray.is_initialized():
         return
     if opts.address:
-        ray.init(address=opts.address)
+        try:
+            ray.init(address=opts.address)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise OptionError(f"--address: cannot join the Ray cluster at {opts.address!r}: {exc}") from None
         return
     # Embedded local Ray: its workers must import this package; they inherit the environment.
     root = str(Path(__file__).resolve().parents[1])

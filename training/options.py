@@ -169,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="'random' token ids, or a .jsonl/.parquet file or folder, local or s3://",
     )
     g.add_argument("--text-field", default="text", help="text column of the jsonl/parquet records")
-    g.add_argument("--seq-len", type=pos_int, default=2048)
+    g.add_argument("--seq-len", type=pos_int, help="tokens per sequence (default 2048; 256 for --shape tiny)")
     g.add_argument(
         "--global-batch-size",
         type=pos_int,
@@ -274,6 +274,8 @@ def _check_run(d: dict[str, Any]) -> None:
 
 
 def _check_training(d: dict[str, Any]) -> None:
+    if d["seq_len"] is None:
+        d["seq_len"] = 256 if d["init"] == "random" and d["shape"] == "tiny" else 2048
     if d["warmup_steps"] is None:
         d["warmup_steps"] = d["steps"] // 10
     if d["grad_clip"] < 0:

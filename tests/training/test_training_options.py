@@ -99,7 +99,10 @@ def test_config_file_and_flag_override(tmp_path: Path) -> None:
 def test_config_json(tmp_path: Path) -> None:
     cfg = tmp_path / "run.json"
     cfg.write_text(json.dumps({"init": "random", "shape": "tiny", "lr": 0.01}))
-    assert parse_args(["--config", str(cfg)]).lr == 0.01
+    opts = parse_args(["--config", str(cfg)])
+    assert opts.lr == 0.01
+    assert opts.seq_len == 256  # the tiny preset's default; 2048 for the real shape
+    assert parse_args(["--init", "random"]).seq_len == 2048
 
 
 @pytest.mark.parametrize(
