@@ -35,9 +35,7 @@ KUBECTL_LAYERS: dict[str, str] = {
 _ACCOUNT_RE = re.compile(r"^\d{12}$")
 _REGION_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
 _AZ_RE = re.compile(r"^(?P<region>[a-z]{2}(-gov)?-[a-z]+-\d)(?P<zone>[a-z])$")
-_IAM_PRINCIPAL_RE = re.compile(
-    r"^arn:aws(-cn|-us-gov)?:iam::\d{12}:(role|user)/[\w+=,.@/-]{1,512}$"
-)
+_IAM_PRINCIPAL_RE = re.compile(r"^arn:aws(-cn|-us-gov)?:iam::\d{12}:(role|user)/[\w+=,.@/-]{1,512}$")
 _CAPACITY_RESERVATION_RE = re.compile(r"^cr-[0-9a-f]{17}$")
 _SEMVER_RE = re.compile(r"^\d+\.\d+\.\d+$")
 _DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -138,9 +136,7 @@ class ClusterSettings(_Model):
     @classmethod
     def _version(cls, value: str) -> str:
         if value not in KUBECTL_LAYERS:
-            raise ValueError(
-                f"Kubernetes {value!r} is not supported; valid: {', '.join(KUBECTL_LAYERS)}"
-            )
+            raise ValueError(f"Kubernetes {value!r} is not supported; valid: {', '.join(KUBECTL_LAYERS)}")
         return value
 
     @field_validator("admin_principal_arns")
@@ -149,8 +145,7 @@ class ClusterSettings(_Model):
         for arn in arns:
             if not _IAM_PRINCIPAL_RE.match(arn):
                 raise ValueError(
-                    f"{arn!r} is not an IAM role or user ARN like "
-                    "arn:aws:iam::111122223333:role/Admin"
+                    f"{arn!r} is not an IAM role or user ARN like arn:aws:iam::111122223333:role/Admin"
                 )
         return arns
 
@@ -158,10 +153,7 @@ class ClusterSettings(_Model):
     def _endpoint(self) -> ClusterSettings:
         if self.endpoint_access is EndpointAccess.PRIVATE and self.public_access_cidrs:
             raise ValueError("public_access_cidrs must be empty when endpoint_access is 'private'")
-        if (
-            self.endpoint_access is EndpointAccess.PUBLIC_AND_PRIVATE
-            and not self.public_access_cidrs
-        ):
+        if self.endpoint_access is EndpointAccess.PUBLIC_AND_PRIVATE and not self.public_access_cidrs:
             raise ValueError(
                 "public_access_cidrs is required when endpoint_access is 'public_and_private' "
                 "(list the CIDRs of your operators or pipeline; use 'private' to close it)"
@@ -204,9 +196,7 @@ class GpuNodeSettings(_Model):
     @classmethod
     def _cr(cls, value: str | None) -> str | None:
         if value is not None and not _CAPACITY_RESERVATION_RE.match(value):
-            raise ValueError(
-                f"{value!r} is not a capacity reservation id like cr-0123456789abcdef0"
-            )
+            raise ValueError(f"{value!r} is not a capacity reservation id like cr-0123456789abcdef0")
         return value
 
     @model_validator(mode="after")
@@ -229,13 +219,9 @@ class GpuNodeSettings(_Model):
                 "made outside the placement group causes capacity errors",
             )
         if self.capacity_type is CapacityType.CAPACITY_BLOCK and not self.capacity_reservation_id:
-            raise _FieldError(
-                ("capacity_reservation_id",), "required when capacity_type is CAPACITY_BLOCK"
-            )
+            raise _FieldError(("capacity_reservation_id",), "required when capacity_type is CAPACITY_BLOCK")
         if self.capacity_type is CapacityType.SPOT and self.capacity_reservation_id:
-            raise _FieldError(
-                ("capacity_reservation_id",), "cannot be used with capacity_type SPOT"
-            )
+            raise _FieldError(("capacity_reservation_id",), "cannot be used with capacity_type SPOT")
         return self
 
     @property
