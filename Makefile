@@ -7,10 +7,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 OUT ?= cdk.out
 ENV ?= dev
+BASE ?= HEAD
 # jsii (under aws-cdk-lib) prints a large banner on Node 20; the CDK CLI itself is pinned in package.json.
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 
-.PHONY: help setup setup-cdk synth test test-fast lint format typecheck diff ls lock imports train-local clean
+.PHONY: help setup setup-cdk synth test test-fast lint format typecheck diff review ls lock imports train-local clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -36,8 +37,17 @@ synth: setup ## synthesize every environment offline into cdk.out/<env>/ and pri
 ls: setup ## list the stacks of ENV (default dev) through the CDK CLI
 	npx cdk ls -c env=$(ENV)
 
-diff: setup ## npx cdk diff for ENV (needs AWS credentials for the deployed stacks)
+diff: setup ## npx cdk diff for ENV against the deployed stacks (needs AWS credentials; offline: make review)
+	@$(PY) -c "import boto3, sys; sys.exit(0 if boto3.session.Session().get_credentials() else 1)" || { \
+	  echo "make diff compares with the deployed stacks: it needs AWS credentials for env=$(ENV)'s account." >&2; \
+	  echo "  aws sso login --profile NAME && export AWS_PROFILE=NAME" >&2; \
+	  echo "  (or export AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN)" >&2; \
+	  echo "Offline, against a git ref or a saved cdk.out: make review ENV=$(ENV) [BASE=...]" >&2; \
+	  exit 1; }
 	npx cdk diff -c env=$(ENV) --all
+
+review: setup ## offline review of ENV against BASE (git ref, default HEAD, or a saved cdk.out/<env>); exit 1 if a critical resource would be replaced
+	$(VENV)/bin/raytrain review --env $(ENV) --base $(BASE)
 
 test: setup ## lint, type-check and run the whole test suite
 	$(MAKE) --no-print-directory lint typecheck
