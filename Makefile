@@ -67,6 +67,12 @@ format: setup ## apply ruff formatting and fixes
 typecheck: setup ## mypy over the packages
 	$(VENV)/bin/mypy
 
+train-local: setup ## train the tiny preset on 2 CPU workers (~1 min); summary.json and plot in runs/local
+	rm -rf runs/local
+	HF_HUB_OFFLINE=1 RAY_AUTH_MODE=disabled $(PY) -m training --init random --shape tiny \
+	  --data training/sample/sample.jsonl --num-workers 2 --micro-batch-size 2 --global-batch-size 8 \
+	  --steps 30 --checkpoint-every 10 --lr 1e-3 --run-name local --output-dir runs/local
+
 lock: ## re-resolve requirements.lock from pyproject.toml in a scratch venv
 	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
 	.lock-venv/bin/pip install --quiet --upgrade 'pip>=25.1'

@@ -385,9 +385,10 @@ class JobSettings(_Model):
     # Ray Train restarts of the worker group inside one RayJob (from the latest checkpoint).
     max_failures: int = Field(default=3, ge=1)
     sharding: Sharding = Sharding.AUTO
-    compile: bool = False
+    # Per-layer torch.compile and Liger kernels: the fastest measured GPU settings (BENCHMARKS.md).
+    compile: bool = True
     activation_checkpointing: bool = False
-    liger: bool = False
+    liger: bool = True
     output_dir: str | None = None
     expect_transport: Transport = Transport.AUTO
     # Lifecycle. TTL: how long a finished job (and, in "own" mode, its cluster's record) stays

@@ -52,10 +52,16 @@ POD_IDENTITY_AGENT_CIDR = "169.254.170.23/32"
 # Never reached over the HTTPS egress rule: private (VPC, peered networks) and link-local (IMDS).
 PRIVATE_RANGES = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16")
 
-# Extra packages the job installs on top of the image, through the runtime_env (e.g.
-# "liger-kernel==0.6.4"). Exact pins only; the training package's owner keeps this list. A change
-# here changes the RayJob's name, like a code change.
+# Extra packages the job installs on top of the image, through the runtime_env. Exact pins only;
+# a change here changes the RayJob's name, like a code change. The DLC has no liger-kernel: the job
+# adds it when `job.liger` is on (the version measured in BENCHMARKS.md).
 TRAINING_RUNTIME_PIP: tuple[str, ...] = ()
+LIGER_PIP = "liger-kernel==0.8.5"
+
+
+def runtime_pip(settings: Settings) -> list[str]:
+    return [*TRAINING_RUNTIME_PIP, *([LIGER_PIP] if settings.job.liger else [])]
+
 
 PART_OF = "ray-train"
 COMPONENT = "app.kubernetes.io/component"
@@ -303,12 +309,11 @@ def training_args(settings: Settings, *, checkpoint_uri: str) -> list[str]:
         # link exists, else RAYTRAIN_EXPECT_TRANSPORT, which the workers get from the settings).
         "--expect-transport", job.expect_transport.value,
     ]  # fmt: skip
-    if job.compile:
-        args.append("--compile")
+    # Explicit either way: the training CLI's own default (on for GPU workers) must not decide.
+    args.append("--compile" if job.compile else "--no-compile")
     if job.activation_checkpointing:
         args.append("--activation-checkpointing")
-    if job.liger:
-        args.append("--liger")
+    args.append("--liger" if job.liger else "--no-liger")
     if job.output_dir:
         args += ["--output-dir", job.output_dir]
     return args
@@ -318,11 +323,11 @@ def entrypoint(settings: Settings, *, checkpoint_uri: str) -> str:
     return shlex.join(["python", "-m", "training", *training_args(settings, checkpoint_uri=checkpoint_uri)])
 
 
-def runtime_env_yaml(code_uri: str) -> str:
+def runtime_env_yaml(code_uri: str, pip: list[str]) -> str:
     # JSON is YAML: no quoting rules to get wrong around a token or a URI.
     env: dict[str, Any] = {"working_dir": code_uri}
-    if TRAINING_RUNTIME_PIP:
-        env["pip"] = {"packages": list(TRAINING_RUNTIME_PIP), "pip_check": False}
+    if pip:
+        env["pip"] = {"packages": pip, "pip_check": False}
     return json.dumps(env, sort_keys=True)
 
 
@@ -377,7 +382,7 @@ def _job_spec(
     )
     return rj.RayJobSpec(
         entrypoint=entrypoint(settings, checkpoint_uri=checkpoint_uri),
-        runtime_env_yaml=runtime_env_yaml(code_uri),
+        runtime_env_yaml=runtime_env_yaml(code_uri, runtime_pip(settings)),
         submission_mode="K8sJobMode",  # a Kubernetes Job runs `ray job submit` and follows it
         submitter_pod_template=submitter,
         # Own cluster: removed when the job ends (TTL after), so idle GPUs are not held.

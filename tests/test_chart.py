@@ -379,7 +379,10 @@ def test_entrypoint_carries_the_job_settings(name: str) -> None:
         "--sharding": job.sharding.value,
         "--expect-transport": "auto",
     }
-    assert switches == set()
+    assert switches == {
+        "--compile" if job.compile else "--no-compile",
+        "--liger" if job.liger else "--no-liger",
+    }
 
 
 def test_entrypoint_switches_and_quoting() -> None:
@@ -391,6 +394,13 @@ def test_entrypoint_switches_and_quoting() -> None:
     _, flags, switches = parsed_entrypoint(job)
     assert switches == {"--compile", "--liger", "--activation-checkpointing"}
     assert flags["--data"] == "/data/a&b;c"
+    off = variant("dev", job={"compile": False, "liger": False})
+    _, _, switches = parsed_entrypoint(next(o for o in render(off) if o["kind"] == "RayJob"))
+    assert switches == {"--no-compile", "--no-liger"}
+    runtime_env = yaml.safe_load(
+        next(o for o in render(off) if o["kind"] == "RayJob")["spec"]["runtimeEnvYAML"]
+    )
+    assert "pip" not in runtime_env  # no liger-kernel to install when it is off
 
 
 def test_tokens_are_embedded_not_parsed_and_not_hashed() -> None:
@@ -408,7 +418,8 @@ def test_tokens_are_embedded_not_parsed_and_not_hashed() -> None:
 def test_runtime_env_ships_the_code(name: str) -> None:
     runtime_env = yaml.safe_load(the(name, "RayJob")["spec"]["runtimeEnvYAML"])
     assert runtime_env["working_dir"] == CODE_URI
-    assert runtime_env.get("pip", {}).get("packages", []) == list(wl.TRAINING_RUNTIME_PIP)
+    expected = [*wl.TRAINING_RUNTIME_PIP, *([wl.LIGER_PIP] if VARIANTS[name]().job.liger else [])]
+    assert runtime_env.get("pip", {}).get("packages", []) == expected
 
 
 @pytest.mark.parametrize("name", ALL)

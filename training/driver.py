@@ -47,7 +47,7 @@ def check_model(opts: TrainOptions) -> Any:
             load_tokenizer(opts.shape, opts.model)
         except Exception as exc:
             raise OptionError(f"--model: cannot load the tokenizer of {opts.model!r}: {exc}") from None
-    if opts.liger:
+    if opts.liger is True:
         import liger_kernel.transformers as lk
 
         model_type = getattr(cfg, "model_type", "")

@@ -44,6 +44,12 @@ def lr_at(step: int, opts: TrainOptions) -> float:
     return opts.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * frac)))
 
 
+def _liger_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("liger_kernel") is not None
+
+
 def _peak_mem_gib(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**30
@@ -88,7 +94,11 @@ class _Trainer:
         self.backend = dist.get_backend()
 
         model = build_model(opts.init, opts.shape, opts.model, opts.seed)
-        if opts.liger:
+        # Unset (None) means the fastest measured GPU settings (BENCHMARKS.md) on GPU workers, and
+        # plain eager PyTorch on CPU, where neither pays off.
+        self.compile = self.on_gpu if opts.compile is None else opts.compile
+        self.liger = (self.on_gpu and _liger_installed()) if opts.liger is None else opts.liger
+        if self.liger:
             apply_liger(model)
         self.n_params = count_params(model)
         mcfg: Any = model.config
@@ -102,7 +112,7 @@ class _Trainer:
         self.model: Any = apply_fsdp(
             model,
             mesh,
-            compile_layers=opts.compile,
+            compile_layers=self.compile,
             activation_checkpointing=opts.activation_checkpointing,
         )
         self.model.train()
@@ -202,6 +212,8 @@ class _Trainer:
             "nodes": self.nodes,
             "global_batch_size": self.global_batch,
             "accum_steps": self.accum,
+            "compile": self.compile,
+            "liger": self.liger,
         }
         try:
             checkpoint.save(

@@ -49,9 +49,9 @@ class TrainOptions:
     grad_clip: float
     seed: int
     sharding: str
-    compile: bool
+    compile: bool | None  # None: on for GPU workers
     activation_checkpointing: bool
-    liger: bool
+    liger: bool | None  # None: on for GPU workers that have liger-kernel
     expect_transport: str
     peak_tflops: float | None
     log_every: int
@@ -152,15 +152,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--compile",
         action=argparse.BooleanOptionalAction,
-        default=False,
-        help="torch.compile each decoder layer",
+        default=None,
+        help="torch.compile each decoder layer (default: on for GPU workers)",
     )
     g.add_argument("--activation-checkpointing", action=argparse.BooleanOptionalAction, default=False)
     g.add_argument(
         "--liger",
         action=argparse.BooleanOptionalAction,
-        default=False,
-        help="Liger kernels incl. fused linear cross-entropy (needs liger-kernel)",
+        default=None,
+        help="Liger kernels incl. fused linear cross-entropy (needs liger-kernel; default: on for "
+        "GPU workers where it is installed)",
     )
     g = p.add_argument_group("data")
     g.add_argument(

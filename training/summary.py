@@ -42,6 +42,8 @@ def summarize(meta: dict[str, Any], options: dict[str, Any], wall_s: float) -> d
         "backend": meta.get("backend"),
         "global_batch_size": meta.get("global_batch_size"),
         "accum_steps": meta.get("accum_steps"),
+        "compile": meta.get("compile"),
+        "liger": meta.get("liger"),
         "data_position": meta.get("position"),
         "resumes": meta.get("resumes", []),
         "transport": meta.get("transport"),
