@@ -30,13 +30,13 @@ from aws_cdk import aws_codebuild as codebuild
 from aws_cdk import aws_codecommit as codecommit
 from aws_cdk import aws_eks as eks_l1
 from aws_cdk import aws_iam as iam
-from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from aws_cdk import pipelines
 from constructs import Construct, IConstruct
 
+from cdk_constructs.buckets import kms_bucket_with_access_logs
 from config.loader import load_settings
-from config.settings import PipelineSettings, RemovalPolicy, Settings, Transport
+from config.settings import PipelineSettings, Settings, Transport
 from k8s.chart import rayjob_name
 from stacks.common import removal_policy
 from stacks.workload_stack import SERVICE_ACCOUNT
@@ -286,43 +286,19 @@ class PipelineStack(cdk.Stack):
         super().__init__(scope, construct_id, **kwargs)
         assert settings.pipeline is not None
         p = settings.pipeline
-        policy = removal_policy(settings)
-        destroy = settings.storage.removal_policy is RemovalPolicy.DESTROY
 
         # Artifacts cross accounts: a customer-managed key the target accounts' deploy roles may use.
-        self.artifact_key = kms.Key(
+        storage = kms_bucket_with_access_logs(
             self,
-            "ArtifactKey",
-            description=f"Pipeline artifacts of {settings.stack_prefix}",
-            enable_key_rotation=True,
-            removal_policy=policy,
-        )
-        self.access_logs = s3.Bucket(
-            self,
-            "ArtifactAccessLogs",
-            encryption=s3.BucketEncryption.S3_MANAGED,  # log delivery cannot write SSE-KMS objects
-            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
-            enforce_ssl=True,
-            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
-            lifecycle_rules=[s3.LifecycleRule(expiration=cdk.Duration.days(365))],
-            removal_policy=policy,
-            auto_delete_objects=destroy,
-        )
-        self.artifact_bucket = s3.Bucket(
-            self,
-            "Artifacts",
-            encryption=s3.BucketEncryption.KMS,
-            encryption_key=self.artifact_key,
-            bucket_key_enabled=True,
-            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
-            enforce_ssl=True,
-            server_access_logs_bucket=self.access_logs,
-            server_access_logs_prefix="artifacts/",
+            ids=("ArtifactKey", "ArtifactAccessLogs", "Artifacts"),
+            key_description=f"Pipeline artifacts of {settings.stack_prefix}",
+            log_prefix="artifacts/",
+            removal_policy=removal_policy(settings),
             # Artifacts are rebuilt by every run; old ones only help to debug a recent failure.
             lifecycle_rules=[s3.LifecycleRule(expiration=cdk.Duration.days(30))],
-            removal_policy=policy,
-            auto_delete_objects=destroy,
         )
+        self.artifact_key, self.access_logs = storage.key, storage.access_logs
+        self.artifact_bucket = storage.bucket
 
         source = _source(self, p)
         host_out = f"cdk.out/{settings.name}"

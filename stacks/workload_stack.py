@@ -15,12 +15,12 @@ import cdk8s
 from aws_cdk import aws_eks as eks_l1
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
-from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_s3_assets as s3_assets
 from constructs import Construct
 
-from config.settings import RemovalPolicy, Settings
+from cdk_constructs.buckets import kms_bucket_with_access_logs
+from config.settings import Settings
 from k8s.chart import build_workload_chart
 from stacks.common import removal_policy
 
@@ -72,49 +72,22 @@ class WorkloadStack(cdk.Stack):
         **kwargs: Any,
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
-        policy = removal_policy(settings)
-        destroy = settings.storage.removal_policy is RemovalPolicy.DESTROY
-
-        self.key = kms.Key(
+        storage = kms_bucket_with_access_logs(
             self,
-            "CheckpointKey",
-            description=f"Checkpoints of {settings.cluster.name}",
-            enable_key_rotation=True,
-            removal_policy=policy,
-        )
-        self.access_logs = s3.Bucket(
-            self,
-            "AccessLogs",
-            encryption=s3.BucketEncryption.S3_MANAGED,  # log delivery cannot write SSE-KMS objects
-            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
-            enforce_ssl=True,
-            # Log delivery is granted by bucket policy (cdk.json flag), so ACLs stay off.
-            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
-            lifecycle_rules=[s3.LifecycleRule(expiration=cdk.Duration.days(365))],
-            removal_policy=policy,
-            auto_delete_objects=destroy,
-        )
-        self.bucket = s3.Bucket(
-            self,
-            "Checkpoints",
+            ids=("CheckpointKey", "AccessLogs", "Checkpoints"),
+            key_description=f"Checkpoints of {settings.cluster.name}",
+            log_prefix="checkpoints/",
+            # dev: emptied (all versions) and removed on destroy; prod: retained.
+            removal_policy=removal_policy(settings),
             bucket_name=checkpoint_bucket_name(settings),
-            encryption=s3.BucketEncryption.KMS,
-            encryption_key=self.key,
-            bucket_key_enabled=True,
             versioned=True,
-            enforce_ssl=True,
-            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
-            server_access_logs_bucket=self.access_logs,
-            server_access_logs_prefix="checkpoints/",
             lifecycle_rules=[
                 # Old versions of overwritten checkpoint files are only a safety net.
                 s3.LifecycleRule(noncurrent_version_expiration=cdk.Duration.days(30)),
                 s3.LifecycleRule(abort_incomplete_multipart_upload_after=cdk.Duration.days(7)),
             ],
-            removal_policy=policy,
-            # dev: emptied (all versions) and removed on destroy; prod: retained.
-            auto_delete_objects=destroy,
         )
+        self.key, self.access_logs, self.bucket = storage.key, storage.access_logs, storage.bucket
 
         # The training package travels as a zip asset and becomes the job's Ray working_dir.
         self.code = s3_assets.Asset(self, "TrainingCode", path=str(stage_training_code()))
