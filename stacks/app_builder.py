@@ -25,8 +25,10 @@ class EnvironmentStacks:
     cluster: ClusterStack
     workload: WorkloadStack
 
+    pipeline: cdk.Stack | None = None
+
     def all(self) -> list[cdk.Stack]:
-        return [self.network, self.cluster, self.workload]
+        return [self.network, self.cluster, self.workload, *([self.pipeline] if self.pipeline else [])]
 
 
 def availability_zones_context(settings: Settings) -> dict[str, list[str]]:
@@ -83,7 +85,7 @@ def build_environment(app: cdk.Stage, settings: Settings, *, nag: bool = True) -
         **common,
     )
     # Destroy order: the workload (RayJob, RayCluster) goes before the cluster's operator and nodes.
-    workload.add_dependency(cluster)
+    workload.add_stack_dependency(cluster)
     stacks = EnvironmentStacks(network=network, cluster=cluster, workload=workload)
 
     for key, value in {"environment": settings.name, **settings.tags}.items():
@@ -91,7 +93,7 @@ def build_environment(app: cdk.Stage, settings: Settings, *, nag: bool = True) -
     if settings.pipeline is not None and settings.pipeline.enabled:
         from stacks.pipeline_stack import PipelineStack
 
-        PipelineStack(
+        stacks.pipeline = PipelineStack(
             app,
             f"{prefix}-Pipeline",
             settings=settings,
