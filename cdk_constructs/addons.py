@@ -79,36 +79,54 @@ class GpuDevicePlugins(Construct):
         efa_version: str | None,
     ) -> None:
         super().__init__(scope, construct_id)
-        self.nvidia = eks.HelmChart(
+        self.nvidia = _device_plugin(
             self,
             "NvidiaDevicePlugin",
             cluster=cluster,
             repository=NVIDIA_REPOSITORY,
             chart="nvidia-device-plugin",
-            release="nvidia-device-plugin",
             version=nvidia_version,
-            namespace="kube-system",
             values=nvidia_device_plugin_values(),
-            wait=False,
-            atomic=True,
-            timeout=Duration.minutes(10),
         )
         self.efa: eks.HelmChart | None = None
         if efa_version is not None:
-            self.efa = eks.HelmChart(
+            self.efa = _device_plugin(
                 self,
                 "EfaDevicePlugin",
                 cluster=cluster,
                 repository=EFA_REPOSITORY,
                 chart="aws-efa-k8s-device-plugin",
-                release="aws-efa-k8s-device-plugin",
                 version=efa_version,
-                namespace="kube-system",
                 values=efa_device_plugin_values(),
-                wait=False,
-                atomic=True,
-                timeout=Duration.minutes(10),
             )
+
+
+def _device_plugin(
+    scope: Construct,
+    construct_id: str,
+    *,
+    cluster: eks.ICluster,
+    repository: str,
+    chart: str,
+    version: str,
+    values: dict[str, Any],
+) -> eks.HelmChart:
+    """A device-plugin DaemonSet chart in kube-system, released under its chart's name. No wait:
+    its pods start only once GPU nodes exist, which may be never (min size 0)."""
+    return eks.HelmChart(
+        scope,
+        construct_id,
+        cluster=cluster,
+        repository=repository,
+        chart=chart,
+        release=chart,
+        version=version,
+        namespace="kube-system",
+        values=values,
+        wait=False,
+        atomic=True,
+        timeout=Duration.minutes(10),
+    )
 
 
 class KubeRayOperator(Construct):
