@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import resource
@@ -18,10 +19,11 @@ import torch.distributed as dist
 from training import checkpoint
 from training.data import Batches
 from training.flops import count_params, flops_per_token, mfu, peak_tflops
-from training.model import apply_fsdp, apply_liger, build_model, make_mesh
-from training.options import TrainOptions
+from training.model import apply_fsdp, apply_liger, build_model, host_layout, make_mesh
+from training.options import TrainOptions, profile_range
 
 EXPECT_ENV = "RAYTRAIN_EXPECT_TRANSPORT"
+GC_EVERY = 50  # steps between the young-generation collections the loop runs itself
 
 
 def resolve_expect(flag: str, backend: str, nodes: int, env: Mapping[str, str]) -> str:
@@ -69,10 +71,65 @@ def _progress(m: dict[str, Any], steps: int) -> str:
     return "[train] " + " | ".join(parts)
 
 
+def emulated_host_id(rank: int, world: int, hosts: int) -> str:
+    """--emulate-hosts: contiguous blocks of ranks share an id, like ranks on one real node."""
+    return f"emulated-host-{rank * hosts // world}"
+
+
+def host_key(env: Mapping[str, str]) -> str:
+    import socket
+
+    return env.get("NCCL_HOSTID") or socket.gethostname()
+
+
 def _say(line: str) -> None:
     # Not print(): Ray Train V2 patches it into a logger that shows each line twice.
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
+
+
+class StepProfiler:
+    """--profile FIRST:LAST: torch.profiler around those steps on every rank (their collectives
+    stay in step); rank 0 writes the Chrome trace and a per-operator table of device time."""
+
+    TABLE_ROWS = 40
+
+    def __init__(self, spec: str | None, output_dir: str, rank: int, on_gpu: bool) -> None:
+        self.range = profile_range(spec)
+        self.dir = os.path.join(output_dir, "profile")
+        self.rank, self.on_gpu = rank, on_gpu
+        self.prof: Any = None
+
+    def before_step(self, step: int) -> None:
+        """`step` is the 1-based number of the step about to run."""
+        if self.range is None or step != self.range[0]:
+            return
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.on_gpu else [])
+        self.prof = profile(activities=activities, record_shapes=False, with_stack=False)
+        self.prof.__enter__()
+
+    def after_step(self, step: int) -> list[str]:
+        """Stops after the last profiled step; returns the files rank 0 wrote."""
+        if self.prof is None or self.range is None or step != self.range[1]:
+            return []
+        if self.on_gpu:
+            torch.cuda.synchronize()
+        prof, self.prof = self.prof, None
+        prof.__exit__(None, None, None)
+        if self.rank != 0:
+            return []
+        os.makedirs(self.dir, exist_ok=True)
+        first, last = self.range
+        trace = os.path.join(self.dir, f"trace-steps{first}-{last}-rank0.json.gz")
+        prof.export_chrome_trace(trace)
+        sort = "self_device_time_total" if self.on_gpu else "self_cpu_time_total"
+        table = prof.key_averages().table(sort_by=sort, row_limit=self.TABLE_ROWS)
+        table_path = os.path.join(self.dir, f"ops-steps{first}-{last}-rank0.txt")
+        with open(table_path, "w") as f:
+            f.write(table + "\n")
+        return [trace, table_path]
 
 
 class _Trainer:
@@ -85,21 +142,34 @@ class _Trainer:
         self.opts = opts
         ctx = ray.train.get_context()
         self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
-        local_world = ctx.get_local_world_size()
-        self.nodes = self.world // local_world if self.world % local_world == 0 else self.world
         self.device = ray.train.torch.get_device()
         self.on_gpu = self.device.type == "cuda"
         if self.on_gpu:
             torch.cuda.set_device(self.device)
         self.backend = dist.get_backend()
+        if opts.emulate_hosts:
+            if self.world % opts.emulate_hosts:
+                raise ValueError(f"--emulate-hosts {opts.emulate_hosts} does not divide {self.world} workers")
+            # NCCL reads it when it builds its first communicator, which is the gather below.
+            os.environ["NCCL_HOSTID"] = emulated_host_id(self.rank, self.world, opts.emulate_hosts)
+        # Nodes as NCCL sees them (its host id or the host name; a pod has its own): they decide
+        # what crosses the network, so they decide the HSDP mesh and the transport gate.
+        keys: list[Any] = [None] * self.world
+        dist.all_gather_object(keys, host_key(os.environ))
+        self.nodes, local_world = host_layout([str(k) for k in keys])
+        if local_world is None and opts.sharding == "hsdp":
+            raise ValueError(f"--sharding hsdp needs the same number of contiguous ranks per host: {keys}")
 
         model = build_model(opts.init, opts.shape, opts.model, opts.seed)
         # Unset (None) means the fastest measured GPU settings (BENCHMARKS.md) on GPU workers, and
         # plain eager PyTorch on CPU, where neither pays off.
         self.compile = self.on_gpu if opts.compile is None else opts.compile
         self.liger = (self.on_gpu and _liger_installed()) if opts.liger is None else opts.liger
+        self.liger_layers = self.liger and (
+            not self.compile if opts.liger_layers is None else opts.liger_layers
+        )
         if self.liger:
-            apply_liger(model)
+            apply_liger(model, layers=self.liger_layers)
         self.n_params = count_params(model)
         mcfg: Any = model.config
         self.flops_tok = flops_per_token(
@@ -108,7 +178,8 @@ class _Trainer:
         gpu_name = torch.cuda.get_device_name(self.device) if self.on_gpu else "cpu"
         self.device_name = gpu_name
         self.peak = opts.peak_tflops or (peak_tflops(gpu_name) if self.on_gpu else None)
-        mesh = make_mesh(self.device.type, opts.sharding, self.world, local_world)
+        mesh = make_mesh(self.device.type, opts.sharding, self.world, local_world or self.world)
+        self.mesh_shape = tuple(mesh.shape)
         self.model: Any = apply_fsdp(
             model,
             mesh,
@@ -214,6 +285,8 @@ class _Trainer:
             "accum_steps": self.accum,
             "compile": self.compile,
             "liger": self.liger,
+            "liger_layers": self.liger_layers,
+            "mesh": list(self.mesh_shape),
         }
         try:
             checkpoint.save(
@@ -256,16 +329,31 @@ def train_loop(config: dict[str, Any]) -> None:
         return
     tr.transport.setdefault("expect", expect)
 
-    first = True
-    while tr.step < opts.steps:
-        metrics = tr.train_step()
-        if first:
-            metrics = {**metrics, "transport": tr.transport}
-        if tr.rank == 0 and (tr.step % opts.log_every == 0 or tr.step == opts.steps):
-            _say(_progress(metrics, opts.steps))
-        # Every rank takes the same branch: ray.train.report is a barrier.
-        if tr.step % opts.checkpoint_every == 0 or tr.step == opts.steps:
-            tr.save_and_report(metrics)
-        elif first or tr.step % opts.report_every == 0:
-            ray.train.report(metrics)
-        first = False
+    profiler = StepProfiler(opts.profile, opts.output_dir, tr.rank, tr.on_gpu)
+    # Python's automatic collector runs when allocation counts say so, on each rank at its own
+    # moment; a full pass over this process's large heap (compiled graphs, Ray, transformers) stalls
+    # that rank's step and, through the collectives, every other rank's. Collect at fixed steps
+    # instead, the same on all ranks (as torchtitan does).
+    gc.disable()
+    gc.collect()
+    try:
+        first = True
+        while tr.step < opts.steps:
+            profiler.before_step(tr.step + 1)
+            if tr.step and tr.step % GC_EVERY == 0:
+                gc.collect(1)
+            metrics = tr.train_step()
+            for written in profiler.after_step(tr.step):
+                _say(f"[train] profile: wrote {written}")
+            if first:
+                metrics = {**metrics, "transport": tr.transport}
+            if tr.rank == 0 and (tr.step % opts.log_every == 0 or tr.step == opts.steps):
+                _say(_progress(metrics, opts.steps))
+            # Every rank takes the same branch: ray.train.report is a barrier.
+            if tr.step % opts.checkpoint_every == 0 or tr.step == opts.steps:
+                tr.save_and_report(metrics)
+            elif first or tr.step % opts.report_every == 0:
+                ray.train.report(metrics)
+            first = False
+    finally:
+        gc.enable()

@@ -156,12 +156,45 @@ def mesh_shape(sharding: str, world: int, local_world: int) -> tuple[int, ...]:
     return (world,)
 
 
+def host_layout(keys: list[str]) -> tuple[int, int | None]:
+    """(hosts, ranks per host) from each rank's host key, in rank order. Ranks per host is None
+    when hosts hold different numbers of ranks or a host's ranks are not contiguous: an HSDP mesh
+    of (hosts, ranks per host) would then put ranks of different hosts in one shard group."""
+    hosts: list[str] = []
+    for key in keys:
+        if not hosts or hosts[-1] != key:
+            hosts.append(key)
+    distinct = len(set(keys))
+    if len(hosts) != distinct or len(keys) % distinct:
+        return distinct, None
+    per_host = len(keys) // distinct
+    if any(keys.count(h) != per_host for h in hosts):
+        return distinct, None
+    return distinct, per_host
+
+
 def make_mesh(device_type: str, sharding: str, world: int, local_world: int) -> Any:
     from torch.distributed.device_mesh import init_device_mesh
 
     shape = mesh_shape(sharding, world, local_world)
     names = ("replicate", "shard") if len(shape) == 2 else ("shard",)
     return init_device_mesh(device_type, shape, mesh_dim_names=names)
+
+
+def recompute_materialized_pointwise() -> None:
+    """Let the compiled layers' backward recompute pointwise results it has to materialize.
+
+    By default inductor's partitioner saves any pointwise output the backward needs in memory, and
+    the SwiGLU product silu(gate) * up feeds down_proj's weight gradient, so each layer kept it
+    beside gate and up: three [tokens, 8960] tensors. Recomputing it from gate and up is one fused
+    elementwise pass in the backward and drops about a third of the saved activations (Qwen2.5-1.5B
+    at batch 8 on an H200: peak 50.2 -> 40.5 GiB at the same step time, BENCHMARKS.md).
+    Process-wide, so set once, before the first compile.
+    """
+    import torch._functorch.config as functorch_config
+
+    if hasattr(functorch_config, "ban_recompute_materialized_backward"):
+        functorch_config.ban_recompute_materialized_backward = False
 
 
 def apply_fsdp(
@@ -190,6 +223,8 @@ def apply_fsdp(
         else MixedPrecisionPolicy()
     )
     layers = decoder_layers(model)
+    if compile_layers:
+        recompute_materialized_pointwise()
     for i, layer in enumerate(layers):
         if compile_layers:
             layer.compile()
@@ -199,13 +234,23 @@ def apply_fsdp(
     return model
 
 
-def apply_liger(model: nn.Module) -> None:
-    """Liger's Triton kernels (RoPE, RMSNorm, SwiGLU) and the fused linear cross-entropy, which
-    never builds the full [tokens, vocab] logits. Applied to this instance, before fully_shard."""
+def apply_liger(model: nn.Module, *, layers: bool) -> None:
+    """Liger's fused linear cross-entropy, which never builds the full [tokens, vocab] logits, and
+    with `layers` its RMSNorm, RoPE and SwiGLU kernels too. Applied to this instance, before
+    fully_shard. Compiled layers leave those three to inductor: it fuses them as well, and its
+    partitioner recomputes the norms in the backward rather than saving their outputs, which it
+    cannot do through Liger's opaque Triton calls (BENCHMARKS.md)."""
     import liger_kernel.transformers as lk
 
     model_type = getattr(getattr(model, "config", None), "model_type", "")
     patch = getattr(lk, f"apply_liger_kernel_to_{model_type}", None)
     if patch is None:
         raise ValueError(f"--liger: liger-kernel has no patch for model type {model_type!r}")
-    patch(fused_linear_cross_entropy=True, cross_entropy=False, model=model)
+    patch(
+        rope=layers,
+        rms_norm=layers,
+        swiglu=layers,
+        fused_linear_cross_entropy=True,
+        cross_entropy=False,
+        model=model,
+    )

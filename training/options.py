@@ -52,7 +52,10 @@ class TrainOptions:
     compile: bool | None  # None: on for GPU workers
     activation_checkpointing: bool
     liger: bool | None  # None: on for GPU workers that have liger-kernel
+    liger_layers: bool | None  # None: only when the layers are not compiled
     expect_transport: str
+    emulate_hosts: int | None
+    profile: str | None
     peak_tflops: float | None
     log_every: int
     report_every: int
@@ -160,8 +163,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--liger",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="Liger kernels incl. fused linear cross-entropy (needs liger-kernel; default: on for "
-        "GPU workers where it is installed)",
+        help="Liger's fused linear cross-entropy, which never builds the [tokens, vocab] logits "
+        "(needs liger-kernel; default: on for GPU workers where it is installed)",
+    )
+    g.add_argument(
+        "--liger-layers",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="with --liger, also Liger's RMSNorm, RoPE and SwiGLU kernels inside the layers (default: "
+        "only when the layers are not compiled: torch.compile fuses those itself and can recompute "
+        "them in the backward instead of saving them, which Liger's opaque kernels prevent)",
     )
     g = p.add_argument_group("data")
     g.add_argument(
@@ -191,6 +202,20 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="inter-node NCCL transport the job requires before training (auto: "
         "'any' on CPU or one node, else $RAYTRAIN_EXPECT_TRANSPORT or 'any')",
+    )
+    g.add_argument(
+        "--emulate-hosts",
+        type=pos_int,
+        metavar="N",
+        help="testing on one machine: split the workers into N hosts as NCCL sees them (one "
+        "NCCL_HOSTID each), so NCCL uses its network transport between them and --sharding auto "
+        "sees N nodes",
+    )
+    g.add_argument(
+        "--profile",
+        metavar="FIRST:LAST",
+        help="record steps FIRST..LAST (1-based) with torch.profiler; rank 0 writes a Chrome trace "
+        "and a per-kernel table to OUTPUT_DIR/profile",
     )
     g.add_argument(
         "--peak-tflops",
@@ -294,11 +319,37 @@ def _check_training(d: dict[str, Any]) -> None:
             f"--global-batch-size: {d['global_batch_size']} is not a multiple of micro batch × "
             f"workers = {d['micro_batch_size']} × {d['num_workers']} = {per_pass}"
         )
+    if d["liger_layers"] and d["liger"] is False:
+        raise OptionError("--liger-layers: needs Liger (drop --no-liger)")
+    if d["emulate_hosts"] and d["num_workers"] and d["num_workers"] % d["emulate_hosts"]:
+        raise OptionError(
+            f"--emulate-hosts: {d['emulate_hosts']} hosts must divide --num-workers {d['num_workers']}"
+        )
+    if d["profile"] is not None:
+        d["profile"] = _check_profile(d["profile"], d["steps"])
     if d["liger"]:
         import importlib.util
 
         if importlib.util.find_spec("liger_kernel") is None:
             raise OptionError("--liger: needs the liger-kernel package, which is not installed")
+
+
+def _check_profile(text: str, steps: int) -> str:
+    m = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", text)
+    first, last = (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+    if not m or not 1 <= first <= last <= steps:
+        raise OptionError(
+            f"--profile: FIRST:LAST with 1 <= FIRST <= LAST <= --steps ({steps}), e.g. 4:6; got {text!r}"
+        )
+    return f"{first}:{last}"
+
+
+def profile_range(text: str | None) -> tuple[int, int] | None:
+    """The (first, last) steps of a checked --profile value."""
+    if not text:
+        return None
+    first, last = text.split(":")
+    return int(first), int(last)
 
 
 def _check_model_ref(model: str) -> None:

@@ -44,6 +44,8 @@ def summarize(meta: dict[str, Any], options: dict[str, Any], wall_s: float) -> d
         "accum_steps": meta.get("accum_steps"),
         "compile": meta.get("compile"),
         "liger": meta.get("liger"),
+        "liger_layers": meta.get("liger_layers"),
+        "mesh": meta.get("mesh"),
         "data_position": meta.get("position"),
         "resumes": meta.get("resumes", []),
         "transport": meta.get("transport"),

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from training.loop import EXPECT_ENV, lr_at, resolve_expect
+from training.loop import EXPECT_ENV, StepProfiler, emulated_host_id, host_key, lr_at, resolve_expect
+from training.model import host_layout
 from training.options import parse_args
 from training.summary import PLOT_FILE, SUMMARY_FILE, summarize, write
 
@@ -60,3 +61,65 @@ def test_summary_and_plot(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "out" / SUMMARY_FILE).read_text())["steps"] == 8
     assert (tmp_path / "out" / PLOT_FILE).read_bytes()[:4] == b"\x89PNG"
     assert len(written) == 2
+
+
+@pytest.mark.parametrize(
+    ("keys", "want"),
+    [
+        (["a", "a", "b", "b"], (2, 2)),
+        (["a"] * 8, (1, 8)),
+        (["a", "b", "c", "d"], (4, 1)),
+        (["a", "a", "a", "b"], (2, None)),  # unequal hosts
+        (["a", "b", "a", "b"], (2, None)),  # a host's ranks not contiguous
+        (["a", "a", "b", "b", "c", "c"], (3, 2)),
+    ],
+)
+def test_host_layout(keys: list[str], want: tuple[int, int | None]) -> None:
+    assert host_layout(keys) == want
+
+
+def test_emulated_hosts_are_contiguous_blocks() -> None:
+    ids = [emulated_host_id(r, 8, 2) for r in range(8)]
+    assert ids == ["emulated-host-0"] * 4 + ["emulated-host-1"] * 4
+    assert host_layout(ids) == (2, 4)
+    assert host_layout([emulated_host_id(r, 4, 4) for r in range(4)]) == (4, 1)
+
+
+def test_host_key_prefers_nccl_hostid() -> None:
+    import socket
+
+    assert host_key({"NCCL_HOSTID": "h7"}) == "h7"
+    assert host_key({}) == socket.gethostname()
+
+
+def test_step_profiler_writes_trace_and_table_on_rank0_only(tmp_path: Path) -> None:
+    import torch
+
+    x = torch.randn(64, 64)
+    written: dict[int, list[str]] = {}
+    for rank in (0, 1):
+        prof = StepProfiler("2:3", str(tmp_path / f"r{rank}"), rank=rank, on_gpu=False)
+        files: list[str] = []
+        for step in range(1, 5):
+            prof.before_step(step)
+            _ = (x @ x).sum()
+            files += prof.after_step(step)
+        written[rank] = files
+    assert written[1] == [] and not (tmp_path / "r1" / "profile").exists()
+    trace, table = written[0]
+    assert trace.endswith("trace-steps2-3-rank0.json.gz") and Path(trace).stat().st_size > 0
+    assert "aten::mm" in Path(table).read_text()
+
+
+def test_recompute_materialized_pointwise_sets_the_partitioner_flag() -> None:
+    import torch._functorch.config as functorch_config
+
+    from training.model import recompute_materialized_pointwise
+
+    before = functorch_config.ban_recompute_materialized_backward
+    try:
+        functorch_config.ban_recompute_materialized_backward = True
+        recompute_materialized_pointwise()
+        assert functorch_config.ban_recompute_materialized_backward is False
+    finally:
+        functorch_config.ban_recompute_materialized_backward = before

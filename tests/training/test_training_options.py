@@ -45,6 +45,13 @@ def _fails(argv: list[str], capsys: pytest.CaptureFixture[str], *needles: str) -
         (["--data", "/nonexistent/corpus.jsonl"], ["--data", "does not exist"]),
         (["--run-name", "a b"], ["--run-name"]),
         (["--storage-path", "gs://bucket/x"], ["--storage-path", "s3://"]),
+        (["--profile", "5", "--steps", "10"], ["--profile", "FIRST:LAST", "10"]),
+        (["--profile", "8:4", "--steps", "10"], ["--profile", "8:4"]),
+        (["--profile", "9:12", "--steps", "10"], ["--profile", "<= --steps (10)"]),
+        (["--profile", "0:2"], ["--profile", "1 <= FIRST"]),
+        (["--liger-layers", "--no-liger"], ["--liger-layers", "--no-liger"]),
+        (["--emulate-hosts", "2", "--num-workers", "3"], ["--emulate-hosts", "divide", "3"]),
+        (["--emulate-hosts", "0"], ["--emulate-hosts", "> 0"]),
     ],
 )
 def test_bad_option_is_named(argv: list[str], needles: list[str], capsys: pytest.CaptureFixture[str]) -> None:
@@ -137,3 +144,13 @@ def test_cli_exit_code_and_single_line() -> None:
     assert proc.stderr.strip().splitlines() == [
         "python -m training: error: argument --micro-batch-size: must be > 0, got 0"
     ]
+
+
+def test_profile_range_and_defaults() -> None:
+    from training.options import profile_range
+
+    opts = parse_args([*TINY, "--steps", "10", "--profile", " 4 : 6 "])
+    assert opts.profile == "4:6" and profile_range(opts.profile) == (4, 6)
+    plain = parse_args(TINY)
+    assert plain.profile is None and profile_range(plain.profile) is None
+    assert plain.liger_layers is None and plain.emulate_hosts is None
