@@ -200,6 +200,8 @@ def run_transport_gate(
     mine = {
         "rank": dist.get_rank(),
         "host": socket.gethostname(),
+        # A node as NCCL tells them apart: its host id when set (--emulate-hosts), else the host.
+        "node": os.environ.get("NCCL_HOSTID") or socket.gethostname(),
         "logs": [str(p) for p in paths],
         "procs": _own_facts(paths, pid),
         "env": {k: os.environ.get(k) for k in CHECK_VARIABLES},
@@ -209,7 +211,7 @@ def run_transport_gate(
 
     procs = [p for g in gathered for p in g["procs"]]
     verdict = classify(procs, expect)
-    nodes = sorted({g["host"] for g in gathered})
+    nodes = sorted({g.get("node") or g["host"] for g in gathered})
     result = verdict.to_dict()
     result.pop("ranks")
     if verdict.status == "no-nccl":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -101,3 +102,35 @@ def test_hsdp_mesh_is_two_dimensional(single_rank_group: None) -> None:
 )
 def test_mesh_shape(sharding: str, world: int, local: int, shape: tuple[int, ...]) -> None:
     assert mesh_shape(sharding, world, local) == shape
+
+
+def _hsdp_step(rank: int, world: int, port: int, out: str) -> None:
+    """One rank of a (2 hosts x 1 rank) HSDP run: one step on rank-specific tokens."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        model = build_model("random", "tiny", "", seed=0)
+        mesh = make_mesh("cpu", "hsdp", world=world, local_world=1)
+        apply_fsdp(model, mesh, mixed_precision=False)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        ids = torch.randint(0, 264, (2, 32), generator=torch.Generator().manual_seed(100 + rank))
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        state = {n: p.full_tensor().detach().clone() for n, p in model.named_parameters()}
+        torch.save({"mesh": tuple(mesh.shape), "state": state}, f"{out}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_hsdp_replicas_stay_identical_after_a_step(tmp_path: Path) -> None:
+    """With one rank per host, HSDP is pure replication: the gradient all-reduce across the
+    replicate dimension must leave both replicas with the same weights although each saw other
+    tokens, and they must differ from the initial weights."""
+    import torch.multiprocessing as mp
+
+    mp.start_processes(_hsdp_step, args=(2, _free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    assert r0["mesh"] == r1["mesh"] == (2, 1)
+    init = dict(build_model("random", "tiny", "", seed=0).named_parameters())
+    for name, w0 in r0["state"].items():
+        assert torch.equal(w0, r1["state"][name]), name
+    assert any(not torch.equal(w, init[n].detach()) for n, w in r0["state"].items())
