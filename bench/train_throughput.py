@@ -1,13 +1,18 @@
 """Training throughput: the original sample's recipe against our loop, on the same GPU(s), in one run.
 
     python bench/train_throughput.py [--configs original,ours,...] [--batch 16] [--seq-len 2048]
-                                     [--steps 12] [--shape qwen2.5-1.5b] [--num-workers N]
+                                     [--steps 12] [--shape qwen2.5-1.5b] [--num-workers N[,N...]]
+                                     [--sharding auto|full|hsdp] [--emulate-hosts H]
+                                     [--nccl-log-dir DIR] [--expect-transport T] [--profile A:B]
 
 Both run through Ray Train's TorchTrainer on the same machine, one after the other, with random
 weights of the same shape and random token ids, the same tokens per step (batch x seq_len per
 worker). Prints one JSON line per configuration (tokens/s, MFU, peak memory, time to first step)
-and a final line with the ratio ours/original. MFU uses 6N + 12*L*d*T FLOPs per token and the
-GPU's dense bf16 peak (989 TFLOP/s for H100/H200), for both recipes alike.
+and a final line with the ratio ours/original. With several worker counts (--num-workers 1,2),
+our configurations run at each count (the original recipe at the smallest) and a line per count
+gives the weak-scaling efficiency (tokens/s per GPU against the smallest count's). MFU uses
+6N + 12*L*d*T FLOPs per token and the GPU's dense bf16 peak (989 TFLOP/s for H100/H200), for
+both recipes alike.
 
 - original: the AWS sample's recipe: the whole model in bf16, FSDP1 through Ray's
   prepare_model with size_based_auto_wrap_policy(min_num_params=1e7), plain AdamW, Hugging Face loss.
@@ -33,7 +38,8 @@ if str(ROOT) not in sys.path:
 
 # Variants of our loop: options layered over the GPU defaults of `python -m training`.
 OURS: dict[str, list[str]] = {
-    "ours": ["--compile", "--liger"],
+    "ours": ["--compile", "--liger"],  # the GPU defaults: Liger's loss only, inductor the rest
+    "ours-liger-all": ["--compile", "--liger", "--liger-layers"],
     "ours-nocompile": ["--no-compile", "--liger"],
     "ours-noliger": ["--compile", "--no-liger"],
     "ours-eager": ["--no-compile", "--no-liger"],  # runs anywhere, the CPU included
@@ -106,6 +112,7 @@ def run_original(args: argparse.Namespace, workers: int, use_gpu: bool) -> dict[
     return {
         "tokens_per_s": workers * args.batch * args.seq_len / step_s,
         "step_time_s": step_s,
+        **_spread(steady),
         "peak_mem_gib": timings["peak_mem_gib"],
         "first_step_s": timings["step_times"][0],
         "wall_s": time.time() - t0,
@@ -120,7 +127,7 @@ def run_ours(name: str, args: argparse.Namespace, workers: int) -> dict[str, Any
     argv = [
         "--run-name", f"bench-{name}-{int(t0)}",
         "--storage-path", args.storage,
-        "--output-dir", str(Path(args.storage) / f"{name}-out"),
+        "--output-dir", str(Path(args.output_dir) / f"{name}-{workers}"),
         "--init", "random",
         "--shape", args.shape,
         "--data", "random",
@@ -130,23 +137,53 @@ def run_ours(name: str, args: argparse.Namespace, workers: int) -> dict[str, Any
         "--checkpoint-every", str(args.steps),
         "--warmup-steps", "0",
         "--num-workers", str(workers),
+        "--sharding", args.sharding,
+        "--expect-transport", args.expect_transport,
+        *(["--emulate-hosts", str(args.emulate_hosts)] if args.emulate_hosts else []),
+        *(["--profile", args.profile] if args.profile else []),
         *OURS[name],
     ]  # fmt: skip
     summary = run(parse_args(argv))
     history = summary["history"]
-    steady = history[args.warmup :]
-    step_s = statistics.fmean(h["step_time_s"] for h in steady)
+    steady = [h["step_time_s"] for h in history[args.warmup :]]
+    step_s = statistics.fmean(steady)
     return {
         "tokens_per_s": workers * args.batch * args.seq_len / step_s,
         "step_time_s": step_s,
+        **_spread(steady),
         "peak_mem_gib": max(h["peak_mem_gib"] for h in history),
         "first_step_s": history[0]["step_time_s"],
         "wall_s": time.time() - t0,
         "options": {k: summary["options"][k] for k in ("compile", "liger", "sharding", "micro_batch_size")},
+        "liger_layers": summary.get("liger_layers"),
+        "mesh": summary.get("mesh"),
+        "nodes": summary.get("nodes"),
+        "transport": _transport_brief(summary.get("transport") or {}),
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def _spread(times: list[float]) -> dict[str, float]:
+    # tokens/s is over the whole measured window (mean step time); these show one-off stalls.
+    return {"step_time_median_s": statistics.median(times), "step_time_max_s": max(times)}
+
+
+def _transport_brief(t: dict[str, Any]) -> dict[str, Any]:
+    return {k: t[k] for k in ("expect", "ok", "status", "transport", "nodes", "busbw_gbps") if k in t}
+
+
+def _worker_counts(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        counts = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        counts = []
+    if not counts or counts[0] < 1:
+        raise argparse.ArgumentTypeError(f"one or more positive integers, e.g. 1,2; got {text!r}")
+    return counts
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -156,8 +193,62 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=3, help="steps left out of the averages")
-    parser.add_argument("--num-workers", type=int, help="default: every GPU of this machine")
+    parser.add_argument(
+        "--num-workers",
+        type=_worker_counts,
+        help="worker (GPU) counts, e.g. 1,2 for weak scaling (default: every GPU of this machine)",
+    )
+    parser.add_argument("--sharding", choices=("auto", "full", "hsdp"), default="auto", help="ours only")
+    parser.add_argument(
+        "--emulate-hosts",
+        type=int,
+        help="ours only: split the workers into H hosts as NCCL sees them (NCCL_HOSTID), so NCCL "
+        "uses its network transport between them",
+    )
+    parser.add_argument(
+        "--expect-transport", default="auto", help="ours only: the in-job transport gate's expectation"
+    )
+    parser.add_argument(
+        "--nccl-log-dir",
+        help="NCCL debug logs (INIT,NET), one per process, for the transport gate and as evidence",
+    )
+    parser.add_argument("--profile", metavar="FIRST:LAST", help="ours only: torch.profiler over these steps")
     parser.add_argument("--storage", default=None, help="Ray Train storage (default: a temp dir)")
+    parser.add_argument(
+        "--output-dir", default=None, help="our runs' summaries and profiles (default: a temp dir)"
+    )
+    return parser
+
+
+def comparisons(
+    results: dict[tuple[str, int], dict[str, Any]], configs: list[str], counts: list[int]
+) -> list[dict[str, Any]]:
+    """Per configuration and worker count: ratio to the original recipe at that count, and weak
+    scaling efficiency (tokens/s per GPU) against the smallest count."""
+    lines = []
+    for workers in counts:
+        base = results.get(("original", workers))
+        for name in configs:
+            if (name, workers) not in results:
+                continue
+            row = results[(name, workers)]
+            line: dict[str, Any] = {"config": name, "workers": workers}
+            if base is not None and name != "original":
+                line["speedup_vs_original"] = row["tokens_per_s"] / base["tokens_per_s"]
+                if row.get("peak_mem_gib") and base.get("peak_mem_gib"):
+                    line["memory_vs_original"] = row["peak_mem_gib"] / base["peak_mem_gib"]
+            if workers != counts[0]:
+                one = results[(name, counts[0])]
+                line[f"scaling_efficiency_vs_{counts[0]}"] = (
+                    row["tokens_per_s_per_gpu"] / one["tokens_per_s_per_gpu"]
+                )
+            if len(line) > 2:
+                lines.append(line)
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     unknown = [c for c in configs if c != "original" and c not in OURS]
@@ -166,7 +257,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps <= args.warmup:
         parser.error("--steps must exceed --warmup")
     args.storage = args.storage or tempfile.mkdtemp(prefix="bench-storage-")
+    args.output_dir = args.output_dir or tempfile.mkdtemp(prefix="bench-output-")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if args.nccl_log_dir:
+        from training.netprobe import nccl_env
+
+        os.makedirs(args.nccl_log_dir, exist_ok=True)
+        # Before ray.init: the workers inherit the environment of the Ray instance started here.
+        os.environ.update(nccl_env(os.path.abspath(args.nccl_log_dir)))
 
     import ray
     import torch
@@ -177,16 +275,16 @@ def main(argv: list[str] | None = None) -> int:
     use_gpu = torch.cuda.is_available()
     if "original" in configs and not use_gpu:
         parser.error("'original' needs a GPU: Ray's prepare_model only does FSDP with use_gpu=True")
-    workers = args.num_workers or (torch.cuda.device_count() if use_gpu else 2)
+    counts = args.num_workers or [torch.cuda.device_count() if use_gpu else 2]
     gpu = torch.cuda.get_device_name(0) if use_gpu else "cpu"
     peak = peak_tflops(gpu) if use_gpu else None
     shape = SHAPES[args.shape]
     n_params = _param_count(args.shape)
     flops_tok = flops_per_token(n_params, shape["num_hidden_layers"], shape["hidden_size"], args.seq_len)
-    ray.init(num_cpus=None if use_gpu else 2)
+    ray.init(num_cpus=None if use_gpu else 2 * max(counts))
     env = {
         "gpu": gpu,
-        "gpus": workers,
+        "gpus_visible": torch.cuda.device_count() if use_gpu else 0,
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "nccl": ".".join(map(str, torch.cuda.nccl.version())) if use_gpu else None,
@@ -196,29 +294,31 @@ def main(argv: list[str] | None = None) -> int:
         "gflop_per_token": flops_tok / 1e9,
         "batch_per_worker": args.batch,
         "seq_len": args.seq_len,
+        "sharding": args.sharding,
+        "emulate_hosts": args.emulate_hosts,
     }
     print(json.dumps({"environment": env}), flush=True)
 
-    results: dict[str, dict[str, Any]] = {}
-    for name in configs:
-        row = run_original(args, workers, use_gpu) if name == "original" else run_ours(name, args, workers)
-        # Our run ends with a full checkpoint (fp32 weights + Adam: ~18 GB for 1.5B parameters);
-        # clear it so the next configuration does not fill the disk.
-        for child in Path(args.storage).iterdir():
-            shutil.rmtree(child, ignore_errors=True)
-        if peak:
-            row["mfu"] = row["tokens_per_s"] * flops_tok / (workers * peak * 1e12)
-        results[name] = row
-        print(json.dumps({"config": name, **row}), flush=True)
-    if "original" in results:
-        base = results["original"]
-        for name, row in results.items():
+    results: dict[tuple[str, int], dict[str, Any]] = {}
+    for workers in counts:
+        for name in configs:
+            if name == "original" and workers != counts[0]:
+                continue  # the recipe comparison is made at the smallest count; scaling is ours'
             if name == "original":
-                continue
-            ratio = {"config": name, "speedup_vs_original": row["tokens_per_s"] / base["tokens_per_s"]}
-            if row.get("peak_mem_gib") and base.get("peak_mem_gib"):
-                ratio["memory_vs_original"] = row["peak_mem_gib"] / base["peak_mem_gib"]
-            print(json.dumps(ratio), flush=True)
+                row = run_original(args, workers, use_gpu)
+            else:
+                row = run_ours(name, args, workers)
+            # Our run ends with a full checkpoint (fp32 weights + Adam: ~18 GB for 1.5B parameters);
+            # clear it so the next configuration does not fill the disk.
+            for child in Path(args.storage).iterdir():
+                shutil.rmtree(child, ignore_errors=True)
+            row["tokens_per_s_per_gpu"] = row["tokens_per_s"] / workers
+            if peak:
+                row["mfu"] = row["tokens_per_s"] * flops_tok / (workers * peak * 1e12)
+            results[(name, workers)] = row
+            print(json.dumps({"config": name, "workers": workers, **row}), flush=True)
+    for line in comparisons(results, configs, counts):
+        print(json.dumps(line), flush=True)
     return 0
 
 
