@@ -255,6 +255,25 @@ def test_real_nccl_2_28_capture() -> None:
     assert not efa.ok and {f["rank"] for f in efa.fallback} == {0, 1}
 
 
+@pytest.mark.parametrize("case", ["real_2xh200_fsdp_socket", "real_2xh200_gate_efa"])
+def test_real_two_gpu_training_captures(case: str) -> None:
+    """Captured on two H200s of one host (NCCL 2.28.9): the training job's own workers, told they
+    are two hosts by `--emulate-hosts 2` (one NCCL_HOSTID each), so NCCL connects its GPUs through
+    NET/Socket on eth0 instead of NVLink. fsdp_socket: the 1.5B FSDP run whose in-job gate expected
+    socket and passed; gate_efa: the run whose gate expected efa and stopped the job."""
+    files = logs(case)
+    ok = classify_files(files, "socket")
+    assert ok.ok and ok.transport == "socket" and ok.inter_node is True
+    assert ok.nccl_version == "2.28.9+cuda13.0" and ok.hosts == ["vm"] and ok.nccl_nodes == 2
+    assert {r["rank"] for r in ok.ranks} == {0, 1}
+    assert all(set(r["network_paths"]) <= {"NET/Socket/0", "NET/Socket/0/Shared"} for r in ok.ranks)
+    efa = classify_files(files, "efa")
+    assert not efa.ok and efa.status == "failed"
+    assert {f["rank"] for f in efa.fallback} == {0, 1}
+    assert all("NET/Socket/0" in f["paths"] for f in efa.fallback)
+    assert any("rank 0" in r and "socket" in r and "expected efa" in r for r in efa.reasons)
+
+
 # --- properties: order across processes and cut points do not break the parser ------------------
 
 _EFA_LINES = [f.read_text().splitlines(keepends=True) for f in logs("efa_g6")]
