@@ -385,7 +385,8 @@ class JobSettings(_Model):
     # Ray Train restarts of the worker group inside one RayJob (from the latest checkpoint).
     max_failures: int = Field(default=3, ge=1)
     sharding: Sharding = Sharding.AUTO
-    # Per-layer torch.compile and Liger kernels: the fastest measured GPU settings (BENCHMARKS.md).
+    # Per-layer torch.compile and Liger's fused linear cross-entropy: the fastest measured GPU
+    # settings (BENCHMARKS.md).
     compile: bool = True
     activation_checkpointing: bool = False
     liger: bool = True
