@@ -91,6 +91,8 @@ def resolve_workers(opts: TrainOptions) -> tuple[int, bool]:
         cpus = int(ray.cluster_resources().get("CPU", 0))
         if workers > cpus:
             raise OptionError(f"--num-workers: {workers} CPU workers but Ray has {cpus} CPUs")
+    if opts.emulate_hosts and workers % opts.emulate_hosts:
+        raise OptionError(f"--emulate-hosts: {opts.emulate_hosts} hosts must divide the {workers} workers")
     per_step = opts.micro_batch_size * workers
     if opts.global_batch_size is not None and opts.global_batch_size % per_step:
         raise OptionError(

@@ -154,3 +154,31 @@ def test_transport_gate_failure_stops_before_training(
     assert record["transport"]["ok"] is False
     assert record["transport"]["expect"] == "efa"
     assert not list((tmp_path / "storage" / "gate").glob("checkpoint_*"))  # not one step trained
+
+
+def test_emulated_hosts_must_divide_the_workers_the_cluster_gives(
+    ray_session: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without --num-workers the count comes from the cluster (2 CPU workers here): checked in the
+    driver, before any worker starts, with the usual one-line error."""
+    from training.__main__ import main
+
+    argv = _argv(tmp_path, "emu")
+    at = argv.index("--num-workers")
+    argv = [*argv[:at], *argv[at + 2 :], "--emulate-hosts", "3"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--emulate-hosts: 3 hosts must divide the 2 workers" in err, err
+
+
+def test_emulated_hosts_make_auto_sharding_hybrid(ray_session: str, tmp_path: Path) -> None:
+    """Two workers as two hosts (one NCCL_HOSTID each): the loop counts 2 nodes, `auto` builds
+    the (replicate, shard) = (2, 1) HSDP mesh, and the gate sees both nodes."""
+    argv = _argv(tmp_path, "emu2")
+    at = argv.index("--steps")
+    argv[at + 1] = "2"
+    summary = run(parse_args([*argv, "--emulate-hosts", "2", "--checkpoint-every", "2"]))
+    assert summary["nodes"] == 2 and summary["mesh"] == [2, 1]
+    assert summary["options"]["sharding"] == "auto"
+    assert summary["transport"]["nodes"] == 2
+    assert summary["transport"]["node_names"] == ["emulated-host-0", "emulated-host-1"]
