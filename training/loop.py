@@ -20,6 +20,7 @@ from training import checkpoint
 from training.data import Batches
 from training.flops import count_params, flops_per_token, mfu, peak_tflops
 from training.model import apply_fsdp, apply_liger, build_model, host_layout, make_mesh
+from training.netprobe import TransportGateError, host_key, run_transport_gate
 from training.options import TrainOptions, profile_range
 
 EXPECT_ENV = "RAYTRAIN_EXPECT_TRANSPORT"
@@ -74,12 +75,6 @@ def _progress(m: dict[str, Any], steps: int) -> str:
 def emulated_host_id(rank: int, world: int, hosts: int) -> str:
     """--emulate-hosts: contiguous blocks of ranks share an id, like ranks on one real node."""
     return f"emulated-host-{rank * hosts // world}"
-
-
-def host_key(env: Mapping[str, str]) -> str:
-    import socket
-
-    return env.get("NCCL_HOSTID") or socket.gethostname()
 
 
 def _say(line: str) -> None:
@@ -147,9 +142,7 @@ class _Trainer:
         if self.on_gpu:
             torch.cuda.set_device(self.device)
         self.backend = dist.get_backend()
-        if opts.emulate_hosts:
-            if self.world % opts.emulate_hosts:
-                raise ValueError(f"--emulate-hosts {opts.emulate_hosts} does not divide {self.world} workers")
+        if opts.emulate_hosts:  # divides the workers: checked by the driver
             # NCCL reads it when it builds its first communicator, which is the gather below.
             os.environ["NCCL_HOSTID"] = emulated_host_id(self.rank, self.world, opts.emulate_hosts)
         # Nodes as NCCL sees them (its host id or the host name; a pod has its own): they decide
@@ -312,8 +305,6 @@ def train_loop(config: dict[str, Any]) -> None:
 
     # Every rank, after the process group is up and before the first step: fail before training
     # when inter-node traffic is not on the expected transport.
-    from training.netprobe import TransportGateError, run_transport_gate
-
     expect = resolve_expect(opts.expect_transport, tr.backend, tr.nodes, os.environ)
     try:
         tr.transport = dict(run_transport_gate(expect, log_dir=None))

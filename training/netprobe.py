@@ -20,6 +20,7 @@ import os
 import re
 import socket
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,12 @@ class TransportGateError(RuntimeError):
     def __init__(self, message: str, result: dict[str, Any]) -> None:
         super().__init__(message)
         self.result = result
+
+
+def host_key(env: Mapping[str, str]) -> str:
+    """The node a rank is on as NCCL tells them apart: NCCL_HOSTID when set (--emulate-hosts),
+    else the host name (a pod has its own)."""
+    return env.get("NCCL_HOSTID") or socket.gethostname()
 
 
 def nccl_env(log_dir: str) -> dict[str, str]:
@@ -200,8 +207,7 @@ def run_transport_gate(
     mine = {
         "rank": dist.get_rank(),
         "host": socket.gethostname(),
-        # A node as NCCL tells them apart: its host id when set (--emulate-hosts), else the host.
-        "node": os.environ.get("NCCL_HOSTID") or socket.gethostname(),
+        "node": host_key(os.environ),
         "logs": [str(p) for p in paths],
         "procs": _own_facts(paths, pid),
         "env": {k: os.environ.get(k) for k in CHECK_VARIABLES},

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from training.loop import EXPECT_ENV, StepProfiler, emulated_host_id, host_key, lr_at, resolve_expect
+from training.loop import EXPECT_ENV, StepProfiler, emulated_host_id, lr_at, resolve_expect
 from training.model import host_layout
+from training.netprobe import host_key
 from training.options import parse_args
 from training.summary import PLOT_FILE, SUMMARY_FILE, summarize, write
 
