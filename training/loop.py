@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from training import checkpoint
+from training import checkpoint, emf
 from training.data import Batches
 from training.flops import count_params, flops_per_token, mfu, peak_tflops
 from training.model import apply_fsdp, apply_liger, build_model, host_layout, make_mesh
@@ -334,6 +334,7 @@ def train_loop(config: dict[str, Any]) -> None:
             if tr.step and tr.step % GC_EVERY == 0:
                 gc.collect(1)
             metrics = tr.train_step()
+            emf.publish(opts, tr.rank, metrics)
             for written in profiler.after_step(tr.step):
                 _say(f"[train] profile: wrote {written}")
             if first:

@@ -59,6 +59,7 @@ class TrainOptions:
     peak_tflops: float | None
     log_every: int
     report_every: int
+    metrics_cluster: str | None = None  # CloudWatch EMF step metrics (training/emf.py) when set
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -222,7 +223,20 @@ def build_parser() -> argparse.ArgumentParser:
         type=pos_float,
         help="peak bf16 TFLOP/s per GPU for MFU when the GPU is not in the table",
     )
+    g.add_argument(
+        "--metrics-cluster",
+        type=_cluster_name,
+        metavar="NAME",
+        help="on EKS: rank 0 writes each step's tokens/s, MFU, loss and step time as CloudWatch "
+        "embedded-metric-format lines to its container's stdout, with dimension ClusterName=NAME",
+    )
     return p
+
+
+def _cluster_name(text: str) -> str:
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9-]{0,99}", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an EKS cluster name")
+    return text
 
 
 def _config_argv(path: str, parser: argparse.ArgumentParser) -> list[str]:
