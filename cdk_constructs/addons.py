@@ -13,9 +13,19 @@ from aws_cdk import Duration
 from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
-from cdk_constructs.node_groups import (
+from config.names import (
+    DEVICE_PLUGIN_NAMESPACE,
+    EFA_DEVICE_PLUGIN_CHART,
     GPU_NODE_LABELS,
+    GPU_PRESENT_LABEL,
     GPU_TAINT_KEY,
+    KUBERAY_CHART,
+    KUBERAY_NAMESPACE,
+    KUBERAY_RELEASE,
+    NODE_ROLE_LABEL,
+    NVIDIA_DEVICE_PLUGIN_CHART,
+    PART_OF,
+    PART_OF_LABEL,
     SYSTEM_NODE_LABELS,
 )
 
@@ -24,9 +34,6 @@ CHART_VALUES_DIR = Path(__file__).resolve().parent / "chart_values"
 NVIDIA_REPOSITORY = "https://nvidia.github.io/k8s-device-plugin"
 EFA_REPOSITORY = "https://aws.github.io/eks-charts"
 KUBERAY_REPOSITORY = "https://ray-project.github.io/kuberay-helm/"
-
-KUBERAY_NAMESPACE = "kuberay-system"
-KUBERAY_RELEASE = "kuberay-operator"
 
 _GPU_TOLERATION = {"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}
 
@@ -40,7 +47,7 @@ def nvidia_device_plugin_values() -> dict[str, Any]:
     return {
         # Only GPU nodes: the chart's default affinity also matches this label; the selector
         # keeps it off any node that merely has NFD's PCI label.
-        "nodeSelector": {"nvidia.com/gpu.present": GPU_NODE_LABELS["nvidia.com/gpu.present"]},
+        "nodeSelector": {GPU_PRESENT_LABEL: GPU_NODE_LABELS[GPU_PRESENT_LABEL]},
         "tolerations": [_GPU_TOLERATION],
         # 0.19.0-0.19.2 turned MOFED on and grabbed the EFA devices; keep it off explicitly.
         "mofedEnabled": False,
@@ -50,7 +57,7 @@ def nvidia_device_plugin_values() -> dict[str, Any]:
 
 def efa_device_plugin_values() -> dict[str, Any]:
     return {
-        "nodeSelector": {"role": GPU_NODE_LABELS["role"]},
+        "nodeSelector": {NODE_ROLE_LABEL: GPU_NODE_LABELS[NODE_ROLE_LABEL]},
         # The chart tolerates nothing by default, and GPU nodes carry the GPU taint.
         "tolerations": [_GPU_TOLERATION],
     }
@@ -84,7 +91,7 @@ class GpuDevicePlugins(Construct):
             "NvidiaDevicePlugin",
             cluster=cluster,
             repository=NVIDIA_REPOSITORY,
-            chart="nvidia-device-plugin",
+            chart=NVIDIA_DEVICE_PLUGIN_CHART,
             version=nvidia_version,
             values=nvidia_device_plugin_values(),
         )
@@ -95,7 +102,7 @@ class GpuDevicePlugins(Construct):
                 "EfaDevicePlugin",
                 cluster=cluster,
                 repository=EFA_REPOSITORY,
-                chart="aws-efa-k8s-device-plugin",
+                chart=EFA_DEVICE_PLUGIN_CHART,
                 version=efa_version,
                 values=efa_device_plugin_values(),
             )
@@ -121,7 +128,7 @@ def _device_plugin(
         chart=chart,
         release=chart,
         version=version,
-        namespace="kube-system",
+        namespace=DEVICE_PLUGIN_NAMESPACE,
         values=values,
         wait=False,
         atomic=True,
@@ -154,7 +161,7 @@ class KubeRayOperator(Construct):
                     "metadata": {
                         "name": ray_namespace,
                         "labels": {
-                            "app.kubernetes.io/part-of": "ray-train",
+                            PART_OF_LABEL: PART_OF,
                             # Ray pods need IPC_LOCK and run as root in the DLC image.
                             "pod-security.kubernetes.io/enforce": "privileged",
                             "pod-security.kubernetes.io/warn": "baseline",
@@ -169,7 +176,7 @@ class KubeRayOperator(Construct):
             "Chart",
             cluster=cluster,
             repository=KUBERAY_REPOSITORY,
-            chart="kuberay-operator",
+            chart=KUBERAY_CHART,
             release=KUBERAY_RELEASE,
             version=version,
             namespace=KUBERAY_NAMESPACE,

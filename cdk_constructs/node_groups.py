@@ -13,12 +13,16 @@ from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
 from config.catalogue import Instance
+from config.names import (
+    GPU_NODE_LABELS,
+    GPU_NODE_ROLE,
+    GPU_TAINT_KEY,
+    GPU_TAINT_VALUE,
+    SYSTEM_NODE_LABELS,
+    SYSTEM_NODE_ROLE,
+)
 from config.settings import CapacityType, GpuNodeSettings, SystemNodeSettings
 
-GPU_TAINT_KEY = "nvidia.com/gpu"
-GPU_TAINT_VALUE = "present"
-GPU_NODE_LABELS = {"role": "gpu-worker", "nvidia.com/gpu.present": "true"}
-SYSTEM_NODE_LABELS = {"role": "system"}
 ROOT_DEVICE = "/dev/xvda"  # AL2023 EKS AMIs boot from /dev/xvda
 
 _METADATA_OPTIONS = ec2.CfnLaunchTemplate.MetadataOptionsProperty(
@@ -63,7 +67,7 @@ class SystemNodeGroup(Construct):
             launch_template_data=ec2.CfnLaunchTemplate.LaunchTemplateDataProperty(
                 metadata_options=_METADATA_OPTIONS,
                 block_device_mappings=[_root_volume(settings.root_volume_gib)],
-                tag_specifications=_tag_specs("system"),
+                tag_specifications=_tag_specs(SYSTEM_NODE_ROLE),
             ),
         )
         self.nodegroup = eks.Nodegroup(
@@ -166,7 +170,7 @@ class EfaGpuNodeGroup(Construct):
                 placement=placement,
                 capacity_reservation_specification=reservation,
                 instance_market_options=market_options,
-                tag_specifications=_tag_specs("gpu-worker"),
+                tag_specifications=_tag_specs(GPU_NODE_ROLE),
             ),
         )
 

@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from config.catalogue import CATALOGUE, Instance
+from config.names import KUBERAY_NAMESPACE, RAY_NAMESPACE
 
 # Kubernetes versions this app can deploy: EKS standard support (late 2026), the aws_eks_v2
 # KubernetesVersion enum, and a published kubectl Lambda layer package must all exist for it.
@@ -243,7 +244,7 @@ _RUN_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{0,39}$")
 _HF_MODEL_RE = re.compile(r"^([A-Za-z0-9][\w.-]{0,95}/)?[A-Za-z0-9][\w.-]{0,95}$")
 _S3_URI_RE = re.compile(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?$")
 _ABS_PATH_RE = re.compile(r"^/\S*$")
-_RESERVED_NAMESPACES = {"default", "kube-system", "kube-public", "kube-node-lease", "kuberay-system"}
+_RESERVED_NAMESPACES = {"default", "kube-system", "kube-public", "kube-node-lease", KUBERAY_NAMESPACE}
 # Worker variables the chart owns; a worker_env entry for them would be silently ignored.
 _MANAGED_ENV = {
     "RAYTRAIN_EXPECT_TRANSPORT": "from job.expect_transport",
@@ -254,7 +255,7 @@ _MANAGED_ENV = {
 class WorkloadSettings(_Model):
     """What the Ray pods run on; the cdk8s chart and the RayJob read these."""
 
-    namespace: str = "ray"
+    namespace: str = RAY_NAMESPACE
     image: str = "public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1"
     # Pin the exact image for reproducible deploys: sha256:<64 hex>.
     image_digest: str | None = None

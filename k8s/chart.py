@@ -23,8 +23,20 @@ import cdk8s
 import cdk8s_plus_27 as kplus
 from cdk8s_plus_27 import k8s as kube
 
-from cdk_constructs.addons import KUBERAY_NAMESPACE
-from cdk_constructs.node_groups import GPU_NODE_LABELS, GPU_TAINT_KEY, GPU_TAINT_VALUE, SYSTEM_NODE_LABELS
+from config.names import (
+    EFA_RESOURCE,
+    GPU_NODE_LABELS,
+    GPU_RESOURCE,
+    GPU_TAINT_KEY,
+    GPU_TAINT_VALUE,
+    KUBERAY_NAMESPACE,
+    NODE_ROLE_LABEL,
+    PART_OF,
+    PART_OF_LABEL,
+    SERVICE_ACCOUNT,
+    STANDING_CLUSTER_NAME,
+    SYSTEM_NODE_LABELS,
+)
 from config.settings import ClusterMode, Settings
 from k8s.imports.raycluster.io import ray as rc
 from k8s.imports.rayjob.io import ray as rj
@@ -35,7 +47,7 @@ KUBERAY_OPERATOR_NAMESPACE = KUBERAY_NAMESPACE
 
 # Node labels and the GPU taint are the node groups' own (one definition for EKS and the pods).
 SYSTEM_NODE_SELECTOR = dict(SYSTEM_NODE_LABELS)
-GPU_NODE_SELECTOR = {"role": GPU_NODE_LABELS["role"]}
+GPU_NODE_SELECTOR = {NODE_ROLE_LABEL: GPU_NODE_LABELS[NODE_ROLE_LABEL]}
 
 GCS_PORT = 6379
 DASHBOARD_PORT = 8265  # dashboard and job server (HTTP)
@@ -63,11 +75,9 @@ def runtime_pip(settings: Settings) -> list[str]:
     return [*TRAINING_RUNTIME_PIP, *([LIGER_PIP] if settings.job.liger else [])]
 
 
-PART_OF = "ray-train"
 COMPONENT = "app.kubernetes.io/component"
 HEAD, WORKER, SUBMITTER = "ray-head", "ray-worker", "job-submitter"
 WORKER_GROUP = "gpu"
-STANDING_CLUSTER_NAME = "ray-train"
 
 # The job submitter only runs `ray job submit` and follows the logs.
 SUBMITTER_CPU = "500m"
@@ -75,7 +85,7 @@ SUBMITTER_MEMORY = "1Gi"
 
 
 def _labels(component: str) -> dict[str, str]:
-    return {"app.kubernetes.io/part-of": PART_OF, COMPONENT: component}
+    return {PART_OF_LABEL: PART_OF, COMPONENT: component}
 
 
 # --- RayCluster spec ------------------------------------------------------------------------------
@@ -207,11 +217,11 @@ def _worker_group(types: SpecTypes, settings: Settings, service_account_name: st
     resources: dict[str, str | int] = {
         "cpu": f"{cpu_millis}m",
         "memory": f"{memory_mib}Mi",
-        "nvidia.com/gpu": gpu.gpus,
+        GPU_RESOURCE: gpu.gpus,
     }
     if settings.gpu_nodes.efa:
         # Every EFA interface of the node: without the request the pod gets no EFA device.
-        resources["vpc.amazonaws.com/efa"] = gpu.efa_interfaces
+        resources[EFA_RESOURCE] = gpu.efa_interfaces
     container = t("SpecContainers")(
         name="ray-worker",
         image=w.image_ref,
@@ -400,7 +410,7 @@ def _job_spec(
     )
 
 
-def rayjob_name(settings: Settings, *, code_hash: str, service_account_name: str = "ray-train") -> str:
+def rayjob_name(settings: Settings, *, code_hash: str, service_account_name: str = SERVICE_ACCOUNT) -> str:
     """`rj-<run name>-<hash>`: the hash covers the whole job spec (its cluster copy, or the standing
     cluster's spec) and the code, so a changed job or changed code gets a new RayJob (KubeRay
     ignores spec updates of an existing one). The URIs enter as placeholders: at synth time they
@@ -426,7 +436,7 @@ def rayjob_name(settings: Settings, *, code_hash: str, service_account_name: str
 
 def _select(*components: str) -> kube.LabelSelector:
     return kube.LabelSelector(
-        match_labels={"app.kubernetes.io/part-of": PART_OF},
+        match_labels={PART_OF_LABEL: PART_OF},
         match_expressions=[
             kube.LabelSelectorRequirement(key=COMPONENT, operator="In", values=list(components))
         ],
@@ -555,7 +565,7 @@ def build_workload_chart(
     code_uri: str,
     code_hash: str,
     checkpoint_uri: str,
-    service_account_name: str = "ray-train",
+    service_account_name: str = SERVICE_ACCOUNT,
     include_namespace: bool = True,
 ) -> cdk8s.Chart:
     """The workload chart for one environment.
@@ -564,7 +574,7 @@ def build_workload_chart(
     (e.g. before the KubeRay operator, whose namespaced RBAC needs it first).
     """
     ns = settings.workload.namespace
-    chart = cdk8s.Chart(scope, "workload", labels={"app.kubernetes.io/part-of": PART_OF})
+    chart = cdk8s.Chart(scope, "workload", labels={PART_OF_LABEL: PART_OF})
     if include_namespace:
         # No Pod Security Admission label: the EFA workers need IPC_LOCK, which the baseline
         # level forbids; the pods' own security contexts carry the restrictions instead.
@@ -608,7 +618,7 @@ def render_manifests(
     code_uri: str,
     code_hash: str,
     checkpoint_uri: str,
-    service_account_name: str = "ray-train",
+    service_account_name: str = SERVICE_ACCOUNT,
     include_namespace: bool = True,
 ) -> list[Path]:
     """Write the chart as YAML for review: one file per object, `<Kind>.<name>.k8s.yaml`, under

@@ -28,25 +28,28 @@ from rich.console import Console
 from rich.table import Table
 
 from config.loader import SettingsError, load_settings
+from config.names import (
+    DEVICE_PLUGIN_NAMESPACE,
+    EFA_DEVICE_PLUGIN_CHART,
+    EFA_RESOURCE,
+    GPU_NODE_LABELS,
+    GPU_NODE_ROLE,
+    GPU_PRESENT_LABEL,
+    GPU_RESOURCE,
+    KUBERAY_NAMESPACE,
+    KUBERAY_RELEASE,
+    NODE_ROLE_LABEL,
+    NVIDIA_DEVICE_PLUGIN_CHART,
+    STANDING_CLUSTER_NAME,
+)
 from config.settings import ClusterMode, Settings
 
-# Where the cluster stack installs the operator (cdk_constructs/addons.py: namespace and Helm
-# release; the chart's fullnameOverride names the Deployment after the release).
-KUBERAY_NAMESPACE = "kuberay-system"
-KUBERAY_OPERATOR_DEPLOYMENT = "kuberay-operator"
-# Both device-plugin charts are installed into kube-system.
-DEVICE_PLUGIN_NAMESPACE = "kube-system"
-NVIDIA_PLUGIN_NAME = "nvidia-device-plugin"
-EFA_PLUGIN_NAME = "aws-efa-k8s-device-plugin"
-# The standing RayCluster's name (k8s/chart.py STANDING_CLUSTER_NAME; a test keeps them equal).
-STANDING_CLUSTER_NAME = "ray-train"
+# The operator's Deployment is named after its Helm release (the chart's fullnameOverride is unset);
+# each device plugin's DaemonSet after its release, which is its chart's name.
+KUBERAY_OPERATOR_DEPLOYMENT = KUBERAY_RELEASE
 
-GPU_ROLE_LABEL = ("role", "gpu-worker")
-GPU_PRESENT_LABEL = ("nvidia.com/gpu.present", "true")
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 ZONE_LABEL = "topology.kubernetes.io/zone"
-GPU_RESOURCE = "nvidia.com/gpu"
-EFA_RESOURCE = "vpc.amazonaws.com/efa"
 RAY_GROUP, RAY_VERSION = "ray.io", "v1"
 REQUEST_TIMEOUT = (5, 30)  # connect, read (seconds)
 
@@ -260,7 +263,7 @@ def _is_gpu_node(node: dict[str, Any], settings: Settings) -> bool:
     labels = _labels(node)
     capacity = (node.get("status") or {}).get("capacity") or {}
     return (
-        labels.get(GPU_ROLE_LABEL[0]) == GPU_ROLE_LABEL[1]
+        labels.get(NODE_ROLE_LABEL) == GPU_NODE_ROLE
         or labels.get(INSTANCE_TYPE_LABEL) == settings.gpu_nodes.instance_type
         or _quantity(capacity.get(GPU_RESOURCE)) > 0
     )
@@ -303,7 +306,7 @@ def check_nodes(api: Api, settings: Settings, checks: list[Check]) -> list[dict[
         problems: list[str] = []
         if _condition(node, "Ready") != "True":
             problems.append(f"not Ready (Ready={_condition(node, 'Ready')})")
-        for key, value in (GPU_ROLE_LABEL, GPU_PRESENT_LABEL):
+        for key, value in GPU_NODE_LABELS.items():
             if labels.get(key) != value:
                 problems.append(f"label {key}={value} missing (has {labels.get(key)!r})")
         if labels.get(INSTANCE_TYPE_LABEL) not in (None, gpu.instance_type):
@@ -347,9 +350,9 @@ def check_device_plugins(
     api: Api, settings: Settings, gpu_nodes: list[dict[str, Any]], checks: list[Check]
 ) -> None:
     daemonsets = api.daemonsets(DEVICE_PLUGIN_NAMESPACE) or []
-    wanted = [("NVIDIA device plugin", NVIDIA_PLUGIN_NAME)]
+    wanted = [("NVIDIA device plugin", NVIDIA_DEVICE_PLUGIN_CHART)]
     if settings.gpu_nodes.efa:
-        wanted.append(("EFA device plugin", EFA_PLUGIN_NAME))
+        wanted.append(("EFA device plugin", EFA_DEVICE_PLUGIN_CHART))
     node_names = sorted(_name(n) for n in gpu_nodes)
     for title, name in wanted:
         ds = _find_daemonset(daemonsets, name)
@@ -370,7 +373,7 @@ def check_device_plugins(
                     FAIL,
                     f"no ready pod on {len(missing)} of {len(node_names)} GPU node(s): "
                     f"{', '.join(missing)} ({counts}; a node needs "
-                    f"{GPU_PRESENT_LABEL[0]}={GPU_PRESENT_LABEL[1]} and the plugin's toleration)",
+                    f"{GPU_PRESENT_LABEL}={GPU_NODE_LABELS[GPU_PRESENT_LABEL]} and the plugin's toleration)",
                 )
             )
         else:

@@ -36,10 +36,10 @@ from constructs import Construct, IConstruct
 
 from cdk_constructs.buckets import kms_bucket_with_access_logs
 from config.loader import load_settings
+from config.names import SERVICE_ACCOUNT
 from config.settings import PipelineSettings, Settings, Transport
 from k8s.chart import rayjob_name
 from stacks.common import removal_policy
-from stacks.workload_stack import SERVICE_ACCOUNT
 
 # The verify/smoke steps assume this role in each target account (physical names: the step in one
 # account and the role in another must agree on them without a cross-account reference).

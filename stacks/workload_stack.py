@@ -20,12 +20,12 @@ from aws_cdk import aws_s3_assets as s3_assets
 from constructs import Construct
 
 from cdk_constructs.buckets import kms_bucket_with_access_logs
+from config.names import SERVICE_ACCOUNT
 from config.settings import Settings
 from k8s.chart import build_workload_chart
 from stacks.common import removal_policy
 
 TRAINING_DIR = Path(__file__).resolve().parents[1] / "training"
-SERVICE_ACCOUNT = "ray-train"
 CHECKPOINT_PREFIX = "checkpoints"
 
 

@@ -1,0 +1,51 @@
+"""Names that several packages must agree on, written once.
+
+The node groups (cdk_constructs), the Helm add-ons, the cdk8s chart (k8s), the stacks and the
+operator commands (raytrain) all refer to these: a node label the node group sets is the one the
+device plugins and the Ray pods select, the release the cluster stack installs is the Deployment
+`raytrain verify` looks for. A plain module, importing nothing, so every side can use it.
+"""
+
+from __future__ import annotations
+
+# --- Nodes ----------------------------------------------------------------------------------------
+
+NODE_ROLE_LABEL = "role"
+GPU_NODE_ROLE = "gpu-worker"
+SYSTEM_NODE_ROLE = "system"
+# The NVIDIA device plugin's DaemonSet selects nodes by this label (its chart's default affinity
+# matches it too): a GPU node without it advertises no `nvidia.com/gpu`.
+GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
+GPU_NODE_LABELS = {NODE_ROLE_LABEL: GPU_NODE_ROLE, GPU_PRESENT_LABEL: "true"}
+SYSTEM_NODE_LABELS = {NODE_ROLE_LABEL: SYSTEM_NODE_ROLE}
+# Only pods that tolerate it land on GPU nodes.
+GPU_TAINT_KEY = "nvidia.com/gpu"
+GPU_TAINT_VALUE = "present"
+
+# Extended resources the device plugins advertise.
+GPU_RESOURCE = "nvidia.com/gpu"
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
+
+# --- Add-ons --------------------------------------------------------------------------------------
+
+# Both device-plugin charts go into kube-system, each released under its chart's name.
+DEVICE_PLUGIN_NAMESPACE = "kube-system"
+NVIDIA_DEVICE_PLUGIN_CHART = "nvidia-device-plugin"
+EFA_DEVICE_PLUGIN_CHART = "aws-efa-k8s-device-plugin"
+# The KubeRay operator's namespace and Helm release; its chart names the Deployment after the
+# release (fullnameOverride unset), which is what `raytrain verify` reads.
+KUBERAY_NAMESPACE = "kuberay-system"
+KUBERAY_CHART = "kuberay-operator"
+KUBERAY_RELEASE = "kuberay-operator"
+
+# --- The Ray workload -----------------------------------------------------------------------------
+
+# Default namespace of the Ray pods (settings: workload.namespace).
+RAY_NAMESPACE = "ray"
+# The Kubernetes service account of the Ray pods, bound to the IAM role by Pod Identity.
+SERVICE_ACCOUNT = "ray-train"
+# `app.kubernetes.io/part-of` of everything this app creates in Kubernetes.
+PART_OF_LABEL = "app.kubernetes.io/part-of"
+PART_OF = "ray-train"
+# The standing RayCluster's name (job.cluster: standing).
+STANDING_CLUSTER_NAME = "ray-train"
