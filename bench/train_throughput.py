@@ -38,12 +38,22 @@ if str(ROOT) not in sys.path:
 
 # Variants of our loop: options layered over the GPU defaults of `python -m training`.
 OURS: dict[str, list[str]] = {
-    "ours": ["--compile", "--liger"],  # the GPU defaults: Liger's loss only, inductor the rest
+    "ours": [],  # the GPU defaults of `python -m training`
+    "ours-bf16": ["--compile", "--liger", "--no-float8"],
+    "ours-float8": ["--compile", "--liger", "--float8"],
+    "ours-float8-ag": ["--compile", "--liger", "--float8", "--float8-all-gather"],
+    "ours-noreshard": ["--no-reshard-after-forward"],
     "ours-liger-all": ["--compile", "--liger", "--liger-layers"],
     "ours-nocompile": ["--no-compile", "--liger"],
     "ours-noliger": ["--compile", "--no-liger"],
     "ours-eager": ["--no-compile", "--no-liger"],  # runs anywhere, the CPU included
 }
+
+
+REPORTED_OPTIONS = (
+    "compile", "liger", "float8", "float8_all_gather", "reshard_after_forward", "sharding",
+    "micro_batch_size", "global_batch_size",
+)  # fmt: skip
 
 
 def original_recipe(config: dict[str, Any]) -> None:
@@ -57,6 +67,7 @@ def original_recipe(config: dict[str, Any]) -> None:
     from transformers import AutoModelForCausalLM
 
     from training.model import shape_config
+    from training.timing import StepTimer
 
     device = ray.train.torch.get_device()
     torch.manual_seed(0)
@@ -70,22 +81,23 @@ def original_recipe(config: dict[str, Any]) -> None:
         },
     )
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
-    batch, seq = config["batch"], config["seq_len"]
-    times = []
-    for _ in range(config["steps"]):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        ids = torch.randint(0, cfg.vocab_size, (batch, seq), device=device)
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
+    micro, accum, seq = config["micro_batch"], config["accum"], config["seq_len"]
+    timer = StepTimer(device)  # the same clock as our loop's: ends after the host saw the GPU finish
+    history = []
+    for step in range(config["steps"]):
+        timer.start()
+        for _ in range(accum):  # the sample has no accumulation; it is how it reaches our batch
+            ids = torch.randint(0, cfg.vocab_size, (micro, seq), device=device)
+            loss = model(input_ids=ids, labels=ids).loss / accum
+            loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-        loss.item()  # the sample logs the loss every step: a sync point
-        times.append(time.perf_counter() - t0)
+        loss.item()  # the sample logs the loss every step
+        dt, end = timer.stop()
+        history.append({"step": step + 1, "step_time_s": dt, "end_s": end})
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
     if ray.train.get_context().get_world_rank() == 0:
-        Path(config["out"]).write_text(json.dumps({"step_times": times, "peak_mem_gib": peak}))
+        Path(config["out"]).write_text(json.dumps({"history": history, "peak_mem_gib": peak}))
 
 
 def run_original(args: argparse.Namespace, workers: int, use_gpu: bool) -> dict[str, Any]:
@@ -98,7 +110,8 @@ def run_original(args: argparse.Namespace, workers: int, use_gpu: bool) -> dict[
         original_recipe,
         train_loop_config={
             "shape": args.shape,
-            "batch": args.batch,
+            "micro_batch": args.original_micro_batch,
+            "accum": args.batch // args.original_micro_batch,
             "seq_len": args.seq_len,
             "steps": args.steps,
             "out": str(out),
@@ -107,15 +120,30 @@ def run_original(args: argparse.Namespace, workers: int, use_gpu: bool) -> dict[
         run_config=RunConfig(name=f"bench-original-{int(t0)}", storage_path=args.storage),
     ).fit()
     timings = json.loads(out.read_text())
-    steady = timings["step_times"][args.warmup :]
-    step_s = statistics.fmean(steady)
     return {
-        "tokens_per_s": workers * args.batch * args.seq_len / step_s,
-        "step_time_s": step_s,
-        **_spread(steady),
+        **_measured(timings["history"], args, workers),
         "peak_mem_gib": timings["peak_mem_gib"],
-        "first_step_s": timings["step_times"][0],
+        "micro_batch": args.original_micro_batch,
+        "accum": args.batch // args.original_micro_batch,
         "wall_s": time.time() - t0,
+    }
+
+
+def _measured(history: list[dict[str, Any]], args: argparse.Namespace, workers: int) -> dict[str, Any]:
+    """Both recipes alike: tokens over the wall time of the window after the warm-up steps, every
+    step's end read after the host waited for the GPU (training/timing.py)."""
+    from training.timing import window_throughput
+
+    window = window_throughput(history, args.warmup, workers * args.batch * args.seq_len)
+    assert window is not None  # main() checks --steps > --warmup
+    steady = [h["step_time_s"] for h in history[args.warmup :]]
+    return {
+        "tokens_per_s": window["tokens_per_s"],
+        "window_s": window["wall_s"],
+        "in_step_fraction": window["in_step_fraction"],
+        "step_time_s": statistics.fmean(steady),
+        **_spread(steady),
+        "first_step_s": history[0]["step_time_s"],
     }
 
 
@@ -132,7 +160,8 @@ def run_ours(name: str, args: argparse.Namespace, workers: int) -> dict[str, Any
         "--shape", args.shape,
         "--data", "random",
         "--seq-len", str(args.seq_len),
-        "--micro-batch-size", str(args.batch),
+        "--micro-batch-size", str(args.micro_batch),
+        "--global-batch-size", str(args.batch * workers),
         "--steps", str(args.steps),
         "--checkpoint-every", str(args.steps),
         "--warmup-steps", "0",
@@ -145,16 +174,13 @@ def run_ours(name: str, args: argparse.Namespace, workers: int) -> dict[str, Any
     ]  # fmt: skip
     summary = run(parse_args(argv))
     history = summary["history"]
-    steady = [h["step_time_s"] for h in history[args.warmup :]]
-    step_s = statistics.fmean(steady)
     return {
-        "tokens_per_s": workers * args.batch * args.seq_len / step_s,
-        "step_time_s": step_s,
-        **_spread(steady),
+        **_measured(history, args, workers),
         "peak_mem_gib": max(h["peak_mem_gib"] for h in history),
-        "first_step_s": history[0]["step_time_s"],
+        "data_wait_fraction": summary.get("data_wait_fraction"),
         "wall_s": time.time() - t0,
-        "options": {k: summary["options"][k] for k in ("compile", "liger", "sharding", "micro_batch_size")},
+        "options": {k: summary["options"][k] for k in REPORTED_OPTIONS},
+        "float8_layers": summary.get("float8_layers"),
         "liger_layers": summary.get("liger_layers"),
         "mesh": summary.get("mesh"),
         "nodes": summary.get("nodes"),
@@ -189,7 +215,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--configs", default="original,ours", help=f"original and/or {', '.join(OURS)}")
     parser.add_argument("--shape", default="qwen2.5-1.5b")
-    parser.add_argument("--batch", type=int, default=16, help="sequences per worker per step (both recipes)")
+    parser.add_argument(
+        "--batch", type=int, default=16, help="sequences per worker per optimizer step (both recipes)"
+    )
+    parser.add_argument(
+        "--micro-batch", type=int, help="ours: sequences per forward/backward pass (default: --batch)"
+    )
+    parser.add_argument(
+        "--original-micro-batch",
+        type=int,
+        help="the original recipe's micro-batch (default: --batch); it accumulates the rest",
+    )
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=3, help="steps left out of the averages")
@@ -247,6 +283,14 @@ def comparisons(
     return lines
 
 
+def _check_micro_batches(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    for flag in ("micro_batch", "original_micro_batch"):
+        value = getattr(args, flag) or args.batch
+        if value < 1 or args.batch % value:
+            parser.error(f"--{flag.replace('_', '-')}: must divide --batch ({args.batch}); got {value}")
+        setattr(args, flag, value)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -256,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown configs {unknown}; valid: original, {', '.join(OURS)}")
     if args.steps <= args.warmup:
         parser.error("--steps must exceed --warmup")
+    _check_micro_batches(parser, args)
     args.storage = args.storage or tempfile.mkdtemp(prefix="bench-storage-")
     args.output_dir = args.output_dir or tempfile.mkdtemp(prefix="bench-output-")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -293,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
         "params": n_params,
         "gflop_per_token": flops_tok / 1e9,
         "batch_per_worker": args.batch,
+        "micro_batch": args.micro_batch,
+        "original_micro_batch": args.original_micro_batch,
         "seq_len": args.seq_len,
         "sharding": args.sharding,
         "emulate_hosts": args.emulate_hosts,

@@ -19,9 +19,19 @@ import torch.distributed as dist
 from training import checkpoint, emf
 from training.data import Batches
 from training.flops import count_params, flops_per_token, mfu, peak_tflops
-from training.model import apply_fsdp, apply_liger, build_model, host_layout, make_mesh
+from training.model import (
+    apply_float8,
+    apply_fsdp,
+    apply_liger,
+    build_model,
+    check_float8_device,
+    host_layout,
+    make_mesh,
+    precompute_float8_scales,
+)
 from training.netprobe import TransportGateError, host_key, run_transport_gate
 from training.options import TrainOptions, profile_range
+from training.timing import StepTimer
 
 EXPECT_ENV = "RAYTRAIN_EXPECT_TRANSPORT"
 GC_EVERY = 50  # steps between the young-generation collections the loop runs itself
@@ -130,14 +140,19 @@ class StepProfiler:
 class _Trainer:
     """One rank's model, optimizer, data and counters."""
 
-    def __init__(self, opts: TrainOptions, blocks: Any) -> None:
-        import ray.train
-        import ray.train.torch
-
+    def __init__(
+        self, opts: TrainOptions, blocks: Any, place: tuple[int, int, torch.device] | None = None
+    ) -> None:
+        """`place` (rank, world size, device) is Ray Train's unless given (tests run one rank in a
+        plain process group)."""
         self.opts = opts
-        ctx = ray.train.get_context()
-        self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
-        self.device = ray.train.torch.get_device()
+        if place is None:
+            import ray.train
+            import ray.train.torch
+
+            ctx = ray.train.get_context()
+            place = (ctx.get_world_rank(), ctx.get_world_size(), ray.train.torch.get_device())
+        self.rank, self.world, self.device = place
         self.on_gpu = self.device.type == "cuda"
         if self.on_gpu:
             torch.cuda.set_device(self.device)
@@ -154,15 +169,7 @@ class _Trainer:
             raise ValueError(f"--sharding hsdp needs the same number of contiguous ranks per host: {keys}")
 
         model = build_model(opts.init, opts.shape, opts.model, opts.seed)
-        # Unset (None) means the fastest measured GPU settings (BENCHMARKS.md) on GPU workers, and
-        # plain eager PyTorch on CPU, where neither pays off.
-        self.compile = self.on_gpu if opts.compile is None else opts.compile
-        self.liger = (self.on_gpu and _liger_installed()) if opts.liger is None else opts.liger
-        self.liger_layers = self.liger and (
-            not self.compile if opts.liger_layers is None else opts.liger_layers
-        )
-        if self.liger:
-            apply_liger(model, layers=self.liger_layers)
+        self._choose_kernels(model)
         self.n_params = count_params(model)
         mcfg: Any = model.config
         self.flops_tok = flops_per_token(
@@ -178,6 +185,7 @@ class _Trainer:
             mesh,
             compile_layers=self.compile,
             activation_checkpointing=opts.activation_checkpointing,
+            reshard_after_forward=opts.reshard_after_forward,
         )
         self.model.train()
         self.optimizer = torch.optim.AdamW(
@@ -204,7 +212,29 @@ class _Trainer:
         self.history: list[dict[str, Any]] = []
         self.resumes: list[dict[str, Any]] = []
         self.transport: dict[str, Any] = {}
+        self.timer = StepTimer(self.device)
         torch.manual_seed(opts.seed * 1000 + self.rank)
+
+    def _choose_kernels(self, model: Any) -> None:
+        """Compile, Liger and float8, applied to the model before fully_shard."""
+        opts = self.opts
+        # Unset (None) means the fastest measured GPU settings (BENCHMARKS.md) on GPU workers, and
+        # plain eager PyTorch on CPU, where neither pays off.
+        self.compile = self.on_gpu if opts.compile is None else opts.compile
+        self.liger = (self.on_gpu and _liger_installed()) if opts.liger is None else opts.liger
+        self.liger_layers = self.liger and (
+            not self.compile if opts.liger_layers is None else opts.liger_layers
+        )
+        if self.liger:
+            apply_liger(model, layers=self.liger_layers)
+        self.float8 = bool(opts.float8)
+        self.float8_layers: list[str] = []
+        if self.float8:
+            check_float8_device(
+                torch.cuda.get_device_capability(self.device) if self.on_gpu else None,
+                torch.cuda.get_device_name(self.device) if self.on_gpu else "cpu",
+            )
+            self.float8_layers = apply_float8(model, all_gather=opts.float8_all_gather)
 
     def resume(self, ckpt_dir: str) -> None:
         meta = checkpoint.load(ckpt_dir, self.model, self.optimizer)
@@ -219,7 +249,7 @@ class _Trainer:
 
     def train_step(self) -> dict[str, Any]:
         opts, model = self.opts, self.model
-        t0 = time.perf_counter()
+        self.timer.start()
         for group in self.optimizer.param_groups:
             group["lr"] = lr_at(self.step, opts)
         data_wait = 0.0
@@ -239,8 +269,12 @@ class _Trainer:
             grad_norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        dist.all_reduce(loss_sum)  # also the step's sync point, so the timing below is honest
-        dt = time.perf_counter() - t0
+        if self.float8 and opts.float8_all_gather:
+            precompute_float8_scales(model)
+        dist.all_reduce(loss_sum)
+        # The step ends when the host has seen the GPU finish it, the all-reduce included: NCCL
+        # returns to the host as soon as the collective is queued (training/timing.py).
+        dt, end = self.timer.stop()
         self.step += 1
         self.position += self.global_batch
         tps = self.global_batch * opts.seq_len / dt
@@ -249,6 +283,7 @@ class _Trainer:
             "loss": loss_sum.item() / self.world,
             "tokens_per_s": tps,
             "step_time_s": dt,
+            "end_s": end,
             "data_wait_s": data_wait,
             "peak_mem_gib": _peak_mem_gib(self.device),
             "lr": lr_at(self.step - 1, opts),
@@ -279,6 +314,8 @@ class _Trainer:
             "compile": self.compile,
             "liger": self.liger,
             "liger_layers": self.liger_layers,
+            "float8": self.float8,
+            "float8_layers": len(self.float8_layers),
             "mesh": list(self.mesh_shape),
         }
         try:

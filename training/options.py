@@ -53,6 +53,9 @@ class TrainOptions:
     activation_checkpointing: bool
     liger: bool | None  # None: on for GPU workers that have liger-kernel
     liger_layers: bool | None  # None: only when the layers are not compiled
+    float8: bool | None  # None: off (see --float8)
+    float8_all_gather: bool
+    reshard_after_forward: bool
     expect_transport: str
     emulate_hosts: int | None
     profile: str | None
@@ -174,6 +177,27 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --liger, also Liger's RMSNorm, RoPE and SwiGLU kernels inside the layers (default: "
         "only when the layers are not compiled: torch.compile fuses those itself and can recompute "
         "them in the backward instead of saving them, which Liger's opaque kernels prevent)",
+    )
+    g.add_argument(
+        "--float8",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="torchao float8 GEMMs (tensorwise scaling) for the linears with both dimensions >= 1024 "
+        "(needs FP8 tensor cores: L4/L40S/H100/H200; default: off)",
+    )
+    g.add_argument(
+        "--float8-all-gather",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="with --float8, FSDP all-gathers those weights in float8 (half the traffic; scales "
+        "precomputed after each optimizer step)",
+    )
+    g.add_argument(
+        "--reshard-after-forward",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="free each layer's gathered parameters after its forward (default); --no-... keeps them "
+        "for the backward: fewer all-gathers, more memory",
     )
     g = p.add_argument_group("data")
     g.add_argument(
@@ -341,11 +365,19 @@ def _check_training(d: dict[str, Any]) -> None:
         )
     if d["profile"] is not None:
         d["profile"] = _check_profile(d["profile"], d["steps"])
-    if d["liger"]:
-        import importlib.util
+    _check_packages(d)
 
-        if importlib.util.find_spec("liger_kernel") is None:
-            raise OptionError("--liger: needs the liger-kernel package, which is not installed")
+
+def _check_packages(d: dict[str, Any]) -> None:
+    """Options that need a package the image may lack: say so before any worker starts."""
+    import importlib.util
+
+    if d["float8_all_gather"] and not d["float8"]:
+        raise OptionError("--float8-all-gather: needs --float8")
+    needs = (("float8", "torchao", "torchao"), ("liger", "liger_kernel", "liger-kernel"))
+    for flag, package, dist_name in needs:
+        if d[flag] and importlib.util.find_spec(package) is None:
+            raise OptionError(f"--{flag}: needs the {dist_name} package, which is not installed")
 
 
 def _check_profile(text: str, steps: int) -> str:

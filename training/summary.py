@@ -7,31 +7,70 @@ import os
 import statistics
 from typing import Any
 
+from training.timing import window_throughput
+
 SUMMARY_FILE = "summary.json"
 PLOT_FILE = "training.png"
+
+
+def steady_window(history: list[dict[str, Any]], resumes: list[dict[str, Any]]) -> int:
+    """Index in `history` where the steady window of the last process begins.
+
+    The window leaves out the start-up step (the first of the run, or the first after the last
+    resume: process start, compile) and everything before it: step end times are read on one
+    process's clock, so a window never spans a restart.
+    """
+    first = 1 + max([0, *(r["from_step"] + 1 for r in resumes)])
+    for i, h in enumerate(history):
+        if h["step"] >= first:
+            return i
+    return len(history)
 
 
 def summarize(meta: dict[str, Any], options: dict[str, Any], wall_s: float) -> dict[str, Any]:
     """Aggregate the per-step history kept in the final checkpoint.
 
-    Steady-state figures leave out the first step of the run and of each resume (start-up, compile).
+    Throughput is tokens over the wall time of the steady window (`steady_window`), every step's
+    end read after the host waited for the GPU (training/timing.py); MFU follows from it.
     """
     history: list[dict[str, Any]] = meta.get("history", [])
-    skip = {1} | {r["from_step"] + 1 for r in meta.get("resumes", [])}
-    steady = [h for h in history if h["step"] not in skip] or history
+    resumes = meta.get("resumes", [])
+    start = steady_window(history, resumes)
+    if start >= len(history):  # a run of one step: its start-up step is all there is
+        start = max(0, len(history) - 1)
+    steady = history[start:]
+    tokens_per_step = int(meta.get("global_batch_size") or 0) * int(options.get("seq_len") or 0)
+    window = (
+        window_throughput(history, start, tokens_per_step)
+        if tokens_per_step and all("end_s" in h for h in steady)
+        else None
+    )
 
     def mean(key: str) -> float | None:
         vals = [h[key] for h in steady if h.get(key) is not None]
         return statistics.fmean(vals) if vals else None
 
+    tps = window["tokens_per_s"] if window else None
+    n_gpus = meta.get("world_size") or 1
+    util = (
+        tps * meta["flops_per_token"] / (n_gpus * meta["peak_tflops"] * 1e12)
+        if tps and meta.get("flops_per_token") and meta.get("peak_tflops")
+        else None
+    )
     return {
         "run_name": options["run_name"],
         "steps": meta.get("step"),
         "final_loss": history[-1]["loss"] if history else None,
-        "tokens_per_s": mean("tokens_per_s"),
-        "mfu": mean("mfu"),
+        "tokens_per_s": tps,
+        "mfu": util,
+        "window": window,
         "step_time_s": mean("step_time_s"),
         "data_wait_s": mean("data_wait_s"),
+        "data_wait_fraction": (
+            sum(h["data_wait_s"] for h in steady) / sum(h["step_time_s"] for h in steady)
+            if steady and all(h.get("data_wait_s") is not None for h in steady)
+            else None
+        ),
         "peak_mem_gib": max((h["peak_mem_gib"] for h in history), default=None),
         "n_params": meta.get("n_params"),
         "flops_per_token": meta.get("flops_per_token"),
@@ -45,6 +84,8 @@ def summarize(meta: dict[str, Any], options: dict[str, Any], wall_s: float) -> d
         "compile": meta.get("compile"),
         "liger": meta.get("liger"),
         "liger_layers": meta.get("liger_layers"),
+        "float8": meta.get("float8"),
+        "float8_layers": meta.get("float8_layers"),
         "mesh": meta.get("mesh"),
         "data_position": meta.get("position"),
         "resumes": meta.get("resumes", []),

@@ -39,9 +39,12 @@ def test_lr_schedule_warms_up_then_decays_to_a_tenth() -> None:
 
 
 def test_summary_and_plot(tmp_path: Path) -> None:
+    # 8 steps of 0.1 s; a restart after step 4 (a new process: its clock starts again at 0) and
+    # 0.2 s spent reporting after step 6. Each step moves 4 x 16 tokens.
+    ends = [0.1, 0.2, 0.3, 0.4, 0.1, 0.2, 0.5, 0.6]
     history = [
-        {"step": s, "loss": 5.0 - 0.1 * s, "tokens_per_s": 100.0 * (s if s != 1 else 0.1),
-         "step_time_s": 0.1, "data_wait_s": 0.001, "peak_mem_gib": 0.5 + s / 100, "mfu": 0.4}
+        {"step": s, "loss": 5.0 - 0.1 * s, "tokens_per_s": 640.0, "step_time_s": 0.1, "end_s": ends[s - 1],
+         "data_wait_s": 0.001, "peak_mem_gib": 0.5 + s / 100, "mfu": 0.4}
         for s in range(1, 9)
     ]  # fmt: skip
     meta = {
@@ -50,11 +53,19 @@ def test_summary_and_plot(tmp_path: Path) -> None:
         "resumes": [{"from_step": 4, "world_size": 2, "rng_restored": True}],
         "transport": {"transport": "efa", "ok": True},
         "world_size": 2,
+        "global_batch_size": 4,
+        "flops_per_token": 1e9,
+        "peak_tflops": 1.0,
         "device": "cpu",
     }
-    summ = summarize(meta, {"run_name": "r"}, wall_s=12.0)
-    # Start-up steps (the first, and the first after a resume) stay out of the throughput mean.
-    assert summ["tokens_per_s"] == pytest.approx(100.0 * (2 + 3 + 4 + 6 + 7 + 8) / 6)
+    summ = summarize(meta, {"run_name": "r", "seq_len": 16}, wall_s=12.0)
+    # The window is the last process's steps after its start-up step (step 5): steps 6-8, from the
+    # end of step 5 (0.1 s) to the end of step 8 (0.6 s), the reporting gap included.
+    assert summ["window"]["steps"] == 3
+    assert summ["tokens_per_s"] == pytest.approx(3 * 64 / 0.5)
+    assert summ["mfu"] == pytest.approx(summ["tokens_per_s"] * 1e9 / (2 * 1e12))
+    assert summ["window"]["in_step_fraction"] == pytest.approx(0.3 / 0.5)
+    assert summ["data_wait_fraction"] == pytest.approx(0.01)
     assert summ["final_loss"] == pytest.approx(4.2)
     assert summ["peak_mem_gib"] == pytest.approx(0.58)
     assert summ["transport"] == {"transport": "efa", "ok": True}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,24 +17,6 @@ from training.model import (
     shape_config,
     sharding_plan,
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture(scope="module")
-def single_rank_group() -> Iterator[None]:
-    """A one-rank gloo group, so fully_shard runs for real in this process."""
-    if dist.is_initialized():
-        pytest.skip("a process group already exists in this process")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def test_plan_for_qwen25_15b_on_meta() -> None:
@@ -102,6 +83,12 @@ def test_hsdp_mesh_is_two_dimensional(single_rank_group: None) -> None:
 )
 def test_mesh_shape(sharding: str, world: int, local: int, shape: tuple[int, ...]) -> None:
     assert mesh_shape(sharding, world, local) == shape
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def _hsdp_step(rank: int, world: int, port: int, out: str) -> None:
