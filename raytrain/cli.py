@@ -11,7 +11,7 @@ import importlib
 import sys
 
 # (module) — each registers one or more subcommands.
-COMMAND_MODULES: list[str] = ["raytrain.capacity", "raytrain.verify", "raytrain.review"]
+COMMAND_MODULES: list[str] = ["raytrain.capacity", "raytrain.verify", "raytrain.review", "raytrain.job"]
 
 
 def build_parser() -> argparse.ArgumentParser:
