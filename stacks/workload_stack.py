@@ -122,12 +122,12 @@ class WorkloadStack(cdk.Stack):
         self.role.add_to_policy(
             iam.PolicyStatement(actions=["kms:Decrypt", "kms:GenerateDataKey"], resources=[self.key.key_arn])
         )
+        # No s3:prefix condition: pyarrow's S3 filesystem (Ray Train's storage, training/summary.py)
+        # sends HeadBucket when it creates a directory, and S3 authorises HeadBucket with
+        # s3:ListBucket (S3 API reference, HeadBucket "Permissions"); that request carries no prefix,
+        # so a prefix-conditioned grant denies it. The bucket holds only this job's checkpoints.
         self.role.add_to_policy(
-            iam.PolicyStatement(
-                actions=["s3:ListBucket"],
-                resources=[self.bucket.bucket_arn],
-                conditions={"StringLike": {"s3:prefix": [f"{CHECKPOINT_PREFIX}/*", CHECKPOINT_PREFIX]}},
-            )
+            iam.PolicyStatement(actions=["s3:ListBucket"], resources=[self.bucket.bucket_arn])
         )
         namespace = settings.workload.namespace
         self.association = eks_l1.CfnPodIdentityAssociation(

@@ -1,0 +1,307 @@
+"""The Ray pods' role, evaluated by a real IAM evaluator against the requests the job makes.
+
+The synthesized policy document of the Pod Identity role is loaded into moto running as a server with
+IAM access control on; temporary credentials of that role (as Pod Identity hands out) then drive
+pyarrow's S3FileSystem -- the client Ray Train uses for its storage path and training/summary.py for
+the summary -- and boto3 (Ray's runtime_env downloads the s3:// working_dir with it) through what a
+run does: HeadBucket and directory markers at start, ListObjectsV2 under the prefix, Put/Get and a
+multipart upload of checkpoint files, deletes of old checkpoints, and GetObject of the code asset.
+
+What moto 5.2's evaluator does not do, and how it is covered here (moto/iam/access_control.py):
+- S3 HeadBucket: moto asks for an action "s3:HeadBucket", which IAM does not have; AWS authorises
+  HeadBucket with s3:ListBucket (the S3 API reference, as shipped in botocore's model, says so; the
+  test reads it from there and maps the request the same way).
+- Conditions: moto evaluates identity-policy conditions without the request's context keys and
+  then treats them as met, so it would pass an s3:prefix-conditioned ListBucket that AWS refuses
+  for HeadBucket (which carries no prefix). The role must therefore have no conditions at all.
+- DeleteObjects: moto checks s3:DeleteObject against the bucket's ARN; AWS checks each key. The
+  request is authorised here key by key, as AWS does.
+- KMS: moto's S3 stores SSE-KMS objects without calling KMS, and its KMS API checks actions against
+  the resource "*" only. The KMS actions S3 needs on the caller's behalf are taken from botocore's
+  S3 model (PutObject, GetObject, CreateMultipartUpload, UploadPart) and evaluated with moto's policy
+  evaluator against the key's ARN; the key policy must delegate to IAM (account root), as CDK's does.
+- Resource-based policies (the buckets' TLS-only deny) are not evaluated; test_workload_stack checks
+  them. The requests here are plain HTTP to a local server.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+boto3 = pytest.importorskip("boto3")
+pafs = pytest.importorskip("pyarrow.fs")
+moto_server = pytest.importorskip("moto.server")
+xmltodict = pytest.importorskip("xmltodict")
+
+REGION = "us-west-2"
+RUN = "qwen-run"
+MIB = 2**20
+DENIED = r"ACCESS_DENIED|AccessDenied|Access Denied"
+
+
+def _doc_sentences(service: str, operation: str, pattern: str) -> list[str]:
+    import botocore.session
+
+    model = botocore.session.get_session().get_service_model(service)
+    text = re.sub(r"<[^>]+>", "", model.operation_model(operation).documentation)
+    return [s.strip() for s in re.findall(r"[^.]*" + pattern + r"[^.]*\.", text)]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _resolve(value: Any, atts: dict[str, str]) -> Any:
+    """The few intrinsics the role policy uses: Fn::GetAtt ...Arn and Fn::Join."""
+    if isinstance(value, list):
+        return [_resolve(v, atts) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if "Fn::GetAtt" in value:
+        logical_id, attribute = value["Fn::GetAtt"]
+        assert attribute == "Arn", value
+        return atts[logical_id]
+    if "Fn::Join" in value:
+        sep, parts = value["Fn::Join"]
+        return sep.join(_resolve(p, atts) for p in parts)
+    return {k: _resolve(v, atts) for k, v in value.items()}
+
+
+def _role_policy(template: dict[str, Any]) -> tuple[dict[str, Any], str, str]:
+    """(policy document with tokens, checkpoint bucket logical id, key logical id)."""
+    resources = template["Resources"]
+    (assoc,) = [r for r in resources.values() if r["Type"] == "AWS::EKS::PodIdentityAssociation"]
+    role_id = assoc["Properties"]["RoleArn"]["Fn::GetAtt"][0]
+    docs = [
+        r["Properties"]["PolicyDocument"]
+        for r in resources.values()
+        if r["Type"] == "AWS::IAM::Policy" and {"Ref": role_id} in r["Properties"]["Roles"]
+    ]
+    (doc,) = docs
+    (bucket_id,) = [
+        k for k, r in resources.items() if r["Type"] == "AWS::S3::Bucket" and "BucketName" in r["Properties"]
+    ]
+    (key_id,) = [k for k, r in resources.items() if r["Type"] == "AWS::KMS::Key"]
+    return doc, bucket_id, key_id
+
+
+class Aws:
+    """moto server state for one environment: buckets, key, role credentials."""
+
+    def __init__(self, endpoint: str, settings: Any, template: dict[str, Any], code_key: str) -> None:
+        self.endpoint = endpoint
+        self.bucket = template["Resources"][_role_policy(template)[1]]["Properties"]["BucketName"]
+        self.code_bucket, self.code_key = code_key.split("/", 1)
+        admin = {"region_name": REGION, "endpoint_url": endpoint}
+        admin_creds = {"aws_access_key_id": "AKIAADMIN0000000000", "aws_secret_access_key": "x"}
+        s3 = boto3.client("s3", **admin, **admin_creds)
+        for name in (self.bucket, self.code_bucket):
+            s3.create_bucket(Bucket=name, CreateBucketConfiguration={"LocationConstraint": REGION})
+        s3.put_object(Bucket=self.code_bucket, Key=self.code_key, Body=b"PK\x05\x06" + b"\0" * 18)
+        s3.put_object(Bucket=self.bucket, Key="elsewhere/file", Body=b"not the job's")
+        kms = boto3.client("kms", **admin, **admin_creds)
+        self.key_arn = kms.create_key(Description="checkpoints")["KeyMetadata"]["Arn"]
+        s3.put_bucket_encryption(
+            Bucket=self.bucket,
+            ServerSideEncryptionConfiguration={
+                "Rules": [
+                    {
+                        "ApplyServerSideEncryptionByDefault": {
+                            "SSEAlgorithm": "aws:kms",
+                            "KMSMasterKeyID": self.key_arn,
+                        },
+                        "BucketKeyEnabled": True,
+                    }
+                ]
+            },
+        )
+        doc, bucket_id, key_id = _role_policy(template)
+        self.policy = _resolve(doc, {bucket_id: f"arn:aws:s3:::{self.bucket}", key_id: self.key_arn})
+        iam = boto3.client("iam", **admin, **admin_creds)
+        account = boto3.client("sts", **admin, **admin_creds).get_caller_identity()["Account"]
+        trust = {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Effect": "Allow",
+                    "Principal": {"AWS": f"arn:aws:iam::{account}:root"},
+                    "Action": "sts:AssumeRole",
+                }
+            ],
+        }
+        role = iam.create_role(RoleName="ray-pods", AssumeRolePolicyDocument=json.dumps(trust))["Role"]
+        iam.put_role_policy(
+            RoleName="ray-pods", PolicyName="synthesized", PolicyDocument=json.dumps(self.policy)
+        )
+        creds = boto3.client("sts", **admin, **admin_creds).assume_role(
+            RoleArn=role["Arn"], RoleSessionName="eks-ray-pod"
+        )["Credentials"]
+        self.creds = creds
+
+    def pyarrow_fs(self) -> Any:
+        return pafs.S3FileSystem(
+            access_key=self.creds["AccessKeyId"],
+            secret_key=self.creds["SecretAccessKey"],
+            session_token=self.creds["SessionToken"],
+            endpoint_override=self.endpoint,
+            scheme="http",
+            region=REGION,
+        )
+
+    def boto3_s3(self) -> Any:
+        return boto3.client(
+            "s3",
+            region_name=REGION,
+            endpoint_url=self.endpoint,
+            aws_access_key_id=self.creds["AccessKeyId"],
+            aws_secret_access_key=self.creds["SecretAccessKey"],
+            aws_session_token=self.creds["SessionToken"],
+        )
+
+
+@pytest.fixture(scope="module")
+def moto_endpoint() -> Iterator[str]:
+    port = _free_port()
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def enforced(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """IAM access control on for the requests that follow (set-up ran with it off)."""
+    import moto.settings
+    from moto.core.authorization import ActionAuthenticatorMixin
+    from moto.s3 import responses as s3_responses
+
+    # AWS authorises HeadBucket with s3:ListBucket (S3 API reference, in botocore's model).
+    assert any("s3:ListBucket action" in s for s in _doc_sentences("s3", "HeadBucket", "s3:ListBucket"))
+    head = dict(s3_responses.ACTION_MAP["BUCKET"]["HEAD"], DEFAULT="ListBucket")
+    monkeypatch.setitem(s3_responses.ACTION_MAP["BUCKET"], "HEAD", head)
+    # DeleteObjects needs s3:DeleteObject on each key (S3 API reference, DeleteObjects).
+    assert _doc_sentences("s3", "DeleteObjects", "s3:DeleteObject permission")
+    authorize = s3_responses.S3Response._authenticate_and_authorize_s3_action
+
+    def per_key(self: Any, bucket_name: str | None = None, key_name: str | None = None) -> None:
+        if key_name is None and self.data.get("Action") == "DeleteObject" and self.is_delete_keys():
+            objects = xmltodict.parse(self.body)["Delete"].get("Object", [])
+            for obj in objects if isinstance(objects, list) else [objects]:
+                authorize(self, bucket_name=bucket_name, key_name=obj["Key"])
+            return
+        authorize(self, bucket_name=bucket_name, key_name=key_name)
+
+    monkeypatch.setattr(s3_responses.S3Response, "_authenticate_and_authorize_s3_action", per_key)
+    monkeypatch.setattr(moto.settings, "INITIAL_NO_AUTH_ACTION_COUNT", 0)
+    monkeypatch.setattr(ActionAuthenticatorMixin, "request_count", 0)
+    yield
+
+
+@pytest.fixture(scope="module")
+def aws(synthesized: Any, moto_endpoint: str) -> Aws:
+    s = synthesized["dev"]
+    template = s.template("Workload")
+    assets = json.loads((s.directory / f"{s.settings.stack_prefix}-Workload.assets.json").read_text())
+    (code,) = [
+        a["destinations"]
+        for a in assets["files"].values()
+        if a["source"].get("packaging") == "zip"
+        and list((s.directory / a["source"]["path"]).rglob("__main__.py"))
+    ]
+    dest = next(iter(code.values()))
+    bucket = (
+        dest["bucketName"].replace("${AWS::AccountId}", s.settings.account).replace("${AWS::Region}", REGION)
+    )
+    return Aws(moto_endpoint, s.settings, template, f"{bucket}/{dest['objectKey']}")
+
+
+def test_role_policy_has_no_conditions_moto_cannot_evaluate(aws: Aws) -> None:
+    """HeadBucket is authorised by s3:ListBucket and carries no s3:prefix: a prefix-conditioned
+    ListBucket (what the role had) denies it on AWS, while moto would let it through."""
+    statements = aws.policy["Statement"]
+    assert all("Condition" not in st for st in statements)
+    assert any(
+        st["Action"] == "s3:ListBucket" and st["Resource"] == f"arn:aws:s3:::{aws.bucket}"
+        for st in statements
+    )
+
+
+def test_job_storage_calls_are_allowed_through_pyarrow(aws: Aws, enforced: None, tmp_path: Any) -> None:
+    """What Ray Train (and training/summary.py) do with the storage path, through pyarrow."""
+    fs = aws.pyarrow_fs()
+    run_dir = f"{aws.bucket}/checkpoints/{RUN}"
+    # Ray Train at start: creates the run folder (HeadBucket, then directory markers) and writes a file.
+    fs.create_dir(run_dir, recursive=True)
+    with fs.open_output_stream(f"{run_dir}/.validate_storage_marker") as out:
+        out.write(b"ok")
+    # A checkpoint upload: small files by PutObject, a large one as a multipart upload.
+    ckpt = tmp_path / "checkpoint_000001"
+    ckpt.mkdir()
+    (ckpt / "train_state.json").write_text('{"step": 1}')
+    (ckpt / "__0_0.distcp").write_bytes(b"\1" * (12 * MIB))
+    pafs.copy_files(str(ckpt), f"{run_dir}/checkpoint_000001", destination_filesystem=fs)
+    # Listing under the prefix (ListObjectsV2 with prefix), reads (GetObject, ranged too).
+    listed = fs.get_file_info(pafs.FileSelector(run_dir, recursive=True))
+    assert {i.base_name for i in listed} >= {"checkpoint_000001", "__0_0.distcp", "train_state.json"}
+    assert fs.open_input_file(f"{run_dir}/checkpoint_000001/train_state.json").read() == b'{"step": 1}'
+    with fs.open_input_file(f"{run_dir}/checkpoint_000001/__0_0.distcp") as f:
+        assert f.read_at(4, 6 * MIB) == b"\1" * 4
+    # num_to_keep: old checkpoints are deleted.
+    fs.delete_dir(f"{run_dir}/checkpoint_000001")
+    assert not [i for i in fs.get_file_info(pafs.FileSelector(run_dir)) if i.base_name == "checkpoint_000001"]
+
+
+def test_code_asset_read_as_ray_downloads_a_working_dir(aws: Aws, enforced: None) -> None:
+    body = aws.boto3_s3().get_object(Bucket=aws.code_bucket, Key=aws.code_key)["Body"].read()
+    assert body.startswith(b"PK")
+
+
+def test_evaluator_denies_what_the_role_must_not_do(aws: Aws, enforced: None) -> None:
+    """The same evaluator refuses requests outside the grant: the allows above are not vacuous."""
+    fs = aws.pyarrow_fs()
+    with pytest.raises(OSError, match=DENIED), fs.open_output_stream(f"{aws.bucket}/elsewhere/new") as out:
+        out.write(b"x")
+    with pytest.raises(OSError, match=DENIED):
+        fs.open_input_file(f"{aws.bucket}/elsewhere/file").read()
+    with pytest.raises(OSError, match=DENIED):
+        fs.delete_dir(f"{aws.bucket}/elsewhere")  # DeleteObjects, key by key
+    with pytest.raises(OSError, match=DENIED):
+        fs.delete_file(f"{aws.bucket}/elsewhere/file")
+    s3 = aws.boto3_s3()
+    other_code = aws.code_key.replace(".zip", "-other.zip")
+    with pytest.raises(s3.exceptions.ClientError, match=r"AccessDenied|Forbidden|403"):
+        s3.get_object(Bucket=aws.code_bucket, Key=other_code)
+
+
+def test_kms_actions_s3_needs_for_sse_kms_are_granted_on_the_key(aws: Aws, synthesized: Any) -> None:
+    import botocore.session
+    import moto.iam.access_control as ac
+
+    needed: set[str] = set()
+    for op in ("PutObject", "GetObject", "CreateMultipartUpload", "UploadPart"):
+        for sentence in _doc_sentences("s3", op, r"kms:[A-Za-z]+"):
+            needed |= {a.rstrip("*") for a in re.findall(r"kms:[A-Za-z]+\*?", sentence)}
+    assert needed == {"kms:GenerateDataKey", "kms:Decrypt"}, needed
+    kms_ops = set(botocore.session.get_session().get_service_model("kms").operation_names)
+    policy = ac.IAMPolicy(json.dumps(aws.policy))
+    for action in sorted(needed):
+        assert action.split(":", 1)[1] in kms_ops
+        assert policy.is_action_permitted(action, aws.key_arn) is ac.PermissionResult.PERMITTED, action
+    # Identity policies count for a KMS key only when its key policy delegates to the account.
+    template = synthesized["dev"].template("Workload")
+    _, _, key_id = _role_policy(template)
+    statements = template["Resources"][key_id]["Properties"]["KeyPolicy"]["Statement"]
+    assert any(
+        st["Effect"] == "Allow" and st["Action"] == "kms:*" and "root" in json.dumps(st["Principal"])
+        for st in statements
+    )
