@@ -22,7 +22,8 @@ reserve). A point that runs out of memory prints a line with "oom": true. Varian
   eager        no compile
   compile-ac   compile + activation checkpointing
   eager-ac     no compile + activation checkpointing
-  ...-float8   the same with float8 linear layers, when training.model offers them
+  ...-float8   the same with torchao float8 linears (training.model.apply_float8; on GPUs with
+               FP8 tensor cores), --float8-all-gather as the loop's option of that name
 
 Liger's fused linear cross-entropy is on when liger-kernel is installed (as in the job), off with
 --no-liger; Liger's layer kernels follow the job's default (only when the layers are not compiled).
@@ -73,12 +74,16 @@ def _int_list(text: str) -> list[int]:
 
 
 def float8_available() -> bool:
-    """The lead's float8 option in training.model (apply_fsdp(float8=...)), when it has landed."""
-    import inspect
+    """torchao is installed (training.model.apply_float8 needs it) and the GPU has FP8 tensor cores."""
+    import importlib.util
 
-    from training import model as tm
+    if importlib.util.find_spec("torchao") is None:
+        return False
+    import torch
 
-    return "float8" in inspect.signature(tm.apply_fsdp).parameters
+    from training.model import FLOAT8_MIN_CAPABILITY
+
+    return torch.cuda.is_available() and torch.cuda.get_device_capability(0) >= FLOAT8_MIN_CAPABILITY
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -87,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--variants",
         default=None,
         help="comma-separated (default: compile,eager,compile-ac,eager-ac, plus the same with "
-        "-float8 when training.model has float8)",
+        "-float8 where float8 runs)",
     )
     p.add_argument("--batches", type=_int_list, default=[1, 4, 8, 16], help="micro-batch sizes")
     p.add_argument(
@@ -102,6 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus", type=int, default=1, help="ranks (one GPU each), to measure sharded states")
     p.add_argument("--sharding", choices=("full", "hsdp"), default="full")
     p.add_argument("--liger", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--float8-all-gather", action=argparse.BooleanOptionalAction, default=False)
+    p.add_argument("--reshard-after-forward", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: a smoke run, no peaks")
     p.add_argument("--worker", help=argparse.SUPPRESS)  # internal: run one variant in this process
     return p
@@ -126,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         except argparse.ArgumentTypeError as exc:
             parser.error(str(exc))
         if opts["float8"] and not f8:
-            parser.error(f"variant {name!r}: training.model has no float8 option (apply_fsdp(float8=...))")
+            parser.error(f"variant {name!r}: float8 needs torchao and a GPU with FP8 tensor cores")
     rc = 0
     for name in names:
         # A process per variant: a fresh CUDA context, and compiler settings (process-wide, like
@@ -190,15 +197,19 @@ def measure_variant(name: str, args: argparse.Namespace, device: Any) -> list[di
     world = dist.get_world_size()
     t0 = time.time()
     model = tm.build_model("random", args.shape, "", seed=0)
+    # The loop's order (training/loop.py _choose_kernels): Liger, then float8, then fully_shard.
     if liger:
         tm.apply_liger(model, layers=not opts["compile"])
-    mesh = tm.make_mesh(device.type, args.sharding, world, world if args.sharding == "full" else 1)
-    fsdp_kwargs: dict[str, Any] = dict(
-        compile_layers=opts["compile"], activation_checkpointing=opts["activation_checkpointing"]
-    )
     if opts["float8"]:
-        fsdp_kwargs["float8"] = True
-    model = tm.apply_fsdp(model, mesh, **fsdp_kwargs)
+        tm.apply_float8(model, all_gather=args.float8_all_gather)
+    mesh = tm.make_mesh(device.type, args.sharding, world, world if args.sharding == "full" else 1)
+    model = tm.apply_fsdp(
+        model,
+        mesh,
+        compile_layers=opts["compile"],
+        activation_checkpointing=opts["activation_checkpointing"],
+        reshard_after_forward=args.reshard_after_forward,
+    )
     model.train()
     if on_gpu:
         torch.cuda.synchronize(device)
@@ -216,6 +227,8 @@ def measure_variant(name: str, args: argparse.Namespace, device: Any) -> list[di
         "seq_len": args.seq_len,
         "world": world,
         "sharding": args.sharding,
+        "float8_all_gather": bool(opts["float8"] and args.float8_all_gather),
+        "reshard_after_forward": args.reshard_after_forward,
         "device": torch.cuda.get_device_name(device) if on_gpu else "cpu",
         "device_total_gib": _gib(torch.cuda.get_device_properties(device).total_memory) if on_gpu else None,
         "torch": torch.__version__,

@@ -10,7 +10,9 @@ import re
 from pathlib import Path
 from typing import Any, NoReturn
 
-SHAPES = ("qwen2.5-1.5b", "tiny")
+from training.shapes import SHAPES as SHAPE_TABLE
+
+SHAPES = tuple(SHAPE_TABLE)
 SHARDINGS = ("auto", "full", "hsdp")
 TRANSPORTS = ("auto", "efa", "socket", "ib", "any")
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
