@@ -9,7 +9,7 @@ from pydantic import ValidationError
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
-from config.settings import Settings, _FieldError
+from config.settings import FieldError, Settings
 
 CONFIG_DIR = Path(__file__).resolve().parent
 ENVIRONMENTS_DIR = CONFIG_DIR / "environments"
@@ -68,7 +68,7 @@ def _describe(err: Any) -> str:
     loc: tuple[Any, ...] = tuple(err["loc"])
     message: str = err["msg"]
     cause = (err.get("ctx") or {}).get("error")
-    if isinstance(cause, _FieldError):
+    if isinstance(cause, FieldError):
         loc, message = loc + cause.loc, cause.message
     elif err["type"] == "value_error":
         message = message.removeprefix("Value error, ")

@@ -40,7 +40,7 @@ from config.loader import (
     load_settings,
     parse_settings,
 )
-from config.settings import _CAPACITY_RESERVATION_RE, Settings
+from config.settings import CAPACITY_RESERVATION_RE, Settings
 from raytrain.aws import (
     AwsError,
     CapacityApi,
@@ -746,7 +746,7 @@ def _run(args: argparse.Namespace, console: Console, err: Console, api_factory: 
     if count < 1:
         raise _UsageError(f"--count must be at least 1 (got {count})")
     reservation_id = args.capacity_reservation_id or gpu.capacity_reservation_id
-    if reservation_id and not _CAPACITY_RESERVATION_RE.match(reservation_id):
+    if reservation_id and not CAPACITY_RESERVATION_RE.match(reservation_id):
         raise _UsageError(f"{reservation_id!r} is not a capacity reservation id like cr-0123456789abcdef0")
     regions = _regions(args.regions, settings.region)
     need = Need(CATALOGUE[itype], count, min(gpu.min_size, count))

@@ -1,0 +1,220 @@
+"""Infrastructure settings: the VPC, the EKS cluster, the node groups, the Helm add-ons, storage."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, Field, field_validator, model_validator
+
+from config.catalogue import CATALOGUE, Instance
+from config.settings.base import AZ_RE, SEMVER_RE, FieldError, SettingsModel
+
+# Kubernetes versions this app can deploy: EKS standard support (late 2026), the aws_eks_v2
+# KubernetesVersion enum, and a published kubectl Lambda layer package must all exist for it.
+# Each maps to the PyPI package / module that carries the matching kubectl + helm layer.
+KUBECTL_LAYERS: dict[str, str] = {
+    "1.34": "aws_cdk.lambda_layer_kubectl_v34.KubectlV34Layer",
+    "1.35": "aws_cdk.lambda_layer_kubectl_v35.KubectlV35Layer",
+    "1.36": "aws_cdk.lambda_layer_kubectl_v36.KubectlV36Layer",
+}
+
+_IAM_PRINCIPAL_RE = re.compile(r"^arn:aws(-cn|-us-gov)?:iam::\d{12}:(role|user)/[\w+=,.@/-]{1,512}$")
+# An EC2 capacity reservation id; `raytrain capacity --write` checks its own against it too.
+CAPACITY_RESERVATION_RE = re.compile(r"^cr-[0-9a-f]{17}$")
+
+
+def _cidr(value: str) -> str:
+    try:
+        net = ipaddress.ip_network(value, strict=True)
+    except ValueError as exc:
+        raise ValueError(f"{value!r} is not a CIDR block like 10.0.0.0/16 ({exc})") from None
+    if net.version != 4:
+        raise ValueError(f"{value!r}: only IPv4 CIDR blocks are supported")
+    return str(net)
+
+
+Cidr = Annotated[str, AfterValidator(_cidr)]
+
+
+def _instance_type(value: str) -> str:
+    if value not in CATALOGUE:
+        raise ValueError(
+            f"{value!r} is not in the instance catalogue (config/catalogue.py); "
+            f"known types: {', '.join(sorted(CATALOGUE))}"
+        )
+    return value
+
+
+InstanceTypeName = Annotated[str, AfterValidator(_instance_type)]
+
+
+def _chart_version(value: str) -> str:
+    if not SEMVER_RE.match(value):
+        raise ValueError(f"{value!r} is not a pinned chart version like 1.2.3")
+    return value
+
+
+ChartVersion = Annotated[str, AfterValidator(_chart_version)]
+
+
+class EndpointAccess(StrEnum):
+    PRIVATE = "private"
+    PUBLIC_AND_PRIVATE = "public_and_private"
+
+
+class CapacityType(StrEnum):
+    ON_DEMAND = "ON_DEMAND"
+    SPOT = "SPOT"
+    CAPACITY_BLOCK = "CAPACITY_BLOCK"
+
+
+class RemovalPolicy(StrEnum):
+    DESTROY = "destroy"
+    RETAIN = "retain"
+
+
+class VpcSettings(SettingsModel):
+    cidr: Cidr = "10.0.0.0/16"
+    availability_zones: list[str] = Field(min_length=2, max_length=6)
+    nat_gateways: int = Field(default=1, ge=1, le=6)
+    flow_log_retention_days: Literal[1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365] = 30
+
+    @field_validator("availability_zones")
+    @classmethod
+    def _azs(cls, azs: list[str]) -> list[str]:
+        for az in azs:
+            if not AZ_RE.match(az):
+                raise ValueError(f"{az!r} is not an availability zone name like us-west-2a")
+        if len(set(azs)) != len(azs):
+            raise ValueError(f"availability zones repeat: {azs}")
+        return azs
+
+
+class ClusterSettings(SettingsModel):
+    name: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9-]{0,99}$")
+    kubernetes_version: str
+    endpoint_access: EndpointAccess = EndpointAccess.PUBLIC_AND_PRIVATE
+    # CIDRs allowed to reach the public endpoint; 0.0.0.0/0 only when written here on purpose.
+    public_access_cidrs: list[Cidr] = Field(default_factory=list)
+    admin_principal_arns: list[str] = Field(min_length=1)
+
+    @field_validator("kubernetes_version")
+    @classmethod
+    def _version(cls, value: str) -> str:
+        if value not in KUBECTL_LAYERS:
+            raise ValueError(f"Kubernetes {value!r} is not supported; valid: {', '.join(KUBECTL_LAYERS)}")
+        return value
+
+    @field_validator("admin_principal_arns")
+    @classmethod
+    def _arns(cls, arns: list[str]) -> list[str]:
+        for arn in arns:
+            if not _IAM_PRINCIPAL_RE.match(arn):
+                raise ValueError(
+                    f"{arn!r} is not an IAM role or user ARN like arn:aws:iam::111122223333:role/Admin"
+                )
+        return arns
+
+    @model_validator(mode="after")
+    def _endpoint(self) -> ClusterSettings:
+        if self.endpoint_access is EndpointAccess.PRIVATE and self.public_access_cidrs:
+            raise ValueError("public_access_cidrs must be empty when endpoint_access is 'private'")
+        if self.endpoint_access is EndpointAccess.PUBLIC_AND_PRIVATE and not self.public_access_cidrs:
+            raise ValueError(
+                "public_access_cidrs is required when endpoint_access is 'public_and_private' "
+                "(list the CIDRs of your operators or pipeline; use 'private' to close it)"
+            )
+        return self
+
+
+class SystemNodeSettings(SettingsModel):
+    instance_type: InstanceTypeName = "m7i.xlarge"
+    min_size: int = Field(default=1, ge=1)
+    desired_size: int = Field(default=2, ge=1)
+    max_size: int = Field(default=3, ge=1)
+    root_volume_gib: int = Field(default=50, ge=20, le=16384)
+
+    @model_validator(mode="after")
+    def _sizes(self) -> SystemNodeSettings:
+        _check_sizes(self.min_size, self.desired_size, self.max_size)
+        if CATALOGUE[self.instance_type].gpus:
+            raise FieldError(
+                ("instance_type",), f"{self.instance_type!r} is a GPU type; system nodes are CPU"
+            )
+        return self
+
+
+class GpuNodeSettings(SettingsModel):
+    instance_type: InstanceTypeName = "g6.12xlarge"
+    # The single AZ every GPU node lives in: EFA traffic does not cross AZs, and a computed AZ
+    # would replace the node group on a later deploy. `raytrain capacity --write` sets it.
+    availability_zone: str
+    min_size: int = Field(default=0, ge=0)
+    desired_size: int = Field(default=2, ge=0)
+    max_size: int = Field(default=2, ge=1)
+    capacity_type: CapacityType = CapacityType.ON_DEMAND
+    capacity_reservation_id: str | None = None
+    placement_group: bool = True
+    efa: bool = True
+    root_volume_gib: int = Field(default=200, ge=200, le=16384)
+
+    @field_validator("capacity_reservation_id")
+    @classmethod
+    def _cr(cls, value: str | None) -> str | None:
+        if value is not None and not CAPACITY_RESERVATION_RE.match(value):
+            raise ValueError(f"{value!r} is not a capacity reservation id like cr-0123456789abcdef0")
+        return value
+
+    @model_validator(mode="after")
+    def _rules(self) -> GpuNodeSettings:
+        _check_sizes(self.min_size, self.desired_size, self.max_size)
+        itype = CATALOGUE[self.instance_type]
+        if not itype.gpus:
+            raise FieldError(("instance_type",), f"{self.instance_type!r} has no GPUs")
+        if self.efa and not itype.efa:
+            efa_types = sorted(t.name for t in CATALOGUE.values() if t.efa)
+            raise FieldError(
+                ("instance_type",),
+                f"{self.instance_type!r} has no EFA but efa is true; "
+                f"EFA GPU types: {', '.join(efa_types)} (or set efa: false)",
+            )
+        if self.capacity_reservation_id and self.placement_group:
+            raise FieldError(
+                ("placement_group",),
+                "must be false when capacity_reservation_id is set: a reservation "
+                "made outside the placement group causes capacity errors",
+            )
+        if self.capacity_type is CapacityType.CAPACITY_BLOCK and not self.capacity_reservation_id:
+            raise FieldError(("capacity_reservation_id",), "required when capacity_type is CAPACITY_BLOCK")
+        if self.capacity_type is CapacityType.SPOT and self.capacity_reservation_id:
+            raise FieldError(("capacity_reservation_id",), "cannot be used with capacity_type SPOT")
+        return self
+
+    @property
+    def instance(self) -> Instance:
+        return CATALOGUE[self.instance_type]
+
+
+class AddonSettings(SettingsModel):
+    """Pinned Helm chart versions."""
+
+    nvidia_device_plugin: ChartVersion = "0.20.0"
+    efa_device_plugin: ChartVersion = "0.5.30"
+    kuberay_operator: ChartVersion = "1.7.0"
+
+
+class StorageSettings(SettingsModel):
+    # What happens to stateful resources (checkpoint bucket, KMS keys, log groups) on destroy.
+    removal_policy: RemovalPolicy = RemovalPolicy.DESTROY
+
+
+def _check_sizes(min_size: int, desired: int, max_size: int) -> None:
+    if min_size > max_size:
+        raise ValueError(f"min_size ({min_size}) is greater than max_size ({max_size})")
+    if not min_size <= desired <= max_size:
+        raise ValueError(
+            f"desired_size ({desired}) must lie between min_size ({min_size}) and max_size ({max_size})"
+        )

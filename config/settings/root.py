@@ -1,0 +1,153 @@
+"""The root model: one environment, and the checks that span its sections."""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import Field, field_validator, model_validator
+
+from config.catalogue import CATALOGUE
+from config.settings.base import AZ_RE, FieldError, SettingsModel
+from config.settings.infrastructure import (
+    AddonSettings,
+    ClusterSettings,
+    GpuNodeSettings,
+    StorageSettings,
+    SystemNodeSettings,
+    VpcSettings,
+)
+from config.settings.pipeline import PipelineSettings
+from config.settings.workload import JobSettings, Transport, WorkloadSettings
+
+_ACCOUNT_RE = re.compile(r"^\d{12}$")
+_REGION_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
+_TAG_KEY_RE = re.compile(r"^[\w.:/=+\-@ ]{1,128}$")
+
+
+class Settings(SettingsModel):
+    """One environment. `name` comes from the file name, not from the file."""
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9-]{0,19}$")
+    account: str
+    region: str
+    vpc: VpcSettings
+    cluster: ClusterSettings
+    system_nodes: SystemNodeSettings = Field(default_factory=SystemNodeSettings)
+    gpu_nodes: GpuNodeSettings
+    addons: AddonSettings = Field(default_factory=AddonSettings)
+    workload: WorkloadSettings = Field(default_factory=WorkloadSettings)
+    job: JobSettings = Field(default_factory=JobSettings)
+    storage: StorageSettings = Field(default_factory=StorageSettings)
+    # Only the environment that hosts the pipeline needs (and enables) this section.
+    pipeline: PipelineSettings | None = None
+    termination_protection: bool = False
+    tags: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("account")
+    @classmethod
+    def _account(cls, value: str) -> str:
+        if not _ACCOUNT_RE.match(value):
+            raise ValueError(f"{value!r} is not a 12-digit AWS account id (quote it in YAML)")
+        return value
+
+    @field_validator("region")
+    @classmethod
+    def _region(cls, value: str) -> str:
+        if not _REGION_RE.match(value):
+            raise ValueError(f"{value!r} is not an AWS region name like us-west-2")
+        return value
+
+    @field_validator("tags")
+    @classmethod
+    def _tags(cls, tags: dict[str, str]) -> dict[str, str]:
+        for key, value in tags.items():
+            if not _TAG_KEY_RE.match(key) or key.lower().startswith("aws:"):
+                raise ValueError(f"tag key {key!r} is not a valid AWS tag key")
+            if len(value) > 256:
+                raise ValueError(f"tag {key!r}: value longer than 256 characters")
+        return tags
+
+    @model_validator(mode="after")
+    def _cross(self) -> Settings:
+        for az in self.vpc.availability_zones:
+            region = AZ_RE.match(az).group("region")  # type: ignore[union-attr]
+            if region != self.region:
+                raise FieldError(("vpc", "availability_zones"), f"{az!r} is not in region {self.region!r}")
+        gpu_az = self.gpu_nodes.availability_zone
+        if gpu_az not in self.vpc.availability_zones:
+            raise FieldError(
+                ("gpu_nodes", "availability_zone"),
+                f"{gpu_az!r} is not one of the VPC's availability zones "
+                f"({', '.join(self.vpc.availability_zones)})",
+            )
+        if self.vpc.nat_gateways > len(self.vpc.availability_zones):
+            raise FieldError(
+                ("vpc", "nat_gateways"),
+                f"{self.vpc.nat_gateways} NAT gateways but only "
+                f"{len(self.vpc.availability_zones)} availability zones",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _workload_and_job(self) -> Settings:
+        # Cross-checks of the workload and job against the node groups they run on.
+        gpu = self.gpu_nodes.instance
+        work = self.workload
+        worker_cpu, worker_mem = work.worker_cpu_millis(gpu), work.worker_memory_mib(gpu)
+        if worker_cpu < 1000:
+            raise FieldError(
+                ("workload", "gpu_node_daemon_cpu_millis"),
+                f"leaves {worker_cpu}m CPU of {gpu.name}'s {gpu.allocatable_cpu_millis()}m "
+                "allocatable for the Ray worker (need at least 1000m)",
+            )
+        shm_mib = work.shm_size_gib * 1024
+        if worker_mem < 2 * shm_mib:
+            raise FieldError(
+                ("workload", "shm_size_gib"),
+                f"{work.shm_size_gib} GiB is more than half of the Ray worker's memory on "
+                f"{gpu.name} ({worker_mem} MiB after gpu_node_daemon_memory_mib); /dev/shm "
+                "counts against the pod's memory limit",
+            )
+        system = CATALOGUE[self.system_nodes.instance_type]
+        if work.head_cpu_millis > system.allocatable_cpu_millis():
+            raise FieldError(
+                ("workload", "head_cpu_millis"),
+                f"{work.head_cpu_millis}m does not fit a {system.name} system node "
+                f"({system.allocatable_cpu_millis()}m allocatable)",
+            )
+        if work.head_memory_mib > system.allocatable_memory_mib():
+            raise FieldError(
+                ("workload", "head_memory_mib"),
+                f"{work.head_memory_mib} MiB does not fit a {system.name} system node "
+                f"({system.allocatable_memory_mib()} MiB allocatable)",
+            )
+        job = self.job
+        if job.expect_transport is Transport.EFA and not self.gpu_nodes.efa:
+            raise FieldError(
+                ("job", "expect_transport"),
+                "is 'efa' but gpu_nodes.efa is false: the job would fail its transport check",
+            )
+        if self.gpu_nodes.desired_size < 1:
+            raise FieldError(
+                ("gpu_nodes", "desired_size"),
+                "is 0: the RayJob needs at least one GPU node to run on",
+            )
+        workers = self.num_workers
+        per_step = job.micro_batch_size * workers
+        if job.global_batch_size % per_step:
+            raise FieldError(
+                ("job", "global_batch_size"),
+                f"{job.global_batch_size} is not a multiple of micro_batch_size "
+                f"({job.micro_batch_size}) x workers ({workers} = {self.gpu_nodes.desired_size} "
+                f"nodes x {gpu.gpus} GPUs)",
+            )
+        return self
+
+    @property
+    def num_workers(self) -> int:
+        """Ray Train workers: one per GPU of every GPU node."""
+        return self.gpu_nodes.desired_size * self.gpu_nodes.instance.gpus
+
+    @property
+    def stack_prefix(self) -> str:
+        return f"RayTrain-{self.name}"

@@ -1,0 +1,241 @@
+"""Workload and job settings: what the Ray pods run on, and the RayJob with its training arguments."""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+
+from pydantic import Field, field_validator, model_validator
+
+from config.catalogue import Instance
+from config.names import KUBERAY_NAMESPACE, RAY_NAMESPACE
+from config.settings.base import SEMVER_RE, FieldError, SettingsModel
+
+_DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_IMAGE_DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_RUN_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{0,39}$")
+_HF_MODEL_RE = re.compile(r"^([A-Za-z0-9][\w.-]{0,95}/)?[A-Za-z0-9][\w.-]{0,95}$")
+_S3_URI_RE = re.compile(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?$")
+_ABS_PATH_RE = re.compile(r"^/\S*$")
+_RESERVED_NAMESPACES = {"default", "kube-system", "kube-public", "kube-node-lease", KUBERAY_NAMESPACE}
+# Worker variables the chart owns; a worker_env entry for them would be silently ignored.
+_MANAGED_ENV = {
+    "RAYTRAIN_EXPECT_TRANSPORT": "from job.expect_transport",
+    "NVIDIA_VISIBLE_DEVICES": "by the NVIDIA device plugin",
+}
+
+
+class WorkloadSettings(SettingsModel):
+    """What the Ray pods run on; the cdk8s chart and the RayJob read these."""
+
+    namespace: str = RAY_NAMESPACE
+    image: str = "public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1"
+    # Pin the exact image for reproducible deploys: sha256:<64 hex>.
+    image_digest: str | None = None
+    # Must match the Ray inside the image (the DLC v1.1 ships Ray 2.58).
+    ray_version: str = "2.58.0"
+    # The Ray head runs on a system node and schedules no tasks (num-cpus 0): it only needs room
+    # for GCS, the dashboard/job server and the job driver. Requests == limits (Guaranteed QoS).
+    head_cpu_millis: int = Field(default=2000, ge=500)
+    head_memory_mib: int = Field(default=8192, ge=2048)
+    # /dev/shm of each GPU worker (memory-backed emptyDir). The pod default of 64 MiB breaks
+    # NCCL and starves Ray's object store; the size counts against the worker's memory limit.
+    shm_size_gib: int = Field(default=32, ge=1)
+    # Kept free on every GPU node for DaemonSets (aws-node, kube-proxy, device plugins, Pod
+    # Identity agent, log/metric agents) after kubelet's own reservation; the worker pod gets
+    # the node's allocatable minus this, so it stays schedulable as add-ons come and go.
+    gpu_node_daemon_cpu_millis: int = Field(default=1000, ge=0)
+    gpu_node_daemon_memory_mib: int = Field(default=4096, ge=0)
+    # Added to, or replacing, the GPU workers' NCCL/libfabric environment (e.g. NCCL_DEBUG: WARN
+    # once a deployment is proven). RAYTRAIN_EXPECT_TRANSPORT comes from job.expect_transport.
+    worker_env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("namespace")
+    @classmethod
+    def _ns(cls, value: str) -> str:
+        if not _DNS_LABEL_RE.match(value):
+            raise ValueError(f"{value!r} is not a Kubernetes namespace name (DNS-1123 label)")
+        if value in _RESERVED_NAMESPACES:
+            raise ValueError(f"{value!r} is reserved for the cluster's own components")
+        return value
+
+    @field_validator("image_digest")
+    @classmethod
+    def _digest(cls, value: str | None) -> str | None:
+        if value is not None and not _IMAGE_DIGEST_RE.match(value):
+            raise ValueError(f"{value!r} is not an image digest like sha256:<64 hex digits>")
+        return value
+
+    @field_validator("ray_version")
+    @classmethod
+    def _ray(cls, value: str) -> str:
+        if not SEMVER_RE.match(value):
+            raise ValueError(f"{value!r} is not a Ray version like 2.58.0")
+        return value
+
+    @field_validator("worker_env")
+    @classmethod
+    def _env(cls, env: dict[str, str]) -> dict[str, str]:
+        for key in env:
+            if not _ENV_NAME_RE.match(key):
+                raise ValueError(f"{key!r} is not an environment variable name")
+            if key in _MANAGED_ENV:
+                raise ValueError(f"{key} is set by the chart ({_MANAGED_ENV[key]}); remove it here")
+        return env
+
+    @property
+    def image_ref(self) -> str:
+        return f"{self.image}@{self.image_digest}" if self.image_digest else self.image
+
+    def worker_cpu_millis(self, instance: Instance) -> int:
+        """CPU of one GPU worker pod: what the node can allocate, less the DaemonSet headroom."""
+        return instance.allocatable_cpu_millis() - self.gpu_node_daemon_cpu_millis
+
+    def worker_memory_mib(self, instance: Instance) -> int:
+        """Memory of one GPU worker pod (including /dev/shm, which counts against it)."""
+        return instance.allocatable_memory_mib() - self.gpu_node_daemon_memory_mib
+
+
+class ClusterMode(StrEnum):
+    # The RayJob carries its own copy of the RayCluster spec (KubeRay creates the cluster for
+    # the job and deletes it when the job finishes): GPUs are held only while a job runs, every
+    # job starts on a fresh cluster built from exactly the spec its name hashes, and deleting
+    # an old RayJob (CloudFormation does, when the name changes) removes its cluster too.
+    OWN = "own"
+    # A standing RayCluster (same spec, same builder) that the RayJob targets by clusterSelector:
+    # for interactive work (dashboard, `ray job submit`) between jobs; it holds the GPUs always.
+    STANDING = "standing"
+
+
+class ModelInit(StrEnum):
+    PRETRAINED = "pretrained"
+    RANDOM = "random"
+
+
+class ModelShape(StrEnum):
+    QWEN2_5_1_5B = "qwen2.5-1.5b"
+    TINY = "tiny"
+
+
+class Sharding(StrEnum):
+    AUTO = "auto"
+    FULL = "full"
+    HSDP = "hsdp"
+
+
+class Transport(StrEnum):
+    AUTO = "auto"  # efa when gpu_nodes.efa, else socket (the job accepts any on a single node)
+    EFA = "efa"
+    SOCKET = "socket"
+    IB = "ib"
+    ANY = "any"
+
+
+class JobSettings(SettingsModel):
+    """The RayJob: its cluster, lifecycle, and the arguments of `python -m training`."""
+
+    cluster: ClusterMode = ClusterMode.OWN
+    # Checkpoints live under <checkpoint prefix>/<run_name>. The name stays the same across
+    # RayJob retries and new RayJobs, so a new job with the same run_name resumes from the
+    # latest checkpoint: change it to start a fresh run.
+    run_name: str = "qwen2.5-1.5b-fsdp2"
+    # Hugging Face id, s3:// prefix or absolute path: weights (pretrained) and tokenizer.
+    model: str = "Qwen/Qwen2.5-1.5B"
+    init: ModelInit = ModelInit.PRETRAINED
+    shape: ModelShape = ModelShape.QWEN2_5_1_5B
+    # "random" (synthetic token ids), an s3:// URI, or an absolute path inside the container.
+    data: str = "random"
+    seq_len: int = Field(default=2048, ge=16, le=131072)
+    # Sequences per optimizer step across all workers; a multiple of micro_batch_size times
+    # the number of workers (GPUs) so every worker accumulates the same number of micro-batches.
+    global_batch_size: int = Field(default=16, ge=1)
+    micro_batch_size: int = Field(default=1, ge=1)
+    steps: int = Field(default=200, ge=1)
+    lr: float = Field(default=3e-4, gt=0, lt=1)
+    seed: int = Field(default=0, ge=0)
+    checkpoint_every: int = Field(default=50, ge=1)
+    # At least 2: a preemption while writing the newest checkpoint leaves the previous one.
+    keep_checkpoints: int = Field(default=2, ge=2)
+    # Ray Train restarts of the worker group inside one RayJob (from the latest checkpoint).
+    max_failures: int = Field(default=3, ge=1)
+    sharding: Sharding = Sharding.AUTO
+    # Per-layer torch.compile and Liger's fused linear cross-entropy: the fastest measured GPU
+    # settings (BENCHMARKS.md).
+    compile: bool = True
+    activation_checkpointing: bool = False
+    liger: bool = True
+    output_dir: str | None = None
+    expect_transport: Transport = Transport.AUTO
+    # Lifecycle. TTL: how long a finished job (and, in "own" mode, its cluster's record) stays
+    # for inspection; must be 0 in "standing" mode (KubeRay allows it only with
+    # shutdownAfterJobFinishes, which a job must not do to a cluster it does not own).
+    ttl_seconds_after_finished: int = Field(default=3600, ge=0)
+    # Wall-clock limit of one RayJob attempt, cluster start-up included.
+    active_deadline_seconds: int = Field(default=6 * 3600, ge=60)
+    # Whole-RayJob retries, each on a new cluster (own mode); in-job failures use max_failures.
+    backoff_limit: int = Field(default=1, ge=0, le=10)
+
+    @field_validator("run_name")
+    @classmethod
+    def _run_name(cls, value: str) -> str:
+        if not _RUN_NAME_RE.match(value):
+            raise ValueError(
+                f"{value!r} is not a run name: 1-40 of a-z, 0-9, '.', '-', starting with a letter or digit"
+            )
+        return value
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, value: str) -> str:
+        if _HF_MODEL_RE.match(value) or _S3_URI_RE.match(value) or _ABS_PATH_RE.match(value):
+            return value
+        raise ValueError(
+            f"{value!r} is not a model: use a Hugging Face id like Qwen/Qwen2.5-1.5B, an "
+            "s3://bucket/prefix, or an absolute path inside the container"
+        )
+
+    @field_validator("data")
+    @classmethod
+    def _data(cls, value: str) -> str:
+        if value == "random" or _S3_URI_RE.match(value) or _ABS_PATH_RE.match(value):
+            return value
+        raise ValueError(
+            f"{value!r} is not a data source: use 'random', an s3://bucket/prefix URI, or an "
+            "absolute path inside the container"
+        )
+
+    @field_validator("output_dir")
+    @classmethod
+    def _output_dir(cls, value: str | None) -> str | None:
+        if value is not None and not _ABS_PATH_RE.match(value):
+            raise ValueError(f"{value!r} is not an absolute path inside the container")
+        return value
+
+    @model_validator(mode="after")
+    def _rules(self) -> JobSettings:
+        if self.init is ModelInit.PRETRAINED and self.shape is ModelShape.TINY:
+            raise FieldError(("init",), "shape 'tiny' has no pretrained weights; use init: random")
+        if self.micro_batch_size > self.global_batch_size:
+            raise FieldError(
+                ("micro_batch_size",),
+                f"{self.micro_batch_size} is larger than global_batch_size ({self.global_batch_size})",
+            )
+        if self.checkpoint_every > self.steps:
+            raise FieldError(
+                ("checkpoint_every",),
+                f"{self.checkpoint_every} is more than steps ({self.steps}): the run would never checkpoint",
+            )
+        if self.cluster is ClusterMode.STANDING and self.ttl_seconds_after_finished:
+            raise FieldError(
+                ("ttl_seconds_after_finished",),
+                "must be 0 when cluster is 'standing': KubeRay allows a TTL only for jobs that "
+                "shut their own cluster down",
+            )
+        return self
+
+    def transport(self, efa: bool) -> Transport:
+        """The transport the training job must see between nodes; `auto` follows the nodes."""
+        if self.expect_transport is Transport.AUTO:
+            return Transport.EFA if efa else Transport.SOCKET
+        return self.expect_transport
