@@ -23,7 +23,29 @@ from config.names import (
 )
 from config.settings import CapacityType, GpuNodeSettings, SystemNodeSettings
 
+# Label the autoscaler reads to know a node is a GPU node whose GPUs are not advertised yet (the
+# device plugin starts after the node is Ready): without it, it sees a Ready node that cannot take
+# the pending pod and starts another ("Special note on GPU instances", AWS README).
+ACCELERATOR_LABEL = "k8s.amazonaws.com/accelerator"
+
+
+def accelerator_label(instance: Instance) -> dict[str, str]:
+    """`k8s.amazonaws.com/accelerator` of a GPU type (e.g. nvidia-l4): a node group label, so the
+    kubelet registers the node with it, before the device plugin advertises any GPU."""
+    assert instance.gpu_model is not None, instance.name
+    return {ACCELERATOR_LABEL: f"nvidia-{instance.gpu_model.lower()}"}
+
+
+def gpu_node_labels(instance: Instance) -> dict[str, str]:
+    """Every label of a GPU node: the ones pods select on, plus the accelerator label."""
+    return {**GPU_NODE_LABELS, **accelerator_label(instance)}
+
+
 ROOT_DEVICE = "/dev/xvda"  # AL2023 EKS AMIs boot from /dev/xvda
+# gp3 baseline is 3000 IOPS / 125 MiB/s; image layers of the DLC (~20 GB) unpack faster with more
+# throughput, which shortens node start. (Billed above 125 MiB/s: raytrain/cost.py.)
+ROOT_IOPS = 3000
+ROOT_THROUGHPUT_MIBPS = 250
 
 _METADATA_OPTIONS = ec2.CfnLaunchTemplate.MetadataOptionsProperty(
     http_endpoint="enabled",
@@ -40,10 +62,8 @@ def _root_volume(size_gib: int) -> ec2.CfnLaunchTemplate.BlockDeviceMappingPrope
             volume_type="gp3",
             encrypted=True,
             delete_on_termination=True,
-            # gp3 baseline is 3000 IOPS / 125 MiB/s; image layers of the DLC (~20 GB) unpack faster
-            # with more throughput, which shortens node start.
-            iops=3000,
-            throughput=250,
+            iops=ROOT_IOPS,
+            throughput=ROOT_THROUGHPUT_MIBPS,
         ),
     )
 
@@ -180,10 +200,14 @@ class EfaGpuNodeGroup(Construct):
             cluster=cluster,
             ami_type=eks.NodegroupAmiType.AL2023_X86_64_NVIDIA,
             capacity_type=_capacity_type(settings.capacity_type),
+            # The Cluster Autoscaler owns the group's size between min and max. EKS needs a
+            # desired size when the group is created ("specify all or none of the properties"),
+            # and CloudFormation changes the running size only when this number changes in the
+            # template (EKS API, NodegroupScalingConfig): pinned to the minimum, it never does.
             min_size=settings.min_size,
-            desired_size=settings.desired_size,
+            desired_size=settings.min_size,
             max_size=settings.max_size,
-            labels=dict(GPU_NODE_LABELS),
+            labels=gpu_node_labels(instance),
             taints=[
                 eks.TaintSpec(effect=eks.TaintEffect.NO_SCHEDULE, key=GPU_TAINT_KEY, value=GPU_TAINT_VALUE)
             ],

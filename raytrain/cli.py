@@ -11,7 +11,13 @@ import importlib
 import sys
 
 # (module) — each registers one or more subcommands.
-COMMAND_MODULES: list[str] = ["raytrain.capacity", "raytrain.verify", "raytrain.review", "raytrain.job"]
+COMMAND_MODULES: list[str] = [
+    "raytrain.capacity",
+    "raytrain.verify",
+    "raytrain.review",
+    "raytrain.job",
+    "raytrain.cost",
+]
 
 
 def build_parser() -> argparse.ArgumentParser:

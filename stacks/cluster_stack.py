@@ -13,7 +13,13 @@ from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from cdk_constructs.addons import GpuDevicePlugins, KubeRayOperator
-from cdk_constructs.node_groups import EfaGpuNodeGroup, SystemNodeGroup
+from cdk_constructs.cluster_autoscaler import (
+    CHART_VERSION,
+    ClusterAutoscaler,
+    NodegroupAsgTags,
+    node_template_tags,
+)
+from cdk_constructs.node_groups import EfaGpuNodeGroup, SystemNodeGroup, gpu_node_labels
 from config.settings import KUBECTL_LAYERS, EndpointAccess, Settings
 from stacks.common import removal_policy
 
@@ -170,10 +176,28 @@ class ClusterStack(cdk.Stack):
             version=settings.addons.kuberay_operator,
             ray_namespace=settings.workload.namespace,
         )
+        # GPU nodes start when a RayJob's workers are pending and stop when they are gone.
+        self.autoscaler = ClusterAutoscaler(
+            self,
+            "ClusterAutoscaler",
+            cluster=self.cluster_ref,
+            cluster_name=cluster_settings.name,
+            kubernetes_version=cluster_settings.kubernetes_version,
+            chart_version=CHART_VERSION,
+        )
+        gpu = settings.gpu_nodes
+        self.gpu_node_template = NodegroupAsgTags(
+            self,
+            "GpuNodeTemplateTags",
+            cluster_name=cluster_settings.name,
+            nodegroup=self.gpu_nodes.nodegroup,
+            tags=node_template_tags(gpu.instance, efa=gpu.efa, labels=gpu_node_labels(gpu.instance)),
+        )
         # Teardown order: Helm releases go before the nodes they run on (a release deleted after
         # its nodes leaves finalizers and pods stuck), and both before the cluster.
         self.device_plugins.node.add_dependency(self.gpu_nodes.nodegroup, coredns)
         self.kuberay.node.add_dependency(self.system_nodes.nodegroup, coredns)
+        self.autoscaler.node.add_dependency(self.system_nodes.nodegroup, coredns, pod_identity)
 
         cdk.CfnOutput(
             self,

@@ -13,6 +13,14 @@ from cdk_constructs.vpc_cleanup import VpcCleanup
 from config.settings import Settings
 from stacks.common import removal_policy
 
+# Interface endpoints, one ENI in each AZ's private subnet (and billed per AZ-hour: config/cost.py
+# counts them from here). Image pulls and Pod Identity credentials stay off the NAT gateway.
+INTERFACE_ENDPOINTS: dict[str, ec2.InterfaceVpcEndpointAwsService] = {
+    "EcrApi": ec2.InterfaceVpcEndpointAwsService.ECR,
+    "EcrDocker": ec2.InterfaceVpcEndpointAwsService.ECR_DOCKER,
+    "Sts": ec2.InterfaceVpcEndpointAwsService.STS,
+}
+
 
 class NetworkStack(cdk.Stack):
     def __init__(self, scope: Construct, construct_id: str, *, settings: Settings, **kwargs: Any):
@@ -65,11 +73,7 @@ class NetworkStack(cdk.Stack):
         endpoint_sg.add_ingress_rule(
             ec2.Peer.ipv4(vpc_settings.cidr), ec2.Port.tcp(443), "HTTPS from the VPC"
         )
-        for name, service in (
-            ("EcrApi", ec2.InterfaceVpcEndpointAwsService.ECR),
-            ("EcrDocker", ec2.InterfaceVpcEndpointAwsService.ECR_DOCKER),
-            ("Sts", ec2.InterfaceVpcEndpointAwsService.STS),
-        ):
+        for name, service in INTERFACE_ENDPOINTS.items():
             self.vpc.add_interface_endpoint(
                 name,
                 service=service,

@@ -18,9 +18,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from cdk_constructs.cluster_autoscaler import CHART_VERSION as CLUSTER_AUTOSCALER_CHART
 from config.loader import SettingsError, environment_names, load_settings
+from config.prices import PriceError
 from config.settings import Settings
 from k8s.chart import render_manifests
+from raytrain.cost import estimate, job_nodes
 from stacks.app_builder import EnvironmentStacks, build_environment, new_app
 
 
@@ -56,7 +59,16 @@ def synthesize(settings: Settings, out_dir: Path) -> EnvironmentStacks:
 
 def summary_table(results: list[tuple[Settings, EnvironmentStacks]], out_dir: Path) -> Table:
     table = Table(title=f"Synthesized environments ({out_dir}/<env>)")
-    for column in ("env", "account / region", "stacks", "node groups", "GPU AZ", "Kubernetes", "add-ons"):
+    for column in (
+        "env",
+        "account / region",
+        "stacks",
+        "node groups",
+        "GPU AZ",
+        "Kubernetes",
+        "add-ons",
+        "$/h",
+    ):
         table.add_column(column)
     for settings, stacks in results:
         gpu = settings.gpu_nodes
@@ -67,14 +79,30 @@ def summary_table(results: list[tuple[Settings, EnvironmentStacks]], out_dir: Pa
             f"{settings.account}\n{settings.region}",
             "\n".join(stack.stack_name for stack in stacks.all()),
             f"system: {settings.system_nodes.instance_type} × {settings.system_nodes.desired_size}\n"
-            f"gpu: {gpu.instance_type} × {gpu.desired_size} ({instance.gpus}× {instance.gpu_model}{efa})",
+            f"gpu: {gpu.instance_type} × {gpu.min_size}–{gpu.max_size}, autoscaled; "
+            f"a job uses {job_nodes(settings)} ({instance.gpus}× {instance.gpu_model}{efa})",
             gpu.availability_zone,
             settings.cluster.kubernetes_version,
             f"nvidia-device-plugin {settings.addons.nvidia_device_plugin}\n"
             f"efa-device-plugin {settings.addons.efa_device_plugin}\n"
-            f"kuberay-operator {settings.addons.kuberay_operator}",
+            f"kuberay-operator {settings.addons.kuberay_operator}\n"
+            f"cluster-autoscaler {CLUSTER_AUTOSCALER_CHART}",
+            cost_cell(settings),
         )
     return table
+
+
+def cost_cell(settings: Settings) -> str:
+    """Idle and running On-Demand $/h (raytrain cost --env NAME has the breakdown)."""
+    try:
+        est = estimate(settings)
+    except PriceError as exc:
+        return f"not priced: {exc}"
+    return (
+        f"idle {est.idle_per_hour:.2f}\n"
+        f"running {est.running_per_hour:.2f}\n"
+        f"({est.job_nodes} GPU nodes; prices {est.prices_as_of})"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -159,12 +159,18 @@ def test_gpu_node_group(synthesized, env):
     assert "InstanceTypes" not in group  # the launch template names the type
     assert launch_template_of(t, gpu_nodegroup(t))["InstanceType"] == s.gpu_nodes.instance_type
     assert group["CapacityType"] == s.gpu_nodes.capacity_type.value
-    assert group["Labels"] == {"role": "gpu-worker", "nvidia.com/gpu.present": "true"}
+    accelerator = f"nvidia-{s.gpu_nodes.instance.gpu_model.lower()}"
+    assert group["Labels"] == {
+        "role": "gpu-worker",
+        "nvidia.com/gpu.present": "true",
+        "k8s.amazonaws.com/accelerator": accelerator,
+    }
     assert group["Taints"] == [{"Effect": "NO_SCHEDULE", "Key": "nvidia.com/gpu", "Value": "present"}]
     assert group["UpdateConfig"] == {"MaxUnavailable": 1}
+    # The autoscaler owns the size: the template's desired size is the minimum, never a job's count.
     assert group["ScalingConfig"] == {
         "MinSize": s.gpu_nodes.min_size,
-        "DesiredSize": s.gpu_nodes.desired_size,
+        "DesiredSize": s.gpu_nodes.min_size,
         "MaxSize": s.gpu_nodes.max_size,
     }
     # One subnet: the private subnet of the pinned AZ (checked through the Network stack export).

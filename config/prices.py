@@ -1,0 +1,95 @@
+"""Pinned, dated On-Demand prices (USD) for what an environment runs: no network needed.
+
+EC2 instance-hours, Linux, shared tenancy, On-Demand, for every type of the catalogue
+(config/catalogue.py; a test checks that each one has a price in each region here).
+
+Sources and dates:
+- us-east-1 EC2 rates: `InitialOnDemandPricesAWS["us-east-1"]` in aws/karpenter-provider-aws
+  pkg/providers/pricing/zz_generated.pricing_aws.go at commit 6fc13b5236fd (2026-07-20), a file
+  Karpenter generates from the AWS Price List API ("generated at 2026-07-20T13:44:30Z").
+- us-east-2 and us-west-2 EC2 rates: US East (Ohio) and US West (Oregon) are priced like
+  US East (N. Virginia) for these types on aws.amazon.com/ec2/pricing/on-demand; the generated
+  file above covers us-east-1 only, so these reuse its numbers. That could not be re-checked
+  offline: check a region before relying on it, with
+  `aws pricing get-products --region us-east-1 --service-code AmazonEC2 --filters
+  Type=TERM_MATCH,Field=instanceType,Value=g6.12xlarge Type=TERM_MATCH,Field=regionCode,Value=us-west-2
+  Type=TERM_MATCH,Field=operatingSystem,Value=Linux Type=TERM_MATCH,Field=tenancy,Value=Shared
+  Type=TERM_MATCH,Field=preInstalledSw,Value=NA Type=TERM_MATCH,Field=capacitystatus,Value=Used`.
+- EKS: $0.10 per cluster-hour in standard support, $0.60 in extended support
+  (aws.amazon.com/eks/pricing).
+- NAT gateway: $0.045 per gateway-hour in these regions (aws.amazon.com/vpc/pricing).
+- Interface VPC endpoints: $0.01 per endpoint per Availability Zone-hour, billed whether or not
+  traffic flows (aws.amazon.com/privatelink/pricing).
+- EBS gp3: $0.08 per GB-month of storage; 3,000 IOPS and 125 MiB/s are included, throughput
+  above that is $0.04 per MiB/s-month (aws.amazon.com/ebs/pricing). A month is 730 hours, as AWS
+  prices monthly resources.
+
+Not included: data processed by NAT gateways and endpoints, data transfer, S3 storage and
+requests, CloudWatch logs, KMS keys ($1 per key-month), Lambda invocations of CDK's providers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+PRICES_AS_OF = "2026-07-20"
+HOURS_PER_MONTH = 730
+
+_EC2_ON_DEMAND_US = {
+    "m7i.large": 0.1008,
+    "m7i.xlarge": 0.2016,
+    "m7i.2xlarge": 0.4032,
+    "m7i.4xlarge": 0.8064,
+    "g6.xlarge": 0.8048,
+    "g5.12xlarge": 5.672,
+    "g6.12xlarge": 4.6016,
+    "g6.48xlarge": 13.3504,
+    "g6e.12xlarge": 10.49264,
+    "g6e.48xlarge": 30.13118,
+    "g5.48xlarge": 16.288,
+    "p4d.24xlarge": 21.957642,
+    "p5.48xlarge": 55.04,
+}
+
+
+@dataclass(frozen=True)
+class RegionPrices:
+    region: str
+    ec2_per_hour: dict[str, float] = field(repr=False)
+    eks_cluster_per_hour: float = 0.10
+    eks_extended_support_per_hour: float = 0.60
+    nat_gateway_per_hour: float = 0.045
+    interface_endpoint_per_az_hour: float = 0.01
+    gp3_per_gib_month: float = 0.08
+    gp3_included_mibps: int = 125
+    gp3_per_mibps_month: float = 0.04
+
+
+PRICES: dict[str, RegionPrices] = {
+    region: RegionPrices(region=region, ec2_per_hour=dict(_EC2_ON_DEMAND_US))
+    for region in ("us-east-1", "us-east-2", "us-west-2")
+}
+
+
+class PriceError(LookupError):
+    """No pinned price for a region or instance type: says what the table covers."""
+
+
+def prices_for(region: str) -> RegionPrices:
+    try:
+        return PRICES[region]
+    except KeyError:
+        raise PriceError(
+            f"no pinned prices for region {region!r} (config/prices.py covers "
+            f"{', '.join(sorted(PRICES))}, as of {PRICES_AS_OF}); add the region's rates there "
+            "with their source and date"
+        ) from None
+
+
+def instance_per_hour(prices: RegionPrices, instance_type: str) -> float:
+    try:
+        return prices.ec2_per_hour[instance_type]
+    except KeyError:
+        raise PriceError(
+            f"no pinned On-Demand price for {instance_type} in {prices.region} (config/prices.py)"
+        ) from None

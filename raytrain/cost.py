@@ -1,0 +1,271 @@
+"""`raytrain cost --env NAME [--summary summary.json] [--json]`: what an environment costs per hour.
+
+Idle: what runs between jobs (EKS control plane, system nodes and their root volumes, NAT
+gateways, interface endpoints, and the GPU group at its minimum size, zero unless the settings say
+otherwise). Running: idle plus the GPU nodes of one job (`job.nodes`) and their root volumes.
+Prices come from the pinned, dated table in config/prices.py (On-Demand; no network needed).
+Given a run's summary.json, the cost per billion training tokens at the run's throughput.
+
+Exit status: 0 printed, 2 cannot price (bad environment, region or type not in the table, bad
+summary file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from config.prices import (
+    HOURS_PER_MONTH,
+    PRICES_AS_OF,
+    PriceError,
+    RegionPrices,
+    instance_per_hour,
+    prices_for,
+)
+from config.settings import Settings
+
+EXIT_OK, EXIT_UNUSABLE = 0, 2
+BILLION = 1e9
+
+
+@dataclass(frozen=True)
+class Line:
+    item: str
+    quantity: str
+    per_hour: float
+
+
+@dataclass(frozen=True)
+class CostEstimate:
+    env: str
+    region: str
+    prices_as_of: str
+    idle: list[Line]
+    job: list[Line]
+    job_nodes: int
+    # One GPU node with its root volume, and how many the group keeps at idle (its minimum).
+    gpu_node_per_hour: float
+    gpu_min_nodes: int
+
+    @property
+    def idle_per_hour(self) -> float:
+        return sum(line.per_hour for line in self.idle)
+
+    @property
+    def running_per_hour(self) -> float:
+        return self.idle_per_hour + sum(line.per_hour for line in self.job)
+
+    def running_with(self, nodes: int) -> float:
+        """Running cost with `nodes` GPU nodes up (those kept at idle count once)."""
+        return self.idle_per_hour + max(0, nodes - self.gpu_min_nodes) * self.gpu_node_per_hour
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "env": self.env,
+            "region": self.region,
+            "prices_as_of": self.prices_as_of,
+            "idle": [asdict(line) for line in self.idle],
+            "job": [asdict(line) for line in self.job],
+            "job_nodes": self.job_nodes,
+            "gpu_node_per_hour": self.gpu_node_per_hour,
+            "idle_per_hour": self.idle_per_hour,
+            "running_per_hour": self.running_per_hour,
+        }
+
+
+def root_volume_per_hour(prices: RegionPrices, size_gib: int, throughput_mibps: int) -> float:
+    """One gp3 root volume: storage plus provisioned throughput above the included baseline."""
+    extra = max(0, throughput_mibps - prices.gp3_included_mibps)
+    month = size_gib * prices.gp3_per_gib_month + extra * prices.gp3_per_mibps_month
+    return month / HOURS_PER_MONTH
+
+
+def job_nodes(settings: Settings) -> int:
+    """GPU nodes one job's Ray cluster runs on (one worker pod per node)."""
+    return settings.gpu_nodes.desired_size
+
+
+def estimate(settings: Settings) -> CostEstimate:
+    # Imported here: they pull in aws_cdk, which `raytrain --help` does not need.
+    from cdk_constructs.node_groups import ROOT_THROUGHPUT_MIBPS
+    from stacks.network_stack import INTERFACE_ENDPOINTS
+
+    prices = prices_for(settings.region)
+    system, gpu = settings.system_nodes, settings.gpu_nodes
+    system_rate = instance_per_hour(prices, system.instance_type)
+    gpu_rate = instance_per_hour(prices, gpu.instance_type)
+    system_root = root_volume_per_hour(prices, system.root_volume_gib, ROOT_THROUGHPUT_MIBPS)
+    gpu_root = root_volume_per_hour(prices, gpu.root_volume_gib, ROOT_THROUGHPUT_MIBPS)
+    azs = len(settings.vpc.availability_zones)
+    endpoints = len(INTERFACE_ENDPOINTS)
+    idle = [
+        Line("EKS control plane", "1 cluster", prices.eks_cluster_per_hour),
+        Line(
+            f"system nodes ({system.instance_type})",
+            f"{system.desired_size} × ${system_rate:.4f}",
+            system.desired_size * system_rate,
+        ),
+        Line(
+            "system root volumes (gp3)",
+            f"{system.desired_size} × {system.root_volume_gib} GiB",
+            system.desired_size * system_root,
+        ),
+        Line(
+            "NAT gateways",
+            f"{settings.vpc.nat_gateways} × ${prices.nat_gateway_per_hour:.3f}",
+            settings.vpc.nat_gateways * prices.nat_gateway_per_hour,
+        ),
+        Line(
+            "interface endpoints",
+            f"{endpoints} × {azs} AZs × ${prices.interface_endpoint_per_az_hour:.3f}",
+            endpoints * azs * prices.interface_endpoint_per_az_hour,
+        ),
+        Line(
+            f"GPU nodes at minimum ({gpu.instance_type})",
+            f"{gpu.min_size} × ${gpu_rate:.4f}",
+            gpu.min_size * (gpu_rate + gpu_root),
+        ),
+    ]
+    nodes = job_nodes(settings)
+    # Nodes the group keeps anyway (its minimum) serve the job too; only the rest are added.
+    added = max(0, nodes - gpu.min_size)
+    job = [
+        Line(f"GPU nodes of the job ({gpu.instance_type})", f"{added} × ${gpu_rate:.4f}", added * gpu_rate),
+        Line("GPU root volumes (gp3)", f"{added} × {gpu.root_volume_gib} GiB", added * gpu_root),
+    ]
+    return CostEstimate(
+        env=settings.name,
+        region=settings.region,
+        prices_as_of=PRICES_AS_OF,
+        idle=idle,
+        job=job,
+        job_nodes=nodes,
+        gpu_node_per_hour=gpu_rate + gpu_root,
+        gpu_min_nodes=gpu.min_size,
+    )
+
+
+@dataclass(frozen=True)
+class TokenCost:
+    tokens_per_s: float
+    nodes: int
+    per_hour: float
+    per_billion_tokens: float
+    # End to end: every trained token over the run's wall time (start-up, checkpoints included).
+    end_to_end_per_billion_tokens: float | None
+
+
+class SummaryError(ValueError):
+    """A summary.json that cannot be priced; the message names the file and the field."""
+
+
+def token_cost(settings: Settings, summary: dict[str, Any], *, source: str = "summary.json") -> TokenCost:
+    """$ per billion tokens of a run: the running cost of the nodes it ran on, over its throughput.
+
+    The nodes are the run's own (`nodes` in the summary) when it has them, else the job's."""
+    tps = summary.get("tokens_per_s")
+    if not isinstance(tps, int | float) or tps <= 0:
+        raise SummaryError(f"{source}: tokens_per_s is {tps!r}; need the run's measured tokens/s (> 0)")
+    nodes = summary.get("nodes") or job_nodes(settings)
+    if not isinstance(nodes, int) or nodes < 1:
+        raise SummaryError(f"{source}: nodes is {nodes!r}; need a positive node count")
+    per_hour = estimate(settings).running_with(nodes)
+    per_billion = per_hour / (tps * 3600) * BILLION
+    end_to_end = None
+    wall, steps = summary.get("wall_time_s"), summary.get("steps")
+    options = summary.get("options") or {}
+    batch, seq = summary.get("global_batch_size"), options.get("seq_len")
+    if all(isinstance(v, int | float) and v > 0 for v in (wall, steps, batch, seq)):
+        tokens = steps * batch * seq  # type: ignore[operator]
+        end_to_end = per_hour * wall / 3600 / tokens * BILLION  # type: ignore[operator]
+    return TokenCost(
+        tokens_per_s=float(tps),
+        nodes=nodes,
+        per_hour=per_hour,
+        per_billion_tokens=per_billion,
+        end_to_end_per_billion_tokens=end_to_end,
+    )
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "cost",
+        help="idle and running cost per hour of an environment; $ per billion tokens of a run",
+        description=(__doc__ or "").split("\n\n", 1)[0],
+    )
+    parser.add_argument("--env", required=True, help="environment name (config/environments/NAME.yaml)")
+    parser.add_argument("--summary", type=Path, help="a run's summary.json: also print $ per billion tokens")
+    parser.add_argument("--json", action="store_true", help="print the estimate as JSON")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from config.loader import SettingsError, load_settings
+
+    console = Console(width=None if sys.stdout.isatty() else 120)
+    try:
+        settings = load_settings(args.env)
+        result = estimate(settings)
+        tokens = None
+        if args.summary is not None:
+            tokens = token_cost(settings, _read_summary(args.summary), source=str(args.summary))
+    except (SettingsError, PriceError, SummaryError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_UNUSABLE
+
+    if args.json:
+        out = result.as_dict()
+        if tokens is not None:
+            out["tokens"] = asdict(tokens)
+        print(json.dumps(out, indent=2))
+        return EXIT_OK
+
+    table = Table(
+        title=f"{settings.name}: On-Demand cost in {settings.region} (prices as of {result.prices_as_of})"
+    )
+    for column in ("", "item", "quantity", "$/h"):
+        table.add_column(column, justify="right" if column == "$/h" else "left")
+    for line in result.idle:
+        table.add_row("idle", line.item, line.quantity, f"{line.per_hour:.4f}")
+    table.add_row("", "[bold]idle total[/]", "", f"[bold]{result.idle_per_hour:.4f}[/]")
+    for line in result.job:
+        table.add_row("job", line.item, line.quantity, f"{line.per_hour:.4f}")
+    table.add_row(
+        "",
+        f"[bold]running total ({result.job_nodes} GPU nodes)[/]",
+        "",
+        f"[bold]{result.running_per_hour:.4f}[/]",
+    )
+    console.print(table)
+    if tokens is not None:
+        console.print(
+            f"{args.summary}: {tokens.tokens_per_s:,.0f} tokens/s on {tokens.nodes} node(s) at "
+            f"${tokens.per_hour:.2f}/h = [bold]${tokens.per_billion_tokens:,.2f} per billion tokens[/] "
+            "(steady state)"
+        )
+        if tokens.end_to_end_per_billion_tokens is not None:
+            console.print(
+                "  end to end over the run's wall time: "
+                f"${tokens.end_to_end_per_billion_tokens:,.2f} per billion tokens"
+            )
+    return EXIT_OK
+
+
+def _read_summary(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SummaryError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise SummaryError(f"{path}: not a readable JSON summary ({exc})") from None
+    if not isinstance(data, dict):
+        raise SummaryError(f"{path}: not a run summary (expected a JSON object)")
+    return data

@@ -1,0 +1,190 @@
+"""Cost per hour and per billion tokens, against figures worked out by hand."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from config.catalogue import CATALOGUE
+from config.loader import environment_names, load_settings
+from config.prices import PRICES, PRICES_AS_OF, PriceError, prices_for
+from raytrain import cost
+from raytrain.cli import main
+
+
+def with_(settings, **sections):
+    """A copy of settings with some fields of some sections replaced."""
+    update = {name: getattr(settings, name).model_copy(update=fields) for name, fields in sections.items()}
+    return settings.model_copy(update=update)
+
+
+# dev by hand (us-west-2, table of 2026-07-20):
+#   control plane                         0.10
+#   1 × m7i.xlarge                        0.2016
+#   1 × 50 GiB gp3 at 250 MiB/s:  (50 × 0.08 + (250 − 125) × 0.04) / 730 = 9 / 730 = 0.0123288
+#   1 NAT gateway                         0.045
+#   3 interface endpoints × 2 AZs × 0.01  0.06
+#   GPU group at 0 nodes                  0
+#   idle                                  0.4189288
+#   job: 2 × g6.12xlarge 4.6016 = 9.2032; 2 × (200 × 0.08 + 5) / 730 = 42 / 730 = 0.0575342
+#   running                               9.6796630
+DEV_IDLE = 0.10 + 0.2016 + 9 / 730 + 0.045 + 0.06
+DEV_RUNNING = DEV_IDLE + 9.2032 + 42 / 730
+
+
+def test_dev_idle_and_running_by_hand():
+    settings = load_settings("dev")
+    est = cost.estimate(settings)
+    assert est.idle_per_hour == pytest.approx(0.4189288, abs=1e-6)
+    assert est.idle_per_hour == pytest.approx(DEV_IDLE)
+    assert est.running_per_hour == pytest.approx(9.6796630, abs=1e-6)
+    assert est.job_nodes == 2
+
+
+def test_dev_idle_meets_the_goal():
+    assert cost.estimate(load_settings("dev")).idle_per_hour <= 0.45
+
+
+def test_prod_by_hand():
+    # 3 AZs, 3 NAT gateways, 2 system nodes; GPU group min 0, 2 job nodes of 300 GiB.
+    settings = with_(load_settings("prod"), gpu_nodes={"min_size": 0})
+    est = cost.estimate(settings)
+    idle = 0.10 + 2 * 0.2016 + 2 * 9 / 730 + 3 * 0.045 + 3 * 3 * 0.01
+    assert idle == pytest.approx(0.7528575, abs=1e-6)
+    assert est.idle_per_hour == pytest.approx(idle)
+    running = idle + 2 * 4.6016 + 2 * (300 * 0.08 + 5) / 730
+    assert est.running_per_hour == pytest.approx(running)
+
+
+def test_gpu_nodes_kept_at_idle_count_once():
+    """A minimum of 1 GPU node is idle cost; a 2-node job adds only the second."""
+    base = load_settings("dev")
+    settings = with_(base, gpu_nodes={"min_size": 1})
+    est = cost.estimate(settings)
+    node = 4.6016 + 21 / 730
+    assert est.idle_per_hour == pytest.approx(DEV_IDLE + node)
+    assert est.running_per_hour == pytest.approx(DEV_RUNNING)
+    assert est.running_with(3) == pytest.approx(DEV_IDLE + 3 * node)
+
+
+def test_p5_node_price():
+    settings = with_(
+        load_settings("dev"),
+        gpu_nodes={"instance_type": "p5.48xlarge", "placement_group": True},
+    )
+    est = cost.estimate(settings)
+    assert est.running_per_hour - est.idle_per_hour == pytest.approx(2 * (55.04 + 21 / 730))
+
+
+def test_per_billion_tokens_by_hand():
+    settings = load_settings("dev")
+    summary = {
+        "tokens_per_s": 20_000.0,
+        "nodes": 2,
+        "steps": 50,
+        "global_batch_size": 16,
+        "wall_time_s": 900.0,
+        "options": {"seq_len": 2048},
+    }
+    result = cost.token_cost(settings, summary)
+    # 9.6796630 $/h / (20,000 tok/s × 3600 s/h) × 1e9 = 134.4398 $ per billion tokens.
+    assert result.per_billion_tokens == pytest.approx(134.4398, abs=1e-3)
+    # End to end: 50 × 16 × 2048 = 1,638,400 tokens in 900 s at 9.6796630 $/h = 2.4199158 $,
+    # = 1477.00 $ per billion tokens.
+    assert result.end_to_end_per_billion_tokens == pytest.approx(1477.00, abs=0.01)
+
+
+def test_per_billion_tokens_uses_the_runs_node_count():
+    settings = load_settings("dev")
+    one = cost.token_cost(settings, {"tokens_per_s": 10_000.0, "nodes": 1})
+    per_hour = DEV_IDLE + 4.6016 + 21 / 730
+    assert one.per_hour == pytest.approx(per_hour)
+    assert one.per_billion_tokens == pytest.approx(per_hour / 36_000_000 * 1e9)
+    assert one.end_to_end_per_billion_tokens is None
+
+
+@pytest.mark.parametrize(
+    ("summary", "message"),
+    [
+        ({"nodes": 2}, "tokens_per_s is None"),
+        ({"tokens_per_s": 0, "nodes": 2}, "tokens_per_s is 0"),
+        ({"tokens_per_s": "fast"}, "tokens_per_s is 'fast'"),
+        ({"tokens_per_s": 10.0, "nodes": -1}, "nodes is -1"),
+    ],
+)
+def test_bad_summary_is_named(summary, message):
+    with pytest.raises(cost.SummaryError, match=message):
+        cost.token_cost(load_settings("dev"), summary, source="run/summary.json")
+
+
+def test_every_catalogue_type_is_priced_in_every_region():
+    for region, prices in PRICES.items():
+        assert set(prices.ec2_per_hour) == set(CATALOGUE), region
+
+
+def test_unknown_region_says_what_is_covered():
+    with pytest.raises(PriceError, match=r"eu-west-1.*us-east-1, us-east-2, us-west-2.*2026-07-20"):
+        prices_for("eu-west-1")
+
+
+@pytest.mark.parametrize("env", environment_names())
+def test_every_environment_is_priced(env):
+    est = cost.estimate(load_settings(env))
+    assert 0 < est.idle_per_hour <= est.running_per_hour
+
+
+def test_endpoint_count_matches_the_synthesized_network(synthesized):
+    t = synthesized["dev"].template("Network")
+    interface = [
+        r
+        for r in t["Resources"].values()
+        if r["Type"] == "AWS::EC2::VPCEndpoint" and r["Properties"].get("VpcEndpointType") == "Interface"
+    ]
+    line = next(
+        line for line in cost.estimate(synthesized["dev"].settings).idle if line.item == "interface endpoints"
+    )
+    azs = len(synthesized["dev"].settings.vpc.availability_zones)
+    assert line.per_hour == pytest.approx(len(interface) * azs * 0.01)
+
+
+# ---------------------------------------------------------------- the command
+
+
+def test_command_prints_table(capsys):
+    assert main(["cost", "--env", "dev"]) == 0
+    out = capsys.readouterr().out
+    assert "idle total" in out and "0.4189" in out
+    assert "running total (2 GPU nodes)" in out and "9.6797" in out
+    assert PRICES_AS_OF in out
+
+
+def test_command_json_with_summary(tmp_path, capsys):
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps({"tokens_per_s": 20_000.0, "nodes": 2}))
+    assert main(["cost", "--env", "dev", "--summary", str(summary), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["idle_per_hour"] == pytest.approx(DEV_IDLE)
+    assert data["running_per_hour"] == pytest.approx(DEV_RUNNING)
+    assert data["tokens"]["per_billion_tokens"] == pytest.approx(134.4398, abs=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--env", "nope"], "nope"),
+        (["--env", "dev", "--summary", "missing.json"], "missing.json: no such file"),
+    ],
+)
+def test_command_errors_exit_2_with_one_message(args, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["cost", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_command_rejects_non_json_summary(tmp_path, capsys):
+    bad = tmp_path / "summary.json"
+    bad.write_text("{not json")
+    assert main(["cost", "--env", "dev", "--summary", str(bad)]) == 2
+    assert "not a readable JSON summary" in capsys.readouterr().err
