@@ -218,7 +218,7 @@ class NodegroupAsgTags(Construct):
         # CDK's one shared function behind every AwsCustomResource of the stack.
         provider = stack.node.find_child("AWS" + cr.AwsCustomResource.PROVIDER_FUNCTION_UUID.replace("-", ""))
         _ack(
-            provider,
+            provider.node.find_child("ServiceRole"),
             "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole]",
             "CDK's AwsCustomResource function writes its logs with the AWS managed basic execution "
             "policy; CDK owns this role, and the SDK calls it may make are the statements above.",
