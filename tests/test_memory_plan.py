@@ -1,0 +1,207 @@
+"""The per-rank GPU memory plan against measured peaks, and its terms against the real code they model."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from training.memory_plan import GIB, Dims, JobMemory, largest_micro_batch, plan, saved_per_token
+
+ROOT = Path(__file__).resolve().parents[1]
+POINTS = json.loads((ROOT / "tests" / "fixtures" / "memory_peaks.json").read_text())["points"]
+RESULTS = ROOT / "tests" / "fixtures" / "memory_peaks_h200.jsonl"
+
+
+def _plan_for(point: dict[str, Any]) -> JobMemory:
+    options = {k: v for k, v in point.items() if k not in ("source", "measured_gib")}
+    return plan("qwen2.5-1.5b", seq_len=2048, **options)
+
+
+@pytest.mark.parametrize("point", POINTS, ids=[p["source"][:70] for p in POINTS])
+def test_plan_within_ten_percent_of_each_measured_peak(point: dict[str, Any]) -> None:
+    predicted = _plan_for(point).allocated_bytes / GIB
+    assert predicted == pytest.approx(point["measured_gib"], rel=0.10), point["source"]
+
+
+def _bench_points() -> list[dict[str, Any]]:
+    if not RESULTS.is_file():
+        return []
+    lines = [json.loads(line) for line in RESULTS.read_text().splitlines() if line.strip()]
+    return [p for p in lines if p.get("peak_allocated_gib") and not p.get("oom")]
+
+
+@pytest.mark.parametrize("point", _bench_points() or [None])
+def test_plan_within_ten_percent_of_each_bench_point(point: dict[str, Any] | None) -> None:
+    """The lines of bench/memory_peaks.py as measured on the GPU machine (see the fixture's name)."""
+    if point is None:
+        pytest.skip("no bench/memory_peaks.py results recorded yet")
+    predicted = plan(
+        point["shape"],
+        seq_len=point["seq_len"],
+        micro_batch=point["micro_batch"],
+        accum=point["accum"],
+        shard=point["world"],
+        compile=point["compile"],
+        activation_checkpointing=point["activation_checkpointing"],
+        liger=point["liger"],
+        float8=point["float8"],
+        reshard_after_forward=point.get("reshard_after_forward", True),
+    ).allocated_bytes
+    assert predicted / GIB == pytest.approx(point["peak_allocated_gib"], rel=0.10), point
+
+
+def test_importing_the_plan_loads_no_torch() -> None:
+    # Synthesis imports it: it must stay light (no torch, ray or transformers).
+    code = (
+        "import sys, training.memory_plan; "
+        "heavy = [m for m in ('torch', 'ray', 'transformers') if m in sys.modules]; "
+        "assert not heavy, heavy"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)
+
+
+@pytest.mark.parametrize("shape", ["qwen2.5-1.5b", "tiny"])
+def test_parameter_counts_match_the_model_transformers_builds(shape: str) -> None:
+    torch = pytest.importorskip("torch")
+    from transformers import AutoModelForCausalLM
+
+    from training.flops import count_params
+    from training.model import shape_config, sharding_plan
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(shape_config(shape))
+    dims = Dims.of(shape)
+    assert dims.params == count_params(model)
+    units = dict(sharding_plan(model))
+    sizes = dict(model.named_parameters())
+    assert dims.layer_params == sum(sizes[n].numel() for n in units["model.layers.0"])
+    assert dims.root_params == sum(sizes[n].numel() for n in units[""])
+
+
+def test_saved_activations_of_an_eager_layer_match_the_formula() -> None:
+    """Every tensor a Hugging Face Qwen2 decoder layer saves for its backward (bf16, CPU), counted
+    once per storage, parameters and the shared rotary tables left out."""
+    torch = pytest.importorskip("torch")
+    from transformers import AutoModelForCausalLM
+
+    from training.model import shape_config
+
+    cfg = shape_config("tiny")
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation="sdpa")
+    batch, seq = 2, 64
+    x = torch.randn(batch, seq, cfg.hidden_size, dtype=torch.bfloat16, requires_grad=True)
+    pos = torch.arange(seq).unsqueeze(0).expand(batch, -1)
+    cos, sin = model.model.rotary_emb(x, pos)
+    skip = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    skip |= {cos.untyped_storage().data_ptr(), sin.untyped_storage().data_ptr()}
+    saved: dict[int, int] = {}
+
+    def pack(t: Any) -> Any:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in skip and t.numel() > 1:
+            saved[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model.model.layers[0](x, position_embeddings=(cos, sin), position_ids=pos)
+    per_token = sum(saved.values()) / 2 / (batch * seq)  # in bf16 elements
+    assert per_token == saved_per_token(Dims.of("tiny"), compile=False, liger_layers=False)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_fsdp2_keeps_unsharded_fp32_gradients_between_micro_batches(tmp_path: Path) -> None:
+    """What set_requires_gradient_sync(False) leaves behind, on 2 real gloo ranks: every layer's
+    gradient unsharded (N elements per rank, not N / 2) and upcast to fp32, until the synced
+    backward reduce-scatters it into fp32 shards (N / 2)."""
+    pytest.importorskip("torch")
+    script = f"""
+import json, os, sys
+sys.path.insert(0, {str(ROOT)!r})
+import torch, torch.distributed as dist
+import torch.multiprocessing as mp
+from training.model import apply_fsdp, build_model, make_mesh
+from training.memory_plan import Dims
+
+def run(rank):
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{_free_port()}", rank=rank, world_size=2)
+    model = apply_fsdp(build_model("random", "tiny", "", seed=0), make_mesh("cpu", "full", 2, 2))
+    ids = torch.randint(0, 264, (1, 16))
+    model.set_requires_gradient_sync(False)
+    model(input_ids=ids, labels=ids).loss.backward()
+    from torch.distributed.fsdp import FSDPModule
+    kept = [p.unsharded_accumulated_grad for m in model.modules() if isinstance(m, FSDPModule)
+            for g in m._get_fsdp_state()._fsdp_param_groups for p in g.fsdp_params]
+    model.set_requires_gradient_sync(True)
+    model(input_ids=ids, labels=ids).loss.backward()
+    shards = [p.grad.to_local() for p in model.parameters()]
+    if rank == 0:
+        out = dict(
+            kept=sum(t.numel() for t in kept), kept_dtypes=sorted({{str(t.dtype) for t in kept}}),
+            shards=sum(t.numel() for t in shards), shard_dtypes=sorted({{str(t.dtype) for t in shards}}),
+            n=Dims.of("tiny").params,
+        )
+        with open({str(tmp_path / "out.json")!r}, "w") as f:
+            json.dump(out, f)
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    mp.spawn(run, nprocs=2)
+"""
+    path = tmp_path / "accum.py"
+    path.write_text(script)
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    subprocess.run([sys.executable, str(path)], check=True, timeout=300, env=env, capture_output=True)
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert out["kept_dtypes"] == ["torch.float32"] and out["kept"] == out["n"]
+    assert out["shard_dtypes"] == ["torch.float32"] and out["shards"] == out["n"] // 2
+
+
+def test_accumulation_costs_four_bytes_per_parameter_unsharded() -> None:
+    one = plan("qwen2.5-1.5b", seq_len=2048, micro_batch=1, accum=1, shard=4)
+    two = plan("qwen2.5-1.5b", seq_len=2048, micro_batch=1, accum=2, shard=4)
+    assert (
+        two.moment_bytes("backward start") - one.moment_bytes("backward start")
+        == 4 * Dims.of("qwen2.5-1.5b").params
+    )
+
+
+def test_small_batches_peak_at_the_end_of_the_backward_large_ones_at_its_start() -> None:
+    # One GPU: fp32 gradients (4 B/param) outgrow a micro-batch of activations.
+    assert plan("qwen2.5-1.5b", seq_len=2048, micro_batch=1).peak_moment == "backward end"
+    assert plan("qwen2.5-1.5b", seq_len=2048, micro_batch=8).peak_moment == "backward start"
+
+
+def test_activation_checkpointing_and_sharding_lower_the_peak() -> None:
+    base = plan("qwen2.5-1.5b", seq_len=4096, micro_batch=4, shard=4)
+    assert plan("qwen2.5-1.5b", seq_len=4096, micro_batch=4, shard=8).allocated_bytes < base.allocated_bytes
+    ac = plan("qwen2.5-1.5b", seq_len=4096, micro_batch=4, shard=4, activation_checkpointing=True)
+    assert ac.allocated_bytes < base.allocated_bytes
+
+
+def test_largest_micro_batch_is_the_last_that_fits() -> None:
+    capacity = int(21.96 * GIB)
+    opts: dict[str, Any] = dict(shape="qwen2.5-1.5b", seq_len=2048, shard=4, communicators=3)
+    best = largest_micro_batch(capacity, **opts)
+    assert best >= 1
+    assert plan(micro_batch=best, **opts).fits(capacity)
+    assert not plan(micro_batch=best + 1, **opts).fits(capacity)
+    assert largest_micro_batch(int(1 * GIB), **opts) == 0
+
+
+def test_bad_inputs_are_named() -> None:
+    with pytest.raises(ValueError, match="unknown model shape 'gpt5'"):
+        plan("gpt5", seq_len=2048, micro_batch=1)
+    with pytest.raises(ValueError, match="micro_batch must be >= 1"):
+        plan("tiny", seq_len=2048, micro_batch=0)

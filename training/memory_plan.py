@@ -1,0 +1,362 @@
+"""Will it fit? The GPU memory of one training rank, from the job's settings, without torch.
+
+Pure Python on purpose: synthesis (config/settings) imports it to refuse a job that would not fit
+its node group's GPU, and `raytrain plan` prints it. The model follows what `python -m training`
+does on a GPU (training/model.py, training/loop.py); every term below says where its size comes
+from. Sizes are bytes of one rank; N counts parameters once (a tied lm_head shares the embedding).
+
+Sharding: FSDP2 shards every parameter over the shard group: all ranks (`full`), or the GPUs of a
+node (`hsdp`, and `auto` with more than one node), so S = world or GPUs per node.
+
+Persistent between steps (on every rank, sharded 1/S):
+  master weights   4 N / S    fp32 (MixedPrecisionPolicy keeps the sharded parameters in fp32)
+  AdamW state      8 N / S    exp_avg and exp_avg_sq, both in the parameter's dtype (fp32)
+Built during a step:
+  gradients        4 N / S    fp32 (reduce_dtype=float32), reduce-scattered layer by layer in
+                              the backward of the step's last micro-batch, freed by zero_grad
+  accumulated      4 N        with gradient accumulation (more than one micro-batch per step) the
+                              loop turns gradient sync off for all but the last micro-batch
+                              (set_requires_gradient_sync(False)); FSDP2 then keeps every layer's
+                              *unsharded* gradient, upcast to reduce_dtype, until the last backward
+                              reduce-scatters it (torch/distributed/fsdp/_fully_shard/
+                              _fsdp_param.py: to_accumulated_grad_if_needed,
+                              _fsdp_param_group.py: post_backward). It is not sharded: 4 N bytes.
+  gathered params  2 N_root + 2 x 2 N_layer   bf16 copies all-gathered for compute (param_dtype
+                              bf16): the root unit (embedding = tied lm_head, final norm) stays
+                              gathered from forward to backward (the root does not reshard after
+                              forward: _fsdp_state.py), and a layer plus the prefetched next one
+  activations      per micro-batch: tokens x layers x (bf16 elements a layer saves per token) x 2,
+                   see SAVED_PER_TOKEN; with activation checkpointing only each layer's input is
+                   kept, and one layer's activations are rebuilt at a time in the backward
+  loss             Liger's fused linear cross-entropy computes the loss and its gradients in the
+                   forward, chunk by chunk, so the [tokens, vocab] logits never exist: it keeps
+                   grad_input [tokens, d] and grad_weight [vocab, d] (both bf16, the dtype of its
+                   inputs) for the backward, and one [chunk, vocab] logits block at a time with
+                   chunk = next_pow2(ceil(tokens / ceil(vocab / d))) (liger_kernel/ops/
+                   fused_linear_cross_entropy.py). Without Liger, Hugging Face's loss upcasts the
+                   full logits to fp32 and log_softmax saves an fp32 copy: 12 bytes per
+                   token x vocab at the start of the backward (bf16 logits 2 + fp32 4 + saved
+                   log-probabilities 4, then the fp32 gradient 4 while the bf16 logits are gone)
+Outside torch's allocator (what `torch.cuda.max_memory_allocated` does not see):
+  allocator slack  the caching allocator reserves more than is allocated (block rounding and
+                   fragmentation): ALLOCATOR_SLACK of the allocated peak
+  CUDA context     CUDA_CONTEXT_GIB: the context, cuBLAS/cuDNN kernels and workspaces
+  NCCL             NCCL_GIB per communicator the rank holds (world, and HSDP's shard and
+                   replicate groups)
+
+The peak is the largest of three moments of the step (each term above lives in some of them):
+  backward start   after the last micro-batch's forward: persistent + accumulated + all
+                   activations + loss + gathered params + one layer's backward working set
+  backward end     all sharded gradients + the root unit's reduce-scatter (its bf16 gradient,
+                   the fp32 reduce-scatter input and output: the root is reduced last)
+  optimizer step   persistent + gradients (fused AdamW and the foreach norm need no full copy)
+On one GPU at micro-batch 8 the first wins; at micro-batch 1, or with activation checkpointing, the
+backward's end can (gradients grow by 4/S bytes per parameter while activations shrink).
+
+Calibration: tests/test_memory_plan.py pins the measured peaks (H200, BENCHMARKS.md and the
+`bench/memory_peaks.py` runs) and checks this model within 10 % of each.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from training.shapes import SHAPES
+
+GIB = 2**30
+
+# Bytes per element.
+FP32, BF16 = 4, 2
+
+# What CUDA/torch hold outside the allocator's allocated bytes. Estimates until the GPU runs of
+# bench/memory_peaks.py are in (its device_used_gib - peak_reserved_gib measures the first two).
+ALLOCATOR_SLACK = 0.05  # reserved = allocated x (1 + this)
+CUDA_CONTEXT_GIB = 0.6
+NCCL_GIB = 0.15  # per communicator: NCCL_BUFFSIZE 4 MiB x channels x peers, send and receive
+
+# How many all-gathered layers are alive at once: the one computing and the prefetched next one.
+GATHERED_LAYERS = 2
+
+
+@dataclass(frozen=True)
+class Dims:
+    """A decoder-only transformer's sizes (Qwen2 layout: q/k/v with bias, SwiGLU MLP, RMSNorm)."""
+
+    vocab: int
+    hidden: int
+    ffn: int
+    layers: int
+    heads: int
+    kv_heads: int
+    tied: bool = True
+    max_seq: int = 32768
+
+    @classmethod
+    def of(cls, shape: str) -> Dims:
+        try:
+            s = SHAPES[shape]
+        except KeyError:
+            raise ValueError(f"unknown model shape {shape!r}; known: {', '.join(SHAPES)}") from None
+        return cls(
+            vocab=s["vocab_size"],
+            hidden=s["hidden_size"],
+            ffn=s["intermediate_size"],
+            layers=s["num_hidden_layers"],
+            heads=s["num_attention_heads"],
+            kv_heads=s["num_key_value_heads"],
+            tied=s["tie_word_embeddings"],
+            max_seq=s["max_position_embeddings"],
+        )
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * (self.hidden // self.heads)
+
+    @property
+    def layer_params(self) -> int:
+        """q, k, v (with bias), o (no bias), gate/up/down, two RMSNorm weights."""
+        d, kv = self.hidden, self.kv_dim
+        attention = d * d + d + 2 * (d * kv + kv) + d * d
+        return attention + 3 * d * self.ffn + 2 * d
+
+    @property
+    def root_params(self) -> int:
+        """Embedding (and lm_head when untied) plus the final norm: the root FSDP unit."""
+        return self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden
+
+    @property
+    def params(self) -> int:
+        return self.layers * self.layer_params + self.root_params
+
+
+def saved_per_token(dims: Dims, *, compile: bool, liger_layers: bool) -> int:
+    """bf16 elements one decoder layer saves for its backward, per token (no checkpointing).
+
+    compiled (inductor, SwiGLU product recomputed: training.model.recompute_materialized_pointwise):
+        layer input x (the norms are recomputed from it), q, k, v after RoPE (SDPA), the attention
+        output (SDPA and o_proj), the residual after attention, gate and up: 4d + 2kv + 2ffn
+        (16 d for Qwen2.5-1.5B, as counted on a compiled layer: BENCHMARKS.md)
+    Liger's layer kernels (eager, or compiled: dynamo runs Liger's Triton kernels as opaque calls,
+        BENCHMARKS.md, so nothing around them is recomputed): RMSNorm saves its input, SwiGLU
+        recomputes silu but down_proj saves the product: x, norm1 out, q, attention out, h,
+        norm2 out = 6d, + 2kv, + gate, up, product = 3 ffn
+    eager, Hugging Face layers: each RMSNorm saves its fp32 upcast input (2d) and the bf16
+        normalised value (d) besides its output (d); SiLU saves gate, the product saves silu(gate)
+        and up, down_proj the product: 2 x 4d + q, attention out (2d) + 2kv + 4 ffn
+    Each also keeps small fp32 statistics: attention's log-sum-exp per head (2 x heads in bf16
+    units) and the two norms' reciprocal RMS (2 x 2). The rotary cos/sin tables are computed once
+    per forward and shared by the layers (counted with the root, not here).
+    """
+    d, kv, ffn = dims.hidden, dims.kv_dim, dims.ffn
+    stats = 2 * dims.heads + 4
+    if liger_layers:
+        return 6 * d + 2 * kv + 3 * ffn + stats
+    if compile:
+        return 4 * d + 2 * kv + 2 * ffn + stats
+    return 10 * d + 2 * kv + 4 * ffn + stats
+
+
+def backward_working_per_token(dims: Dims) -> int:
+    """bf16 elements per token a layer's backward allocates besides what it saved: the gradients
+    of the MLP's [tokens, ffn] intermediates (gate, up and the recomputed product)."""
+    return 3 * dims.ffn
+
+
+@dataclass(frozen=True)
+class Term:
+    name: str
+    bytes: int
+    formula: str
+
+    @property
+    def gib(self) -> float:
+        return self.bytes / GIB
+
+
+@dataclass(frozen=True)
+class JobMemory:
+    """One rank's plan: `moments` holds the terms of each moment; the peak is the largest."""
+
+    moments: dict[str, list[Term]]
+    overhead: list[Term]
+    inputs: dict[str, Any] = field(default_factory=dict)
+
+    def moment_bytes(self, name: str) -> int:
+        return sum(t.bytes for t in self.moments[name])
+
+    @property
+    def peak_moment(self) -> str:
+        return max(self.moments, key=self.moment_bytes)
+
+    @property
+    def peak_terms(self) -> list[Term]:
+        return self.moments[self.peak_moment]
+
+    @property
+    def allocated_bytes(self) -> int:
+        """What torch.cuda.max_memory_allocated would report."""
+        return self.moment_bytes(self.peak_moment)
+
+    @property
+    def device_bytes(self) -> int:
+        """What the rank needs of the GPU: the allocated peak plus slack, context and NCCL."""
+        return self.allocated_bytes + sum(t.bytes for t in self.overhead)
+
+    def fits(self, capacity_bytes: int) -> bool:
+        return self.device_bytes <= capacity_bytes
+
+
+def plan(
+    shape: str | Dims,
+    *,
+    seq_len: int,
+    micro_batch: int,
+    accum: int = 1,
+    shard: int = 1,
+    communicators: int = 1,
+    compile: bool = True,
+    activation_checkpointing: bool = False,
+    liger: bool = True,
+    liger_layers: bool | None = None,
+    float8: bool = False,
+    reshard_after_forward: bool = True,
+    master_bf16: bool = False,
+) -> JobMemory:
+    """The memory of one rank of `python -m training` with these options.
+
+    `shard` is S, the ranks a parameter is sharded over; `accum` the micro-batches per optimizer
+    step; `communicators` the NCCL communicators the rank holds (1 for the world; HSDP adds the
+    shard and the replicate group). `liger_layers` defaults as in the loop: only when the layers
+    are not compiled. `float8` (torchao float8 linears, tensorwise scales, all-gather in bf16)
+    changes no term: the layers keep what the compiled bf16 layers keep (62.4 GiB against
+    62.6 GiB at micro-batch 16 on an H200, DESIGN.md). `reshard_after_forward=False` keeps every
+    layer's all-gathered bf16 parameters from its forward to its backward: 2 B x the layers'
+    parameters, unsharded, at the backward's start. `master_bf16` models the AWS sample's
+    original recipe (the whole model, its gradients and AdamW state in bf16), for comparison.
+    """
+    dims = shape if isinstance(shape, Dims) else Dims.of(shape)
+    for name, value in (("seq_len", seq_len), ("micro_batch", micro_batch), ("accum", accum)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    if shard < 1:
+        raise ValueError(f"shard must be >= 1, got {shard}")
+    if liger_layers is None:
+        liger_layers = liger and not compile
+    n, n_layer, n_root = dims.params, dims.layer_params, dims.root_params
+    d, v, L = dims.hidden, dims.vocab, dims.layers
+    tokens = micro_batch * seq_len
+    master = BF16 if master_bf16 else FP32
+    gib = f"{n / 1e9:.3f} B params"
+
+    weights = Term("master weights", master * n // shard, f"{master} B x N / S ({gib}, S={shard})")
+    adam = Term("AdamW state", 2 * master * n // shard, f"2 x {master} B x N / S")
+    grads = Term("gradients (sharded)", master * n // shard, f"{master} B x N / S")
+    # FSDP2 upcasts the kept unsharded gradient to reduce_dtype only when it differs from the
+    # parameter's dtype: fp32 with mixed precision, bf16 for an all-bf16 model.
+    accumulated = (
+        [Term("accumulated gradients (unsharded)", master * n, f"{master} B x N, accum={accum}")]
+        if accum > 1
+        else []
+    )
+    held = GATHERED_LAYERS if reshard_after_forward else L
+    gathered = Term(
+        "all-gathered bf16 params",
+        BF16 * (n_root + held * n_layer),
+        f"2 B x (root {n_root / 1e6:.0f} M + {held} layers x {n_layer / 1e6:.1f} M)",
+    )
+    per_token = saved_per_token(dims, compile=compile, liger_layers=liger_layers)
+    if activation_checkpointing:
+        acts = [
+            Term("checkpointed layer inputs", BF16 * tokens * d * L, f"2 B x {tokens} tokens x d x {L}"),
+            Term(
+                "one layer recomputed",
+                BF16 * tokens * per_token,
+                f"2 B x {tokens} tokens x {per_token / d:.1f} d",
+            ),
+        ]
+    else:
+        acts = [
+            Term(
+                "activations",
+                BF16 * tokens * per_token * L,
+                f"2 B x {tokens} tokens x {per_token / d:.1f} d x {L} layers",
+            )
+        ]
+    # Outside the layers: the final norm (not compiled: Hugging Face's saves its fp32 input and
+    # the bf16 normalised value, 3 d in bf16 units; Liger's its input, d) and the rotary cos/sin
+    # tables all layers share (2 x head_dim).
+    norm_units = 1 if liger_layers else 3
+    rotary = 2 * (d // dims.heads)
+    acts.append(
+        Term(
+            "final norm, rotary tables",
+            BF16 * tokens * (d * norm_units + rotary),
+            f"2 B x tokens x ({norm_units} d + 2 head_dim)",
+        )
+    )
+    working = Term(
+        "one layer's backward",
+        BF16 * tokens * backward_working_per_token(dims),
+        "2 B x tokens x 3 ffn",
+    )
+    if liger:
+        inc = math.ceil(v / d)
+        chunk = min(tokens, 1 << max(0, math.ceil(tokens / inc) - 1).bit_length())
+        loss = [
+            Term("loss: grad_input + grad_weight", BF16 * (tokens * d + v * d), "2 B x (tokens x d + V x d)"),
+            Term("loss: logits chunk", BF16 * chunk * v, f"2 B x {chunk} x V (Liger chunk)"),
+        ]
+    else:
+        loss = [Term("loss: full logits", 12 * tokens * v, f"12 B x {tokens} tokens x V={v}")]
+
+    # The root unit is reduced last: its bf16 gradient (lm_head's and the embedding's summed),
+    # the reduce-scatter's fp32 input copy and its sharded output.
+    root_reduce = Term(
+        "root reduce-scatter",
+        BF16 * n_root + FP32 * n_root + FP32 * n_root // shard,
+        "2 B x N_root + 4 B x N_root + 4 B x N_root / S",
+    )
+    moments = {
+        "backward start": [weights, adam, *accumulated, *acts, *loss, gathered, working],
+        "backward end": [weights, adam, grads, root_reduce],
+        "optimizer step": [weights, adam, grads],
+    }
+    allocated = max(sum(t.bytes for t in terms) for terms in moments.values())
+    overhead = [
+        Term("allocator slack", int(ALLOCATOR_SLACK * allocated), f"{ALLOCATOR_SLACK:.0%} of allocated"),
+        Term("CUDA context", int(CUDA_CONTEXT_GIB * GIB), "context, kernels, cuBLAS/cuDNN workspaces"),
+        Term(
+            "NCCL",
+            int(NCCL_GIB * GIB * communicators),
+            f"{communicators} communicator(s) x {NCCL_GIB} GiB",
+        ),
+    ]
+    inputs = dict(
+        seq_len=seq_len,
+        micro_batch=micro_batch,
+        accum=accum,
+        shard=shard,
+        compile=compile,
+        activation_checkpointing=activation_checkpointing,
+        liger=liger,
+        liger_layers=liger_layers,
+        float8=float8,
+        reshard_after_forward=reshard_after_forward,
+        master_bf16=master_bf16,
+    )
+    return JobMemory(moments=moments, overhead=overhead, inputs=inputs)
+
+
+def largest_micro_batch(capacity_bytes: int, *, limit: int = 1024, **kwargs: Any) -> int:
+    """The largest micro-batch whose plan fits `capacity_bytes` (0: not even 1), other options as
+    in `plan`. Memory grows with the micro-batch, so a bisection finds it."""
+    lo, hi = 0, limit
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if plan(micro_batch=mid, **kwargs).fits(capacity_bytes):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
