@@ -22,8 +22,11 @@ import yaml
 
 from config.catalogue import CATALOGUE
 from config.loader import environment_names, load_settings
+from config.names import KUBERAY_NAMESPACE
 from config.settings import Settings
 from k8s import chart as wl
+from k8s import network_policy, pods
+from k8s.job import LIGER_PIP, TRAINING_RUNTIME_PIP
 
 ROOT = Path(__file__).resolve().parents[1]
 CRDS = ROOT / "k8s" / "crds"
@@ -418,7 +421,7 @@ def test_tokens_are_embedded_not_parsed_and_not_hashed() -> None:
 def test_runtime_env_ships_the_code(name: str) -> None:
     runtime_env = yaml.safe_load(the(name, "RayJob")["spec"]["runtimeEnvYAML"])
     assert runtime_env["working_dir"] == CODE_URI
-    expected = [*wl.TRAINING_RUNTIME_PIP, *([wl.LIGER_PIP] if VARIANTS[name]().job.liger else [])]
+    expected = [*TRAINING_RUNTIME_PIP, *([LIGER_PIP] if VARIANTS[name]().job.liger else [])]
     assert runtime_env.get("pip", {}).get("packages", []) == expected
 
 
@@ -431,7 +434,7 @@ def test_job_lifecycle(name: str) -> None:
     assert spec["backoffLimit"] == s.job.backoff_limit
     submitter = spec["submitterPodTemplate"]
     assert submitter["spec"]["nodeSelector"] == {"role": "system"}
-    assert submitter["metadata"]["labels"][wl.COMPONENT] == wl.SUBMITTER
+    assert submitter["metadata"]["labels"][pods.COMPONENT] == pods.SUBMITTER
     if s.job.cluster == "own":
         assert spec["shutdownAfterJobFinishes"] is True
         assert spec["ttlSecondsAfterFinished"] == s.job.ttl_seconds_after_finished
@@ -558,26 +561,26 @@ def ingress_allowed(
 
 
 def labels(component: str) -> dict[str, str]:
-    return {"app.kubernetes.io/part-of": "ray-train", wl.COMPONENT: component}
+    return {"app.kubernetes.io/part-of": "ray-train", pods.COMPONENT: component}
 
 
 @pytest.mark.parametrize("name", ALL)
 def test_head_ports_are_reached_only_by_ray_pods_submitter_and_operator(name: str) -> None:
     policies = objects(name, "NetworkPolicy")
     ns = settings_of(name).workload.namespace
-    head = {**labels(wl.HEAD), "ray.io/node-type": "head"}
+    head = {**labels(pods.HEAD), "ray.io/node-type": "head"}
     for port in (6379, 8265, 10001):
-        assert ingress_allowed(policies, head, ns, labels(wl.WORKER), port)
+        assert ingress_allowed(policies, head, ns, labels(pods.WORKER), port)
         assert not ingress_allowed(policies, head, "default", {}, port)
         assert not ingress_allowed(policies, head, ns, {"app": "something-else"}, port)
-        assert not ingress_allowed(policies, head, "kube-system", labels(wl.WORKER), port)
+        assert not ingress_allowed(policies, head, "kube-system", labels(pods.WORKER), port)
         expected = port == 8265
-        assert ingress_allowed(policies, head, ns, labels(wl.SUBMITTER), port) is expected
-        assert ingress_allowed(policies, head, wl.KUBERAY_OPERATOR_NAMESPACE, {}, port) is expected
+        assert ingress_allowed(policies, head, ns, labels(pods.SUBMITTER), port) is expected
+        assert ingress_allowed(policies, head, KUBERAY_NAMESPACE, {}, port) is expected
     # Workers accept Ray traffic from Ray pods only; the submitter accepts nothing.
-    assert ingress_allowed(policies, labels(wl.WORKER), ns, labels(wl.HEAD), 12345)
-    assert not ingress_allowed(policies, labels(wl.WORKER), ns, labels(wl.SUBMITTER), 12345)
-    assert not ingress_allowed(policies, labels(wl.SUBMITTER), ns, labels(wl.HEAD), 8265)
+    assert ingress_allowed(policies, labels(pods.WORKER), ns, labels(pods.HEAD), 12345)
+    assert not ingress_allowed(policies, labels(pods.WORKER), ns, labels(pods.SUBMITTER), 12345)
+    assert not ingress_allowed(policies, labels(pods.SUBMITTER), ns, labels(pods.HEAD), 8265)
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -609,8 +612,8 @@ def test_default_deny_dns_and_https_egress(name: str) -> None:
 
 
 def test_vpc_outside_private_ranges_is_excluded_too() -> None:
-    assert "100.64.0.0/16" in wl._private_ranges("100.64.0.0/16")
-    assert "10.16.0.0/16" not in wl._private_ranges("10.16.0.0/16")
+    assert "100.64.0.0/16" in network_policy._private_ranges("100.64.0.0/16")
+    assert "10.16.0.0/16" not in network_policy._private_ranges("10.16.0.0/16")
 
 
 # --- Review output --------------------------------------------------------------------------------

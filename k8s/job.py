@@ -1,0 +1,162 @@
+"""The RayJob: `python -m training` with the job settings, its runtime_env, the submitter pod, its name.
+
+`code_uri` and `checkpoint_uri` may be unresolved CDK tokens when the chart is synthesized inside
+the CDK app: they are only ever embedded in strings, never parsed, and they are kept out of the
+RayJob's name hash (token text is not stable); `code_hash` (the asset hash) stands in for the code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shlex
+from typing import Any
+
+from config.names import SERVICE_ACCOUNT, STANDING_CLUSTER_NAME
+from config.settings import ClusterMode, Settings
+from k8s.cluster import RAYJOB_CLUSTER_TYPES, SYSTEM_NODE_SELECTOR, ray_cluster_spec
+from k8s.imports.raycluster.io import ray as rc
+from k8s.imports.rayjob.io import ray as rj
+from k8s.pods import SUBMITTER, SpecTypes, container_security, labels, pod_security, resources
+
+# Extra packages the job installs on top of the image, through the runtime_env. Exact pins only;
+# a change here changes the RayJob's name, like a code change. The DLC has no liger-kernel: the job
+# adds it when `job.liger` is on (the version measured in BENCHMARKS.md).
+TRAINING_RUNTIME_PIP: tuple[str, ...] = ()
+LIGER_PIP = "liger-kernel==0.8.5"
+
+
+def runtime_pip(settings: Settings) -> list[str]:
+    return [*TRAINING_RUNTIME_PIP, *([LIGER_PIP] if settings.job.liger else [])]
+
+
+# The job submitter only runs `ray job submit` and follows the logs.
+SUBMITTER_CPU = "500m"
+SUBMITTER_MEMORY = "1Gi"
+SUBMITTER_TYPES = SpecTypes(rj, "RayJobSpecSubmitterPodTemplate")
+
+
+def training_args(settings: Settings, *, checkpoint_uri: str) -> list[str]:
+    """Arguments of `python -m training`, from the job settings."""
+    job = settings.job
+    args = [
+        "--run-name", job.run_name,
+        "--storage-path", checkpoint_uri,
+        "--num-workers", str(settings.num_workers),
+        # The entry point runs on the head: join the cluster it runs in.
+        "--address", "auto",
+        "--max-failures", str(job.max_failures),
+        "--checkpoint-every", str(job.checkpoint_every),
+        "--keep-checkpoints", str(job.keep_checkpoints),
+        "--model", job.model,
+        "--init", job.init.value,
+        "--shape", job.shape.value,
+        "--data", job.data,
+        "--seq-len", str(job.seq_len),
+        "--global-batch-size", str(job.global_batch_size),
+        "--micro-batch-size", str(job.micro_batch_size),
+        "--steps", str(job.steps),
+        "--lr", repr(job.lr),
+        "--seed", str(job.seed),
+        "--sharding", job.sharding.value,
+        # `auto` stays auto: the job resolves it per run ("any" on one node, where no inter-node
+        # link exists, else RAYTRAIN_EXPECT_TRANSPORT, which the workers get from the settings).
+        "--expect-transport", job.expect_transport.value,
+    ]  # fmt: skip
+    # Explicit either way: the training CLI's own default (on for GPU workers) must not decide.
+    args.append("--compile" if job.compile else "--no-compile")
+    if job.activation_checkpointing:
+        args.append("--activation-checkpointing")
+    args.append("--liger" if job.liger else "--no-liger")
+    if job.output_dir:
+        args += ["--output-dir", job.output_dir]
+    return args
+
+
+def entrypoint(settings: Settings, *, checkpoint_uri: str) -> str:
+    return shlex.join(["python", "-m", "training", *training_args(settings, checkpoint_uri=checkpoint_uri)])
+
+
+def runtime_env_yaml(code_uri: str, pip: list[str]) -> str:
+    # JSON is YAML: no quoting rules to get wrong around a token or a URI.
+    env: dict[str, Any] = {"working_dir": code_uri}
+    if pip:
+        env["pip"] = {"packages": pip, "pip_check": False}
+    return json.dumps(env, sort_keys=True)
+
+
+def _submitter(settings: Settings) -> Any:
+    """The Kubernetes Job's pod that runs `ray job submit` (K8sJobMode), on a system node."""
+    t = SUBMITTER_TYPES
+    return t("")(
+        metadata=t("Metadata")(labels=labels(SUBMITTER)),
+        spec=t("Spec")(
+            # KubeRay fills in the `ray job submit` command and the head's address and token.
+            containers=[
+                t("SpecContainers")(
+                    name="ray-job-submitter",
+                    image=settings.workload.image_ref,
+                    image_pull_policy="IfNotPresent",
+                    resources=resources(t, {"cpu": SUBMITTER_CPU, "memory": SUBMITTER_MEMORY}),
+                    security_context=container_security(t, []),
+                )
+            ],
+            restart_policy="Never",
+            node_selector=dict(SYSTEM_NODE_SELECTOR),
+            # The submitter needs neither AWS nor the Kubernetes API.
+            automount_service_account_token=False,
+            security_context=pod_security(t),
+        ),
+    )
+
+
+def job_spec(
+    settings: Settings,
+    *,
+    code_uri: str,
+    checkpoint_uri: str,
+    service_account_name: str,
+) -> rj.RayJobSpec:
+    """The RayJob's spec: entry point, runtime_env, submitter, and its own cluster or the standing one."""
+    job = settings.job
+    own = job.cluster is ClusterMode.OWN
+    return rj.RayJobSpec(
+        entrypoint=entrypoint(settings, checkpoint_uri=checkpoint_uri),
+        runtime_env_yaml=runtime_env_yaml(code_uri, runtime_pip(settings)),
+        submission_mode="K8sJobMode",  # a Kubernetes Job runs `ray job submit` and follows it
+        submitter_pod_template=_submitter(settings),
+        # Own cluster: removed when the job ends (TTL after), so idle GPUs are not held.
+        # Standing cluster: selected by name and left running; KubeRay allows no TTL then.
+        shutdown_after_job_finishes=True if own else None,
+        ttl_seconds_after_finished=job.ttl_seconds_after_finished if own else None,
+        cluster_selector=None if own else {"ray.io/cluster": STANDING_CLUSTER_NAME},
+        ray_cluster_spec=ray_cluster_spec(
+            settings, service_account_name=service_account_name, types=RAYJOB_CLUSTER_TYPES
+        )
+        if own
+        else None,
+        active_deadline_seconds=job.active_deadline_seconds,
+        backoff_limit=job.backoff_limit,
+    )
+
+
+def rayjob_name(settings: Settings, *, code_hash: str, service_account_name: str = SERVICE_ACCOUNT) -> str:
+    """`rj-<run name>-<hash>`: the hash covers the whole job spec (its cluster copy, or the standing
+    cluster's spec) and the code, so a changed job or changed code gets a new RayJob (KubeRay
+    ignores spec updates of an existing one). The URIs enter as placeholders: at synth time they
+    are tokens whose text is not stable; `code_hash` stands for the code."""
+    spec = job_spec(
+        settings,
+        code_uri="<code>",
+        checkpoint_uri="<checkpoint>",
+        service_account_name=service_account_name,
+    )
+    material: dict[str, Any] = {"job": rj.RayJob.manifest(spec=spec)["spec"], "code": code_hash}
+    if settings.job.cluster is ClusterMode.STANDING:
+        cluster = ray_cluster_spec(settings, service_account_name=service_account_name)
+        material["standing_cluster"] = rc.RayCluster.manifest(spec=cluster)["spec"]
+    digest = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:10]
+    slug = re.sub(r"[^a-z0-9-]+", "-", settings.job.run_name).strip("-")[:30].strip("-")
+    # A DNS-1035 label of at most 47 characters: KubeRay appends 6 to name the job's cluster.
+    return f"rj-{slug}-{digest}" if slug else f"rj-{digest}"
