@@ -118,8 +118,14 @@ def _device_plugin(
     version: str,
     values: dict[str, Any],
 ) -> eks.HelmChart:
-    """A device-plugin DaemonSet chart in kube-system, released under its chart's name. No wait:
-    its pods start only once GPU nodes exist, which may be never (min size 0)."""
+    """A device-plugin DaemonSet chart in kube-system, released under its chart's name.
+
+    No wait and no rollback: its pods start only once GPU nodes exist, which may be never (min size
+    0). The handler passes neither --wait nor --atomic, so the layer's Helm 4 waits only for hooks
+    (`--wait` omitted means 'hookOnly', `helm upgrade --help`); `--atomic` is deprecated there and
+    would turn waiting on, as `--rollback-on-failure` does. CloudFormation's rollback undoes a
+    failed release. tests/test_helm_flags.py checks the command the handler runs.
+    """
     return eks.HelmChart(
         scope,
         construct_id,
@@ -131,7 +137,6 @@ def _device_plugin(
         namespace=DEVICE_PLUGIN_NAMESPACE,
         values=values,
         wait=False,
-        atomic=True,
         timeout=Duration.minutes(10),
     )
 
@@ -182,8 +187,12 @@ class KubeRayOperator(Construct):
             namespace=KUBERAY_NAMESPACE,
             create_namespace=True,
             values=kuberay_operator_values(ray_namespace),
+            # `--wait` (Helm 4: the 'watcher' strategy): the deploy stops here until the operator
+            # is ready, so the Workload stack's RayJob finds its CRDs and controller. No rollback
+            # flag (`--atomic` is deprecated in Helm 4): when the release fails, CloudFormation's
+            # own rollback undoes it (uninstall after a failed create, the old values after a
+            # failed update).
             wait=True,
-            atomic=True,
             timeout=Duration.minutes(10),
         )
         self.chart.node.add_dependency(self.namespace)
