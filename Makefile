@@ -11,7 +11,7 @@ BASE ?= HEAD
 # jsii (under aws-cdk-lib) prints a large banner on Node 20; the CDK CLI itself is pinned in package.json.
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 
-.PHONY: help setup setup-cdk synth test test-fast lint format typecheck diff review ls lock imports train-local clean
+.PHONY: help setup setup-cdk synth test test-fast lint format typecheck diff review ls lock imports train-local train-local-data clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -67,11 +67,18 @@ format: setup ## apply ruff formatting and fixes
 typecheck: setup ## mypy over the packages
 	$(VENV)/bin/mypy
 
-train-local: setup ## train the tiny preset on 2 CPU workers (~1 min); summary.json and plot in runs/local
+LOCAL_TRAIN = HF_HUB_OFFLINE=1 RAY_AUTH_MODE=disabled $(PY) -m training --init random --shape tiny \
+	  --num-workers 2 --micro-batch-size 2 --global-batch-size 8 --steps 30 --checkpoint-every 10 --lr 1e-3
+
+train-local: setup ## train the tiny preset on random token ids, 2 CPU workers (~1 min); results in runs/local
 	rm -rf runs/local
-	HF_HUB_OFFLINE=1 RAY_AUTH_MODE=disabled $(PY) -m training --init random --shape tiny \
-	  --data training/sample/sample.jsonl --num-workers 2 --micro-batch-size 2 --global-batch-size 8 \
-	  --steps 30 --checkpoint-every 10 --lr 1e-3 --run-name local --output-dir runs/local
+	$(LOCAL_TRAIN) --data random --run-name local --output-dir runs/local
+
+train-local-data: setup ## the same on the bundled text: prepare token shards (Ray Data), then train from them
+	rm -rf runs/local-data
+	HF_HUB_OFFLINE=1 RAY_AUTH_MODE=disabled $(PY) -m training.prepare --data training/sample \
+	  --out runs/local-data/prepared --shape tiny --seq-len 256
+	$(LOCAL_TRAIN) --data runs/local-data/prepared --run-name local-data --output-dir runs/local-data
 
 lock: ## re-resolve requirements.lock from pyproject.toml in a scratch venv
 	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv

@@ -1,4 +1,4 @@
-"""Training data: random token ids, or text files tokenized and packed into fixed-length blocks.
+"""Training data: random token ids, or token blocks prepared by training.prepare (training.shards).
 
 The data position is the number of sequences consumed so far across all ranks. Sequence i of the
 run is a pure function of (seed, i), so a resumed run, or one on a different worker count, sees the
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -83,11 +84,17 @@ def random_sequences(first: int, count: int, seq_len: int, vocab: int, seed: int
 
 
 class Batches:
-    """Micro-batches for one rank. `blocks` is None for random data."""
+    """Micro-batches for one rank. `blocks` is None for random data, else anything with len() and
+    take(indices) -> [n, seq_len] array: an in-memory array (tests) or shards.TokenBlocks.
+
+    Which blocks a micro-batch holds is a pure function of the data position, so the next ones are
+    known in advance: with `prefetch`, a background thread reads the rest of this step's and the
+    whole next step's micro-batches while the GPU computes (ranged reads from S3 take tens of ms).
+    """
 
     def __init__(
         self,
-        blocks: np.ndarray | None,
+        blocks: Any,
         *,
         seq_len: int,
         vocab: int,
@@ -96,70 +103,43 @@ class Batches:
         accum: int,
         world: int,
         rank: int,
+        prefetch: bool = False,
     ):
         self.blocks, self.seq_len, self.vocab, self.seed = blocks, seq_len, vocab, seed
         self.micro, self.accum, self.world, self.rank = micro, accum, world, rank
         self.global_batch = micro * accum * world
+        self._pool = ThreadPoolExecutor(1) if prefetch and blocks is not None else None
+        self._pending: dict[tuple[int, int], Future[np.ndarray]] = {}
+
+    def _read(self, position: int, mb: int) -> np.ndarray:
+        first = rank_slice(position, self.micro, self.world, self.rank, mb)
+        idx = sequence_indices(first, self.micro, len(self.blocks), self.seed)
+        if isinstance(self.blocks, np.ndarray):
+            return self.blocks[idx]
+        rows: np.ndarray = self.blocks.take(idx)
+        return rows
 
     def micro_batch(self, position: int, mb: int) -> torch.Tensor:
         """Token ids [micro, seq_len] for micro-batch mb of the step whose batch starts at position."""
-        first = rank_slice(position, self.micro, self.world, self.rank, mb)
         if self.blocks is None:
+            first = rank_slice(position, self.micro, self.world, self.rank, mb)
             return random_sequences(first, self.micro, self.seq_len, self.vocab, self.seed)
-        idx = sequence_indices(first, self.micro, len(self.blocks), self.seed)
-        return torch.from_numpy(self.blocks[idx].astype(np.int64))
+        if self._pool is None:
+            return torch.from_numpy(self._read(position, mb).astype(np.int64))
+        # Keys of this micro-batch and of the next accum ones (the rest of the step, the next step).
+        keys = []
+        pos, m = position, mb
+        for _ in range(self.accum + 1):
+            keys.append((pos, m))
+            pos, m = (pos, m + 1) if m + 1 < self.accum else (pos + self.global_batch, 0)
+        for stale in [k for k in self._pending if k not in keys]:  # after a resume: another position
+            self._pending.pop(stale).cancel()
+        for key in keys:
+            if key not in self._pending:
+                self._pending[key] = self._pool.submit(self._read, *key)
+        rows = self._pending.pop((position, mb)).result()
+        return torch.from_numpy(rows.astype(np.int64))
 
-
-def _tokenize_batch(batch: Any, *, field: str, shape: str, model: str) -> dict[str, Any]:
-    tok = _TOKENIZERS.get((shape, model))
-    if tok is None:
-        tok = _TOKENIZERS[(shape, model)] = load_tokenizer(shape, model)
-    texts = [t if isinstance(t, str) else "" for t in batch[field]]
-    if isinstance(tok, ByteTokenizer):
-        ids = [tok.encode(t) for t in texts]
-    else:
-        ids = tok(texts, add_special_tokens=False)["input_ids"]
-    out = np.empty(len(ids), dtype=object)  # ragged: one int32 array per document
-    for i, x in enumerate(ids):
-        out[i] = np.asarray(x, dtype=np.int32)
-    return {"ids": out}
-
-
-_TOKENIZERS: dict[tuple[str, str], Any] = {}
-
-
-def _read_local(path: str, field: str, parquet: bool) -> Any:
-    import pyarrow.json as pj
-    import pyarrow.parquet as pq
-
-    table = pq.read_table(path, columns=[field]) if parquet else pj.read_json(path)
-    return table.select([field])
-
-
-def build_blocks(files: list[str], *, field: str, shape: str, model: str, seq_len: int) -> np.ndarray:
-    """Read jsonl/parquet with Ray Data, tokenize in parallel, and pack in file order.
-
-    Remote files are read by Ray Data tasks on any node. Local files exist only where the driver
-    runs (the head pod, which may offer no CPUs to tasks), so the driver reads them itself and
-    hands the table to Ray Data for tokenizing.
-    """
-    import ray.data
-
-    ctx = ray.data.DataContext.get_current()
-    ctx.execution_options.preserve_order = True  # the packed order must not depend on timing
-    parquet = files[0].endswith(".parquet")
-    if all("://" in f for f in files):
-        ds = ray.data.read_parquet(files) if parquet else ray.data.read_json(files)
-    else:
-        ds = ray.data.from_arrow([_read_local(f, field, parquet) for f in files])
-    tokenize: Any = _tokenize_batch
-    ds = ds.select_columns([field]).map_batches(
-        tokenize,
-        fn_kwargs={"field": field, "shape": shape, "model": model},
-        batch_format="numpy",
-    )
-    eos = load_tokenizer(shape, model).eos_token_id
-    if eos is None:
-        raise ValueError("--model: the tokenizer has no EOS token to separate documents")
-    docs = (row for batch in ds.iter_batches(batch_format="numpy") for row in batch["ids"])
-    return pack(docs, seq_len, int(eos))
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)

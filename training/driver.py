@@ -1,4 +1,7 @@
-"""The driver: checks the options against the cluster, prepares data, runs the TorchTrainer."""
+"""The driver: checks the options against the cluster, prepares data, runs the TorchTrainer.
+
+It holds no training data: workers read their blocks from the prepared shards (training.shards).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from training import summary as summary_mod
-from training.options import OptionError, TrainOptions, data_files
+from training.options import OptionError, TrainOptions
 
 
 class TransportGateFailed(Exception):
@@ -40,7 +43,7 @@ def check_model(opts: TrainOptions) -> Any:
     max_pos = getattr(cfg, "max_position_embeddings", None)
     if max_pos and opts.seq_len > max_pos:
         raise OptionError(f"--seq-len: {opts.seq_len} is beyond the model's {max_pos} positions")
-    if opts.data != "random" and opts.shape != "tiny":
+    if opts.prepared_data is not None and opts.shape != "tiny":  # raw text to tokenize
         from training.data import load_tokenizer
 
         try:
@@ -57,15 +60,20 @@ def check_model(opts: TrainOptions) -> Any:
 
 
 def init_ray(opts: TrainOptions) -> None:
+    init_ray_at(opts.address)
+
+
+def init_ray_at(address: str | None) -> None:
+    """Join the cluster at `address`, or start an embedded local Ray (no address)."""
     import ray
 
     if ray.is_initialized():
         return
-    if opts.address:
+    if address:
         try:
-            ray.init(address=opts.address)
+            ray.init(address=address)
         except (ConnectionError, RuntimeError, ValueError) as exc:
-            raise OptionError(f"--address: cannot join the Ray cluster at {opts.address!r}: {exc}") from None
+            raise OptionError(f"--address: cannot join the Ray cluster at {address!r}: {exc}") from None
         return
     # Embedded local Ray: its workers must import this package; they inherit the environment.
     root = str(Path(__file__).resolve().parents[1])
@@ -102,28 +110,47 @@ def resolve_workers(opts: TrainOptions) -> tuple[int, bool]:
     return workers, use_gpu
 
 
-def prepare_blocks(opts: TrainOptions) -> Any:
-    """Tokenize and pack real data once, in the driver's Ray Data job; workers index into it."""
+def resolve_data(opts: TrainOptions, vocab_size: int) -> str | None:
+    """The prepared shards the workers read (None for random data). Raw jsonl/parquet is prepared
+    first, in parallel on the cluster (training.prepare; nothing if already prepared). The driver
+    reads only the manifest: the workers read their blocks from the shards themselves."""
     if opts.data == "random":
         return None
-    import ray
+    from training import shards
 
-    from training.data import build_blocks
+    location = shards.manifest_location(opts.data)
+    if location is None:
+        from training.prepare import prepare
 
+        assert opts.prepared_data is not None  # set by parse_args for raw data
+        prepare(opts.data, opts.prepared_data, seq_len=opts.seq_len, text_field=opts.text_field,
+                shape=opts.shape, model=opts.model, log=lambda line: print(line, flush=True))  # fmt: skip
+        location = shards.join(opts.prepared_data, shards.MANIFEST)
     try:
-        blocks = build_blocks(
-            data_files(opts.data),
-            field=opts.text_field,
-            shape=opts.shape,
-            model=opts.model,
-            seq_len=opts.seq_len,
+        manifest = shards.read_manifest(location)
+    except shards.ShardError as exc:
+        raise OptionError(f"--data: {exc}") from None
+    tok = manifest["tokenizer"]
+    if tok["vocab_size"] > vocab_size:
+        raise OptionError(
+            f"--data: {location} was tokenized by {tok['name']!r} ({tok['vocab_size']} ids), more "
+            f"than the model's {vocab_size}-entry vocabulary"
         )
-    except ValueError as exc:
-        raise OptionError(str(exc)) from None
-    if len(blocks) == 0:
-        raise OptionError(f"--data: {opts.data} holds fewer than --seq-len {opts.seq_len} tokens")
-    print(f"[train] data: {len(blocks)} blocks of {opts.seq_len} tokens from {opts.data}", flush=True)
-    return ray.put(blocks)
+    if opts.init == "pretrained" and tok["name"] not in ("byte", opts.model):
+        raise OptionError(
+            f"--data: {location} was tokenized by {tok['name']!r}, not by --model {opts.model!r}: "
+            "prepare it with the model's tokenizer"
+        )
+    if manifest["seq_len"] != opts.seq_len:
+        raise OptionError(
+            f"--seq-len: {opts.seq_len}, but {location} holds blocks of {manifest['seq_len']} tokens"
+        )
+    print(
+        f"[train] data: {manifest['blocks']} blocks of {opts.seq_len} tokens in "
+        f"{len(manifest['shards'])} shards ({location})",
+        flush=True,
+    )
+    return location
 
 
 def run(opts: TrainOptions) -> dict[str, Any]:
@@ -135,14 +162,14 @@ def run(opts: TrainOptions) -> dict[str, Any]:
     from training.loop import train_loop
 
     t0 = time.time()
-    check_model(opts)
+    cfg = check_model(opts)
     init_ray(opts)
     workers, use_gpu = resolve_workers(opts)
-    blocks = prepare_blocks(opts)
+    data = resolve_data(opts, int(cfg.vocab_size))
     verdict: Any = ray.remote(num_cpus=0)(_GateVerdict).remote()
     trainer = TorchTrainer(
         train_loop,
-        train_loop_config={"options": opts.to_dict(), "blocks": blocks, "gate_verdict": verdict},
+        train_loop_config={"options": opts.to_dict(), "data": data, "gate_verdict": verdict},
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
         scaling_config=ScalingConfig(
             num_workers=workers,

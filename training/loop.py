@@ -31,6 +31,7 @@ from training.model import (
 )
 from training.netprobe import TransportGateError, host_key, run_transport_gate
 from training.options import TrainOptions, profile_range
+from training.shards import TokenBlocks
 from training.timing import StepTimer
 
 EXPECT_ENV = "RAYTRAIN_EXPECT_TRANSPORT"
@@ -141,7 +142,7 @@ class _Trainer:
     """One rank's model, optimizer, data and counters."""
 
     def __init__(
-        self, opts: TrainOptions, blocks: Any, place: tuple[int, int, torch.device] | None = None
+        self, opts: TrainOptions, data: str | None, place: tuple[int, int, torch.device] | None = None
     ) -> None:
         """`place` (rank, world size, device) is Ray Train's unless given (tests run one rank in a
         plain process group)."""
@@ -198,8 +199,11 @@ class _Trainer:
         micro = opts.micro_batch_size
         self.global_batch = opts.global_batch_size or micro * self.world
         self.accum = self.global_batch // (micro * self.world)
+        # Prepared shards, read by position: memory-mapped or ranged reads, never the whole corpus.
+        self.blocks = TokenBlocks(data) if data is not None else None
+        self.data_fingerprint = self.blocks.fingerprint if self.blocks is not None else None
         self.batches = Batches(
-            blocks,
+            self.blocks,
             seq_len=opts.seq_len,
             vocab=mcfg.vocab_size,
             seed=opts.seed,
@@ -207,6 +211,7 @@ class _Trainer:
             accum=self.accum,
             world=self.world,
             rank=self.rank,
+            prefetch=True,
         )
         self.step, self.position = 0, 0
         self.history: list[dict[str, Any]] = []
@@ -239,6 +244,9 @@ class _Trainer:
     def resume(self, ckpt_dir: str) -> None:
         meta = checkpoint.load(ckpt_dir, self.model, self.optimizer)
         self.step, self.position = meta["step"], meta["position"]
+        saved = meta.get("data_fingerprint")
+        if self.rank == 0 and saved != self.data_fingerprint:
+            _say(f"[train] warning: resuming on other data (fingerprint {saved} -> {self.data_fingerprint})")
         self.history = [h for h in meta.get("history", []) if h["step"] <= self.step]
         self.resumes = [
             *meta.get("resumes", []),
@@ -317,6 +325,7 @@ class _Trainer:
             "float8": self.float8,
             "float8_layers": len(self.float8_layers),
             "mesh": list(self.mesh_shape),
+            "data_fingerprint": self.data_fingerprint,
         }
         try:
             checkpoint.save(
@@ -333,8 +342,7 @@ def train_loop(config: dict[str, Any]) -> None:
     import ray.train
 
     opts = TrainOptions.from_dict(config["options"])
-    blocks = ray.get(config["blocks"]) if config.get("blocks") is not None else None
-    tr = _Trainer(opts, blocks)
+    tr = _Trainer(opts, config.get("data"))
     ckpt = ray.train.get_checkpoint()
     if ckpt is not None:
         with ckpt.as_directory() as ckpt_dir:
@@ -386,3 +394,4 @@ def train_loop(config: dict[str, Any]) -> None:
             first = False
     finally:
         gc.enable()
+        tr.batches.close()

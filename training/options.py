@@ -40,6 +40,7 @@ class TrainOptions:
     init: str
     shape: str
     data: str
+    prepared_data: str | None  # where raw --data is prepared (None for random or prepared --data)
     text_field: str
     seq_len: int
     global_batch_size: int | None
@@ -205,7 +206,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--data",
         default="random",
-        help="'random' token ids, or a .jsonl/.parquet file or folder, local or s3://",
+        help="'random' token ids; prepared token shards (a folder or URI holding the manifest.json "
+        "that python -m training.prepare writes); or a .jsonl/.parquet file or folder, local or "
+        "s3://, which is prepared first into --prepared-data",
+    )
+    g.add_argument(
+        "--prepared-data",
+        metavar="LOCATION",
+        help="where jsonl/parquet --data is tokenized to (local dir or s3://; default: "
+        "STORAGE_PATH/_prepared/RUN_NAME); unchanged input is not prepared twice",
     )
     g.add_argument("--text-field", default="text", help="text column of the jsonl/parquet records")
     g.add_argument("--seq-len", type=pos_int, help="tokens per sequence (default 2048; 256 for --shape tiny)")
@@ -314,10 +323,11 @@ def parse_args(argv: list[str]) -> TrainOptions:
     d = vars(ns)
     d.pop("config", None)
     _check_run(d)
+    manifest = _check_prepared(d)
     _check_training(d)
-    if d["data"] != "random":
+    if d["data"] != "random" and manifest is None:
         check_text_field(_check_data_path(d["data"])[0], d["text_field"])
-    if d["init"] == "pretrained" or (d["data"] != "random" and d["shape"] != "tiny"):
+    if d["init"] == "pretrained" or (d["prepared_data"] is not None and d["shape"] != "tiny"):
         _check_model_ref(d["model"])
     return TrainOptions(**d)
 
@@ -337,6 +347,40 @@ def _check_run(d: dict[str, Any]) -> None:
         if "://" in d["storage_path"]:
             raise OptionError(f"--storage-path: a local dir or s3://…, got {d['storage_path']!r}")
         d["storage_path"] = os.path.abspath(d["storage_path"])
+
+
+def _check_prepared(d: dict[str, Any]) -> dict[str, Any] | None:
+    """--data naming prepared shards: their manifest sets the default --seq-len and must agree
+    with an explicit one. Raw --data gets its --prepared-data location. Returns the manifest."""
+    from training import shards
+
+    if d["data"] == "random":
+        if d["prepared_data"] is not None:
+            raise OptionError("--prepared-data: only with jsonl/parquet --data, not 'random'")
+        return None
+    location = shards.manifest_location(d["data"])
+    if location is None:
+        if d["prepared_data"] is None:
+            d["prepared_data"] = shards.join(d["storage_path"], "_prepared", d["run_name"])
+        elif not shards.is_remote(d["prepared_data"]):
+            d["prepared_data"] = os.path.abspath(d["prepared_data"])
+        return None
+    if d["prepared_data"] is not None:
+        raise OptionError(f"--prepared-data: --data {d['data']} is already prepared; drop one of them")
+    try:
+        manifest = shards.read_manifest(location)
+    except shards.ShardError as exc:
+        raise OptionError(f"--data: {exc}") from None
+    if d["seq_len"] is None:
+        d["seq_len"] = int(manifest["seq_len"])
+    elif d["seq_len"] != manifest["seq_len"]:
+        raise OptionError(
+            f"--seq-len: {d['seq_len']}, but {location} holds blocks of {manifest['seq_len']} tokens; "
+            f"drop --seq-len or prepare the data again with --seq-len {d['seq_len']}"
+        )
+    if not shards.is_remote(d["data"]):
+        d["data"] = os.path.abspath(d["data"])
+    return manifest
 
 
 def _check_training(d: dict[str, Any]) -> None:

@@ -88,6 +88,7 @@ def summarize(meta: dict[str, Any], options: dict[str, Any], wall_s: float) -> d
         "float8_layers": meta.get("float8_layers"),
         "mesh": meta.get("mesh"),
         "data_position": meta.get("position"),
+        "data_fingerprint": meta.get("data_fingerprint"),
         "resumes": meta.get("resumes", []),
         "transport": meta.get("transport"),
         "wall_time_s": wall_s,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,7 +19,7 @@ from training.data import (
     rank_slice,
     sequence_indices,
 )
-from training.options import SAMPLE_DATA, data_files
+from training.options import SAMPLE_DATA
 
 
 def test_byte_tokenizer_round_trip() -> None:
@@ -100,29 +99,3 @@ def test_bundled_sample_is_small_and_usable() -> None:
     assert 5_000 < size < 300_000
     docs = [json.loads(line)["text"] for line in SAMPLE_DATA.read_text().splitlines()]
     assert len(docs) >= 10 and all(d.strip() for d in docs)
-
-
-@pytest.mark.ray
-@pytest.mark.filterwarnings("ignore::DeprecationWarning:ray.*")
-@pytest.mark.parametrize("kind", ["local-jsonl", "remote-parquet"])
-def test_ray_data_pipeline_packs_in_file_order(ray_session: str, tmp_path: Path, kind: str) -> None:
-    """Ray Data reads, tokenizes and packs exactly like a plain loop would, in file-name order."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from training.data import build_blocks
-
-    docs = [json.loads(x)["text"] for x in SAMPLE_DATA.read_text().splitlines()]
-    parts = {"b": docs[:5], "a": docs[5:]}  # a before b: the sorted names set the order
-    for name, texts in parts.items():
-        if kind == "local-jsonl":
-            lines = [json.dumps({"text": t, "id": i}) for i, t in enumerate(texts)]
-            (tmp_path / f"{name}.jsonl").write_text("\n".join(lines) + "\n")
-        else:
-            pq.write_table(pa.table({"text": texts}), tmp_path / f"{name}.parquet")
-    files = data_files(str(tmp_path) if kind == "local-jsonl" else f"file://{tmp_path}")
-    tok = ByteTokenizer()
-    expected = pack((tok.encode(d) for d in parts["a"] + parts["b"]), 64, EOS_BYTE)
-    got = build_blocks(files, field="text", shape="tiny", model="", seq_len=64)
-    assert got.dtype == np.int32 and got.shape == expected.shape
-    assert np.array_equal(got, expected)

@@ -1,0 +1,151 @@
+"""Token shards without Ray: segment boundaries, packing per segment, reading blocks by position
+(memory-mapped and ranged reads), the manifest, and the batch order the loop sees."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from training import shards
+from training.data import EOS_BYTE, Batches, ByteTokenizer, pack
+from training.options import SAMPLE_DATA, OptionError, parse_args
+from training.prepare import Settings, _segment_texts, plan_segments, write_segment
+
+TINY = {"shape": "tiny", "model": ""}
+
+
+def _docs() -> list[str]:
+    return [json.loads(x)["text"] for x in SAMPLE_DATA.read_text().splitlines()]
+
+
+def _jsonl(path: Path, texts: list[str]) -> dict[str, Any]:
+    path.write_text("".join(json.dumps({"text": t, "n": i}) + "\n" for i, t in enumerate(texts)))
+    return {"uri": str(path), "size": path.stat().st_size, "mtime_ns": 0}
+
+
+@given(segment=st.integers(1, 4000), n_docs=st.integers(0, 12))
+@settings(max_examples=25, deadline=None)
+def test_jsonl_segments_hold_every_record_once_in_order(segment: int, n_docs: int, tmp_path_factory) -> None:
+    """A record belongs to the segment its line starts in, however the byte ranges fall."""
+    texts = [t[: 50 + 37 * i] for i, t in enumerate(_docs()[:n_docs])]
+    item = _jsonl(tmp_path_factory.mktemp("seg") / "c.jsonl", texts)
+    segs = plan_segments([item], segment)
+    assert [s.index for s in segs] == list(range(len(segs)))
+    got = [t for s in segs for batch in _segment_texts(s, "text") for t in batch]
+    assert got == texts
+
+
+def test_parquet_segments_are_row_groups(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    texts = _docs()
+    pq.write_table(pa.table({"text": texts}), tmp_path / "c.parquet", row_group_size=4)
+    item = {"uri": str(tmp_path / "c.parquet"), "size": 0, "mtime_ns": 0}
+    segs = plan_segments([item], 1)  # every row group its own segment
+    assert [(s.start, s.end) for s in segs] == [(i, i + 1) for i in range(0, (len(texts) + 3) // 4)]
+    assert [t for s in segs for b in _segment_texts(s, "text") for t in b] == texts
+
+
+def _prepare_locally(tmp: Path, seq_len: int, segment: int) -> tuple[str, list[np.ndarray]]:
+    """Segments written one by one in this process, as the Ray tasks do; returns the location and
+    the blocks each segment should hold (pack() of its documents)."""
+    item = _jsonl(tmp / "c.jsonl", _docs())
+    cfg = Settings(seq_len=seq_len, text_field="text", segment_bytes=segment, **TINY)
+    out = tmp / "prepared"
+    (out / "shards-x").mkdir(parents=True)
+    rows, expected = [], []
+    tok = ByteTokenizer()
+    for seg in plan_segments([item], segment):
+        counts = write_segment(seg, cfg, str(out / "shards-x" / f"{seg.index:05d}.bin"))
+        texts = [t for b in _segment_texts(seg, "text") for t in b]
+        expected.append(pack((tok.encode(t) for t in texts), seq_len, EOS_BYTE))
+        assert counts["blocks"] == len(expected[-1]) and counts["documents"] == len(texts)
+        rows.append({"name": f"shards-x/{seg.index:05d}.bin", "blocks": counts["blocks"]})
+    manifest = {"format": shards.FORMAT, "seq_len": seq_len, "fingerprint": "f" * 64,
+                "blocks": sum(r["blocks"] for r in rows), "shards": rows,
+                "tokenizer": {"name": "byte", "vocab_size": 257}}  # fmt: skip
+    shards.write_manifest(str(out), manifest)
+    return str(out), expected
+
+
+def test_one_segment_packs_exactly_like_the_whole_file(tmp_path: Path) -> None:
+    location, expected = _prepare_locally(tmp_path, 64, 1 << 20)
+    tok = ByteTokenizer()
+    whole = pack((tok.encode(d) for d in _docs()), 64, EOS_BYTE)
+    blocks = shards.TokenBlocks(location)
+    assert len(expected) == 1 and len(blocks) == len(whole)
+    assert np.array_equal(blocks.take(range(len(blocks))), whole)
+
+
+@pytest.mark.parametrize("remote", [False, True])
+def test_blocks_are_read_by_position_across_shards(tmp_path: Path, remote: bool) -> None:
+    """Local shards are memory-mapped; file:// takes the ranged-read path that s3:// takes."""
+    location, expected = _prepare_locally(tmp_path, 32, 2000)
+    assert len(expected) > 3 and any(len(e) == 0 for e in expected) is False
+    every = np.concatenate(expected)
+    blocks = shards.TokenBlocks(f"file://{location}" if remote else location)
+    assert blocks._remote is remote and len(blocks) == len(every)
+    order = np.random.default_rng(0).permutation(len(every))[:50].tolist()
+    got = blocks.take(order)
+    assert got.dtype == np.uint32 and np.array_equal(got, every[order])
+    with pytest.raises(IndexError):
+        blocks.take([len(every)])
+    blocks.close()
+
+
+def test_a_truncated_remote_shard_is_an_error_not_garbage(tmp_path: Path) -> None:
+    location, _ = _prepare_locally(tmp_path, 32, 1 << 20)
+    shard = next(Path(location, "shards-x").iterdir())
+    shard.write_bytes(shard.read_bytes()[:-4])
+    blocks = shards.TokenBlocks(f"file://{location}")
+    with pytest.raises(shards.ShardError, match="shorter than its manifest"):
+        blocks.take([len(blocks) - 1])
+
+
+def test_shards_without_a_manifest_are_not_prepared_data(tmp_path: Path) -> None:
+    (tmp_path / "shards-x").mkdir()
+    (tmp_path / "shards-x" / "00000.bin").write_bytes(b"\0" * 64)
+    assert shards.manifest_location(str(tmp_path)) is None
+    with pytest.raises(shards.ShardError, match="not prepared, or preparation did not finish"):
+        shards.read_manifest(str(tmp_path))
+    shards.write_manifest(str(tmp_path), {"format": "something-else/9"})
+    assert [p.name for p in tmp_path.iterdir() if p.is_file()] == ["manifest.json"]  # no temp left
+    with pytest.raises(shards.ShardError, match="prepare the data again"):
+        shards.read_manifest(str(tmp_path))
+
+
+def test_prefetched_batches_equal_direct_reads_and_follow_position_jumps(tmp_path: Path) -> None:
+    location, expected = _prepare_locally(tmp_path, 32, 3000)
+    every = np.concatenate(expected)
+    kw: dict[str, Any] = dict(seq_len=32, vocab=257, seed=4, micro=2, accum=3, world=2, rank=1)
+    direct = Batches(every, **kw)
+    fetched = Batches(shards.TokenBlocks(f"file://{location}"), prefetch=True, **kw)
+    positions = [0, 12, 24, 36, 12, 24, 1200]  # a resume goes back; a long run wraps epochs
+    for pos in positions:
+        for mb in range(3):
+            assert np.array_equal(fetched.micro_batch(pos, mb).numpy(), direct.micro_batch(pos, mb).numpy())
+    assert len(fetched._pending) == 3  # the rest of the step and the next step: nothing else kept
+    fetched.close()
+
+
+def test_options_take_seq_len_from_prepared_data(tmp_path: Path) -> None:
+    location, _ = _prepare_locally(tmp_path, 32, 1 << 20)
+    base = ["--init", "random", "--shape", "tiny", "--output-dir", str(tmp_path / "run")]
+    opts = parse_args([*base, "--data", location])
+    assert opts.seq_len == 32 and opts.prepared_data is None
+    assert parse_args([*base, "--data", f"{location}/manifest.json"]).seq_len == 32
+    with pytest.raises(OptionError, match=r"--seq-len: 64, but .* blocks of 32 tokens"):
+        parse_args([*base, "--data", location, "--seq-len", "64"])
+    with pytest.raises(OptionError, match=r"--prepared-data: .* is already prepared"):
+        parse_args([*base, "--data", location, "--prepared-data", str(tmp_path / "p")])
+    raw = parse_args([*base, "--data", str(SAMPLE_DATA)])
+    assert raw.prepared_data == str(tmp_path / "run" / "checkpoints" / "_prepared" / "train")
+    remote = parse_args([*base, "--data", str(SAMPLE_DATA), "--storage-path", "s3://b/ckpt"])
+    assert remote.prepared_data == "s3://b/ckpt/_prepared/train"
