@@ -320,8 +320,9 @@ class ClusterAutoscaler(Construct):
             version=chart_version,
             namespace=NAMESPACE,
             values=self.values,
+            # No --atomic: deprecated in the kubectl layer's Helm 4 (tests/test_helm_flags.py);
+            # CloudFormation's rollback undoes a failed release.
             wait=True,
-            atomic=True,
             timeout=Duration.minutes(10),
         )
         role_policy = self.role.node.find_child("DefaultPolicy")

@@ -116,14 +116,13 @@ def test_helm_commands_use_no_deprecated_flag_of_the_layers_helm(synthesized, ha
 def test_device_plugins_do_not_wait_and_the_operator_does(synthesized, handler):
     releases = _releases(synthesized, "dev")
     by_release = {p["Release"]: p for p in releases.values()}
-    for name, props in by_release.items():
-        (upgrade,) = _commands(handler, props, "Create")
-        if name == "kuberay-operator":
-            # Helm 4: a bare --wait is the 'watcher' strategy (waits for the operator's rollout).
-            assert "--wait" in upgrade, upgrade
-        else:
-            # Device plugins: only GPU nodes run them, and there may be none yet.
-            assert "--wait" not in upgrade and "--rollback-on-failure" not in upgrade, (name, upgrade)
+    # Helm 4: a bare --wait is the 'watcher' strategy (waits for the operator's rollout).
+    (operator,) = _commands(handler, by_release["kuberay-operator"], "Create")
+    assert "--wait" in operator, operator
+    # Device plugins: only GPU nodes run them, and there may be none yet.
+    for name in ("nvidia-device-plugin", "aws-efa-k8s-device-plugin"):
+        (upgrade,) = _commands(handler, by_release[name], "Create")
+        assert "--wait" not in upgrade and "--rollback-on-failure" not in upgrade, (name, upgrade)
 
 
 def test_layer_helm_deprecates_atomic(tmp_path_factory):
