@@ -8,7 +8,7 @@ import sys
 import aws_cdk as cdk
 
 from config.loader import SettingsError, load_settings
-from stacks.app_builder import build_environment, new_app
+from stacks.app_builder import build_app, new_app
 
 
 def main() -> int:
@@ -20,7 +20,7 @@ def main() -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     app = new_app(settings)
-    build_environment(app, settings)
+    build_app(app, settings)
     app.synth()
     return 0
 

@@ -32,13 +32,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from aws_cdk import Acknowledgment, ArnFormat, CfnResource, Duration, Stack, Token, Validations
+from aws_cdk import ArnFormat, CfnResource, Duration, Stack, Token
 from aws_cdk import aws_eks as eks_l1
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
 from aws_cdk import custom_resources as cr
-from constructs import Construct, IConstruct
+from constructs import Construct
 
+from cdk_constructs.nag import acknowledge, managed_policy_finding
 from config.catalogue import Instance
 from config.names import EFA_RESOURCE, GPU_RESOURCE, GPU_TAINT_KEY, GPU_TAINT_VALUE, SYSTEM_NODE_LABELS
 
@@ -209,7 +210,7 @@ class NodegroupAsgTags(Construct):
             timeout=Duration.minutes(2),
         )
         self.tags = dict(tags)
-        _ack(
+        acknowledge(
             self.resource,
             f"AwsSolutions-IAM5[Resource::{stack.resolve(group_arn)}]",
             "EKS names the node group's Auto Scaling group; tagging is limited to the group EKS "
@@ -217,9 +218,9 @@ class NodegroupAsgTags(Construct):
         )
         # CDK's one shared function behind every AwsCustomResource of the stack.
         provider = stack.node.find_child("AWS" + cr.AwsCustomResource.PROVIDER_FUNCTION_UUID.replace("-", ""))
-        _ack(
+        acknowledge(
             provider.node.find_child("ServiceRole"),
-            "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole]",
+            managed_policy_finding("AWSLambdaBasicExecutionRole", service_role=True),
             "CDK's AwsCustomResource function writes its logs with the AWS managed basic execution "
             "policy; CDK owns this role, and the SDK calls it may make are the statements above.",
         )
@@ -326,18 +327,18 @@ class ClusterAutoscaler(Construct):
             timeout=Duration.minutes(10),
         )
         role_policy = self.role.node.find_child("DefaultPolicy")
-        _ack(
+        acknowledge(
             role_policy,
             "AwsSolutions-IAM5[Resource::*]",
             "The Describe calls of the autoscaler's AWS provider support no resource-level "
             "permissions (AWS README, Full Cluster Autoscaler Features Policy).",
         )
-        _ack(
+        acknowledge(
             role_policy,
             f"AwsSolutions-IAM5[Resource::{stack.resolve(nodegroup_arns)}]",
             "Labels and taints of this cluster's node groups, whose names and IDs EKS assigns.",
         )
-        _ack(
+        acknowledge(
             role_policy,
             f"AwsSolutions-IAM5[Resource::{stack.resolve(group_arns)}]",
             "Auto Scaling group names are assigned by EKS; scaling is limited by condition to "
@@ -356,7 +357,3 @@ def _group_arns(stack: Stack) -> str:
         resource_name="*:autoScalingGroupName/*",
         arn_format=ArnFormat.COLON_RESOURCE_NAME,
     )
-
-
-def _ack(scope: IConstruct, rule: str, reason: str) -> None:
-    Validations.of(scope).acknowledge(Acknowledgment(id=rule, reason=reason))

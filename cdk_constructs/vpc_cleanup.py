@@ -21,8 +21,9 @@ import aws_cdk as cdk
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
-from constructs import Construct, IConstruct
+from constructs import Construct
 
+from cdk_constructs.nag import acknowledge
 from cdk_constructs.vpc_cleanup_handler.handler import ELBV2_CLUSTER_TAG, cluster_tag
 
 HANDLER_DIR = Path(__file__).resolve().parent / "vpc_cleanup_handler"
@@ -144,33 +145,29 @@ class VpcCleanup(Construct):
         self.resource.node.add_dependency(vpc)
 
         policy = self.role.node.find_child("DefaultPolicy")
-        _ack(
+        acknowledge(
             policy,
             "AwsSolutions-IAM5[Resource::*]",
             "Describe calls (ENIs, security groups, load balancers, target groups, tags) have no "
             "resource-level permissions; every delete below is scoped.",
         )
-        _ack(
+        acknowledge(
             policy,
             f"AwsSolutions-IAM5[Resource::{stack.resolve(log_group_arn)}:log-stream:*]",
             "Lambda names its log streams per execution environment; the wildcard covers only the "
             "streams of this function's own log group.",
         )
         for arn in delete_resources:
-            _ack(
+            acknowledge(
                 policy,
                 f"AwsSolutions-IAM5[Resource::{stack.resolve(arn)}]",
                 "The ENIs and security groups EKS leaves have IDs unknown before deploy; deletes are "
                 "limited to this VPC by the ec2:Vpc condition.",
             )
         for arn in elb_resources:
-            _ack(
+            acknowledge(
                 policy,
                 f"AwsSolutions-IAM5[Resource::{stack.resolve(arn)}]",
                 "Load balancers and target groups made by Kubernetes controllers have names unknown "
                 "before deploy; deletes require the cluster's ownership tag (aws:ResourceTag condition).",
             )
-
-
-def _ack(scope: IConstruct, rule: str, reason: str) -> None:
-    cdk.Validations.of(scope).acknowledge(cdk.Acknowledgment(id=rule, reason=reason))

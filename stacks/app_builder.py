@@ -1,107 +1,28 @@
-"""Build the CDK app of one environment: settings → stacks, with the cdk-nag gate attached."""
+"""The CDK app of one environment: its stacks (`stacks/environment.py`) and, when the environment's
+settings enable it, the pipeline on top (`stacks/pipeline/`), which deploys the environments in order."""
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
-
 import aws_cdk as cdk
-from cdk_nag import AwsSolutionsChecks
 
 from config.settings import Settings
-from stacks.cluster_stack import ClusterStack
-from stacks.nag import acknowledge_findings
-from stacks.network_stack import NetworkStack
-from stacks.workload_stack import WorkloadStack
+from stacks.environment import EnvironmentStacks, build_environment, new_app
+from stacks.pipeline import PipelineStack
 
-CDK_JSON = Path(__file__).resolve().parents[1] / "cdk.json"
+__all__ = ["build_app", "new_app"]
 
 
-@dataclass
-class EnvironmentStacks:
-    network: NetworkStack
-    cluster: ClusterStack
-    workload: WorkloadStack
-
-    pipeline: cdk.Stack | None = None
-
-    def all(self) -> list[cdk.Stack]:
-        return [self.network, self.cluster, self.workload, *([self.pipeline] if self.pipeline else [])]
-
-
-def availability_zones_context(settings: Settings) -> dict[str, list[str]]:
-    """Offline synthesis: tell CDK the AZs instead of letting it look them up with credentials
-    (and silently use dummy AZs when it cannot)."""
-    key = f"availability-zones:account={settings.account}:region={settings.region}"
-    return {key: list(settings.vpc.availability_zones)}
-
-
-def cdk_json_context() -> dict[str, Any]:
-    """cdk.json's context (feature flags), so `python app.py`, the tests and `npx cdk` agree."""
-    return dict(json.loads(CDK_JSON.read_text(encoding="utf-8")).get("context", {}))
-
-
-def new_app(settings: Settings, *, outdir: str | None = None) -> cdk.App:
-    context = {**cdk_json_context(), **availability_zones_context(settings), "env": settings.name}
-    return cdk.App(outdir=outdir, context=context)
-
-
-def build_environment(app: cdk.Stage, settings: Settings, *, nag: bool = True) -> EnvironmentStacks:
-    """`app` is the App, or a pipeline's Stage (stacks/pipeline_stack.py) holding the same stacks."""
-    env = cdk.Environment(account=settings.account, region=settings.region)
-    prefix = settings.stack_prefix
-    common: dict = {
-        "env": env,
-        "termination_protection": settings.termination_protection,
-    }
-    network = NetworkStack(
-        app,
-        f"{prefix}-Network",
-        # Explicit, so inside a pipeline Stage the stacks keep these names (not "<stage>-<id>").
-        stack_name=f"{prefix}-Network",
-        settings=settings,
-        description=f"Ray Train on EKS ({settings.name}): VPC, NAT, endpoints, flow logs",
-        **common,
-    )
-    cluster = ClusterStack(
-        app,
-        f"{prefix}-Cluster",
-        stack_name=f"{prefix}-Cluster",
-        settings=settings,
-        vpc=network.vpc,
-        gpu_subnet=network.private_subnet_in(settings.gpu_nodes.availability_zone),
-        description=f"Ray Train on EKS ({settings.name}): EKS, node groups, GPU/EFA/KubeRay add-ons",
-        **common,
-    )
-    workload = WorkloadStack(
-        app,
-        f"{prefix}-Workload",
-        stack_name=f"{prefix}-Workload",
-        settings=settings,
-        cluster=cluster.cluster_ref,
-        description=f"Ray Train on EKS ({settings.name}): checkpoints, training code, RayCluster/RayJob",
-        **common,
-    )
-    # Destroy order: the workload (RayJob, RayCluster) goes before the cluster's operator and nodes.
-    workload.add_stack_dependency(cluster)
-    stacks = EnvironmentStacks(network=network, cluster=cluster, workload=workload)
-
-    for key, value in {"environment": settings.name, **settings.tags}.items():
-        cdk.Tags.of(app).add(key, value)
+def build_app(app: cdk.App, settings: Settings) -> EnvironmentStacks:
+    """The environment's stacks, plus its pipeline when `pipeline.enabled`."""
+    stacks = build_environment(app, settings)
     if settings.pipeline is not None and settings.pipeline.enabled:
-        from stacks.pipeline_stack import PipelineStack
-
         stacks.pipeline = PipelineStack(
             app,
-            f"{prefix}-Pipeline",
+            f"{settings.stack_prefix}-Pipeline",
             settings=settings,
             description=f"Ray Train on EKS ({settings.name}): CodePipeline deploying "
             + ", ".join(settings.pipeline.environments),
-            **common,
+            env=cdk.Environment(account=settings.account, region=settings.region),
+            termination_protection=settings.termination_protection,
         )
-    if nag:
-        cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
-        acknowledge_findings(stacks)
     return stacks

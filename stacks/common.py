@@ -12,3 +12,12 @@ def removal_policy(settings: Settings) -> cdk.RemovalPolicy:
     if settings.storage.removal_policy is RemovalPolicy.RETAIN:
         return cdk.RemovalPolicy.RETAIN
     return cdk.RemovalPolicy.DESTROY
+
+
+def partition(region: str) -> str:
+    """The ARN partition of a region (ARNs are built from settings, across accounts)."""
+    if region.startswith("cn-"):
+        return "aws-cn"
+    if region.startswith("us-gov-"):
+        return "aws-us-gov"
+    return "aws"

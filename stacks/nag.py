@@ -1,35 +1,29 @@
-"""cdk-nag acknowledgements, each scoped to the construct it concerns, with its reason.
+"""cdk-nag acknowledgements of an environment's stacks, per stack, each scoped to the construct it
+concerns, with its reason (through `cdk_constructs.nag.acknowledge`, like every acknowledgement).
 
 Only findings that are inherent to EKS or to CDK's own provider functions are acknowledged here;
 anything else must be fixed. Each acknowledgement names the construct path it applies to, so a new
-resource with the same finding elsewhere still fails synthesis.
+resource with the same finding elsewhere still fails synthesis. Constructs that bring their own
+findings (VPC cleanup, cluster autoscaler) acknowledge them themselves; the pipeline's are in
+`stacks/pipeline/nag.py`.
 """
 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
 
-from aws_cdk import Acknowledgment, Stack, Validations
+from aws_cdk import Stack
 from constructs import IConstruct
 
-if TYPE_CHECKING:
-    from stacks.app_builder import EnvironmentStacks
+from cdk_constructs.nag import acknowledge, managed_policy_finding
+from stacks.cluster_stack import ClusterStack
+from stacks.workload_stack import WorkloadStack
 
 NODE_ROLE_POLICIES = (
     "AmazonEKSWorkerNodePolicy",
     "AmazonEC2ContainerRegistryReadOnly",
     "AmazonEKS_CNI_Policy",
 )
-
-
-def _ack(scope: IConstruct, rule: str, reason: str) -> None:
-    Validations.of(scope).acknowledge(Acknowledgment(id=rule, reason=reason))
-
-
-def _managed_policy(name: str, service_role: bool = False) -> str:
-    prefix = "service-role/" if service_role else ""
-    return f"AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/{prefix}{name}]"
 
 
 def _ecr_public_policy(stack: Stack, handler: IConstruct) -> str:
@@ -56,20 +50,19 @@ def _ecr_public_policy(stack: Stack, handler: IConstruct) -> str:
     return f"AwsSolutions-IAM4[Policy::{json.dumps(policy, separators=(',', ':'))}]"
 
 
-def acknowledge_findings(stacks: EnvironmentStacks) -> None:
-    cluster_stack = stacks.cluster
+def acknowledge_cluster_findings(cluster_stack: ClusterStack) -> None:
     cluster = cluster_stack.cluster
 
-    _ack(
+    acknowledge(
         cluster.role,
-        _managed_policy("AmazonEKSClusterPolicy"),
+        managed_policy_finding("AmazonEKSClusterPolicy"),
         "EKS requires its service-managed AmazonEKSClusterPolicy on the cluster role.",
     )
     for group in (cluster_stack.system_nodes.nodegroup, cluster_stack.gpu_nodes.nodegroup):
         for policy in NODE_ROLE_POLICIES:
-            _ack(
+            acknowledge(
                 group.role,
-                _managed_policy(policy),
+                managed_policy_finding(policy),
                 "Managed node groups need the EKS worker-node policies on the node role: "
                 "joining the cluster, pulling images from ECR, and the VPC CNI assigning pod IPs "
                 "(AWS maintains these policies as EKS changes).",
@@ -78,34 +71,35 @@ def acknowledge_findings(stacks: EnvironmentStacks) -> None:
     provider = cluster.node.find_child("KubectlProvider")
     handler = provider.node.find_child("Handler")
     lambda_policies = [
-        _managed_policy("AWSLambdaBasicExecutionRole", service_role=True),
-        _managed_policy("AWSLambdaVPCAccessExecutionRole", service_role=True),
-        _managed_policy("AmazonEC2ContainerRegistryReadOnly"),
+        managed_policy_finding("AWSLambdaBasicExecutionRole", service_role=True),
+        managed_policy_finding("AWSLambdaVPCAccessExecutionRole", service_role=True),
+        managed_policy_finding("AmazonEC2ContainerRegistryReadOnly"),
         _ecr_public_policy(cluster_stack, handler),
     ]
     for policy in lambda_policies:
-        _ack(
+        acknowledge(
             provider,
             policy,
             "CDK's kubectl provider (handler + custom-resource framework) uses AWS managed "
             "policies for logs, VPC ENIs and pulling its layer images; CDK owns these roles.",
         )
     handler_arn = cluster_stack.get_logical_id(handler.node.default_child)  # type: ignore[arg-type]
-    _ack(
+    acknowledge(
         provider,
         f"AwsSolutions-IAM5[Resource::<{handler_arn}.Arn>:*]",
         "The custom-resource framework may invoke any version of CDK's own kubectl handler "
         "function (<handler ARN>:*); the wildcard is scoped to that one function.",
     )
-    _ack(
+    acknowledge(
         provider,
         "AwsSolutions-L1",
         "CDK pins the runtime of its kubectl handler to the one the kubectl layer is built for.",
     )
 
-    workload = stacks.workload
+
+def acknowledge_workload_findings(workload: WorkloadStack) -> None:
     bucket_arn = workload.get_logical_id(workload.bucket.node.default_child)  # type: ignore[arg-type]
-    _ack(
+    acknowledge(
         workload.role.node.find_child("DefaultPolicy"),
         f"AwsSolutions-IAM5[Resource::<{bucket_arn}.Arn>/checkpoints/*]",
         "Ray Train writes one file per rank and checkpoint under the run's prefix; the names are "

@@ -24,7 +24,8 @@ from config.prices import PriceError
 from config.settings import Settings
 from k8s.chart import render_manifests
 from raytrain.cost import estimate, job_nodes
-from stacks.app_builder import EnvironmentStacks, build_environment, new_app
+from stacks.app_builder import build_app, new_app
+from stacks.environment import EnvironmentStacks
 
 
 def synthesize(settings: Settings, out_dir: Path) -> EnvironmentStacks:
@@ -34,7 +35,7 @@ def synthesize(settings: Settings, out_dir: Path) -> EnvironmentStacks:
     staging = Path(tempfile.mkdtemp(prefix=f".{settings.name}-", dir=out_dir))
     try:
         app = new_app(settings, outdir=str(staging))
-        stacks = build_environment(app, settings)
+        stacks = build_app(app, settings)
         app.synth()
         review = stacks.workload.review
         render_manifests(

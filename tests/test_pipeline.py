@@ -226,10 +226,10 @@ def test_smoke_script_passes_only_on_success(tmp_path, monkeypatch, states, rc):
     import subprocess
 
     from config.loader import load_settings
-    from stacks import pipeline_stack
+    from stacks.pipeline import steps
 
-    monkeypatch.setattr(pipeline_stack, "SMOKE_POLL_SECONDS", 0)
-    script = pipeline_stack.smoke_commands(load_settings("dev"), code_hash="0" * 64)[-1]
+    monkeypatch.setattr(steps, "SMOKE_POLL_SECONDS", 0)
+    script = steps.smoke_commands(load_settings("dev"), code_hash="0" * 64)[-1]
     # A kubectl that answers the `-o jsonpath` polls from the list (repeating its last state, as a
     # job that stays put would), and fails like a missing RayJob when the list is empty.
     (tmp_path / "states").write_text("".join(f"{s}\n" for s in states))

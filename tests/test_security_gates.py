@@ -35,7 +35,7 @@ def test_cdk_nag_gate_fails_synthesis_on_a_new_finding(tmp_path):
     from aws_cdk import aws_sqs as sqs
 
     from config.loader import load_settings
-    from stacks.app_builder import build_environment, new_app
+    from stacks.environment import build_environment, new_app
 
     settings = load_settings("dev")
     app = new_app(settings, outdir=str(tmp_path))

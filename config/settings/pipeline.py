@@ -17,7 +17,7 @@ _ENV_NAME_LIST_RE = re.compile(r"^[a-z][a-z0-9-]{0,19}$")
 
 
 class PipelineSettings(SettingsModel):
-    """CDK Pipelines CodePipeline (stacks/pipeline_stack.py), defined by the one environment whose
+    """CDK Pipelines CodePipeline (stacks/pipeline/), defined by the one environment whose
     file enables it, in that environment's account and region. It deploys `environments` in order."""
 
     enabled: bool = False

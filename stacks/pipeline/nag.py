@@ -1,0 +1,133 @@
+"""cdk-nag acknowledgements of the pipeline stack: findings inherent to CDK Pipelines' generated
+roles, each on the one policy that has it."""
+
+from __future__ import annotations
+
+import aws_cdk as cdk
+from aws_cdk import aws_codebuild as codebuild
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_s3 as s3
+from aws_cdk import pipelines
+from constructs import IConstruct
+
+from cdk_constructs.nag import acknowledge, managed_policy_finding
+from stacks.common import partition
+
+_ARTIFACTS = (
+    "CDK Pipelines grants its actions read/write on this pipeline's own artifact bucket and key "
+    "(s3:GetObject*/List*/Abort*, kms:GenerateDataKey*/ReEncrypt* on <bucket>/*): scoped to that "
+    "bucket and key, which hold nothing but pipeline artifacts."
+)
+_CODEBUILD_LOGS = (
+    "CodeBuild writes to the log groups and report groups named after its own project "
+    "(/aws/codebuild/<project>:*, report-group/<project>-*); CDK Pipelines scopes them so."
+)
+
+
+# What CDK's bucket/key grants put on each role: read (assets), read + key (most), read/write + key.
+_READ = ("s3:GetObject*", "s3:GetBucket*", "s3:List*")
+_READ_KEY = (*_READ, "kms:ReEncrypt*", "kms:GenerateDataKey*")
+_READ_WRITE_KEY = (*_READ_KEY, "s3:DeleteObject*", "s3:Abort*")
+
+
+def acknowledge_pipeline_findings(
+    stack: cdk.Stack,
+    *,
+    pipeline: pipelines.CodePipeline,
+    artifact_bucket: s3.IBucket,
+    steps_role: iam.IRole,
+) -> None:
+    """Findings inherent to CDK Pipelines' generated roles, each acknowledged by its exact finding
+    id on the one policy that has it (logical IDs are resolved, so nothing else is covered)."""
+    bucket = stack.get_logical_id(artifact_bucket.node.default_child)  # type: ignore[arg-type]
+
+    def artifact_findings(actions: tuple[str, ...]) -> list[str]:
+        return [f"AwsSolutions-IAM5[Action::{a}]" for a in actions] + [
+            f"AwsSolutions-IAM5[Resource::<{bucket}.Arn>/*]"
+        ]
+
+    # Every CodeBuild project's role may write its own project's logs and reports.
+    for project in (c for c in pipeline.node.find_all() if isinstance(c, codebuild.Project)):
+        logical = stack.get_logical_id(project.node.default_child)  # type: ignore[arg-type]
+        prefix = f"arn:{partition(stack.region)}"
+        policy = project.role.node.find_child("DefaultPolicy")  # type: ignore[union-attr]
+        for finding in (
+            f"{prefix}:logs:{stack.region}:{stack.account}:log-group:/aws/codebuild/<{logical}>:*",
+            f"{prefix}:codebuild:{stack.region}:{stack.account}:report-group/<{logical}>-*",
+        ):
+            acknowledge(policy, f"AwsSolutions-IAM5[Resource::{finding}]", _CODEBUILD_LOGS)
+
+    def policy_of(path: str) -> IConstruct:
+        return _find(pipeline, path).node.find_child("DefaultPolicy")
+
+    roles: dict[str, tuple[tuple[str, ...], list[str], str]] = {
+        "Pipeline/Role": (_READ_WRITE_KEY, [], ""),
+        "Pipeline/Build/Synth/CdkBuildProject/Role": (_READ_WRITE_KEY, [], ""),
+        "UpdatePipeline/SelfMutation/Role": (
+            _READ_KEY,
+            ["Resource::*", "Resource::arn:*:iam::{account}:role/*"],
+            "Self-mutation reads stack status (cloudformation:DescribeStacks, Resource *) and assumes "
+            "only CDK bootstrap roles (arn:*:iam::<account>:role/* under an aws-cdk:bootstrap-role "
+            "tag condition).",
+        ),
+        "Assets/FileRole": (
+            _READ,
+            [
+                "Resource::*",
+                "Resource::arn:{partition}:logs:{region}:{account}:log-group:/aws/codebuild/*",
+                "Resource::arn:{partition}:codebuild:{region}:{account}:report-group/*",
+            ],
+            "Asset publishing assumes the target accounts' CDK file-publishing roles (Resource * under "
+            "an aws-cdk:bootstrap-role tag condition); one CodeBuild project per asset, so its log and "
+            "report groups are named codebuild/*.",
+        ),
+        "PipelinesSecurityCheck/CDKSecurityCheck/Role": (
+            _READ_KEY,
+            ["Resource::*", "Resource::<{approve}.Arn>:*"],
+            "The permission-broadening check runs `cdk diff` through the bootstrap lookup roles "
+            "(Resource *, tag-conditioned) and invokes CDK's auto-approve function (<function ARN>:*: "
+            "any version of that one function).",
+        ),
+        "PipelinesSecurityCheck/CDKPipelinesAutoApprove/ServiceRole": (
+            (),
+            ["Resource::*"],
+            "CDK Pipelines' auto-approve function calls codepipeline:PutApprovalResult on the approval "
+            "it is handed at run time (Resource *): its ARN is not known when synthesizing.",
+        ),
+    }
+    approve_fn = _find(pipeline, "PipelinesSecurityCheck/CDKPipelinesAutoApprove")
+    names = {
+        "account": stack.account,
+        "region": stack.region,
+        "partition": partition(stack.region),
+        "approve": stack.get_logical_id(approve_fn.node.default_child),  # type: ignore[arg-type]
+    }
+    for path, (actions, extra, reason) in roles.items():
+        policy = policy_of(path)
+        for finding in artifact_findings(actions) if actions else []:
+            acknowledge(policy, finding, _ARTIFACTS)
+        for finding in extra:
+            acknowledge(policy, "AwsSolutions-IAM5[" + finding.format(**names) + "]", reason)
+    # The source action's role (its construct id is derived from the repository name).
+    source_stage = _find(pipeline, "Pipeline/Source")
+    for child in source_stage.node.children:
+        role = child.node.try_find_child("CodePipelineActionRole")
+        if role is not None:
+            for finding in artifact_findings(_READ_WRITE_KEY):
+                acknowledge(role.node.find_child("DefaultPolicy"), finding, _ARTIFACTS)
+    steps_policy = steps_role.node.find_child("DefaultPolicy")
+    for finding in artifact_findings(_READ_KEY):
+        acknowledge(steps_policy, finding, _ARTIFACTS)
+    acknowledge(
+        _find(pipeline, "PipelinesSecurityCheck/CDKPipelinesAutoApprove/ServiceRole"),
+        managed_policy_finding("AWSLambdaBasicExecutionRole", service_role=True),
+        "CDK Pipelines' auto-approve function (approves a stage when no permission broadens) logs "
+        "through the AWS managed basic execution policy; CDK owns this role.",
+    )
+
+
+def _find(scope: IConstruct, path: str) -> IConstruct:
+    node: IConstruct = scope
+    for part in path.split("/"):
+        node = node.node.find_child(part)
+    return node
