@@ -17,7 +17,15 @@ from config.settings import ClusterMode, Settings
 from k8s.cluster import ray_cluster_spec, worker_env
 from k8s.imports.raycluster.io import ray as rc
 from k8s.imports.rayjob.io import ray as rj
-from k8s.job import entrypoint, job_spec, rayjob_name, runtime_pip, training_args
+from k8s.job import (
+    entrypoint,
+    job_spec,
+    prepare_job_spec,
+    prepare_rayjob_name,
+    rayjob_name,
+    runtime_pip,
+    training_args,
+)
 from k8s.network_policy import network_policies
 
 __all__ = [
@@ -81,6 +89,24 @@ def build_workload_chart(
             service_account_name=service_account_name,
         ),
     )
+    if settings.job.prepare_data:
+        rj.RayJob(
+            chart,
+            "prepare-job",
+            metadata=cdk8s.ApiObjectMetadata(
+                name=prepare_rayjob_name(
+                    settings, code_hash=code_hash, service_account_name=service_account_name
+                ),
+                namespace=ns,
+                labels={"ray-train/run-name": settings.job.run_name, "ray-train/step": "prepare-data"},
+            ),
+            spec=prepare_job_spec(
+                settings,
+                code_uri=code_uri,
+                checkpoint_uri=checkpoint_uri,
+                service_account_name=service_account_name,
+            ),
+        )
     network_policies(chart, settings)
     return chart
 

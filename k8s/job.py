@@ -37,6 +37,36 @@ SUBMITTER_MEMORY = "1Gi"
 SUBMITTER_TYPES = SpecTypes(rj, "RayJobSpecSubmitterPodTemplate")
 
 
+# Text data is tokenized into <checkpoint prefix>/_prepared/<run_name>: both the training job and
+# the preparation job get it from prepared_data_uri, and the pods' role can already write there.
+PREPARED_DIR = "_prepared"
+
+
+def prepared_data_uri(settings: Settings, *, checkpoint_uri: str) -> str | None:
+    """Where text data is prepared into token shards; None for random data or data that names a
+    location the training job reads as it is."""
+    if settings.job.data == "random":
+        return None
+    return f"{checkpoint_uri}/{PREPARED_DIR}/{settings.job.run_name}"
+
+
+def prepare_args(settings: Settings, *, checkpoint_uri: str) -> list[str]:
+    """Arguments of `python -m training.prepare`: the same data, tokenizer and seq_len as training."""
+    job = settings.job
+    out = prepared_data_uri(settings, checkpoint_uri=checkpoint_uri)
+    if out is None:
+        raise ValueError("job.prepare_data: needs text data: data is 'random'")
+    return [
+        "--data", job.data,
+        "--out", out,
+        "--model", job.model,
+        "--shape", job.shape.value,
+        "--seq-len", str(job.seq_len),
+        "--text-field", job.text_field,
+        "--address", "auto",
+    ]  # fmt: skip
+
+
 def training_args(settings: Settings, *, checkpoint_uri: str) -> list[str]:
     """Arguments of `python -m training`, from the job settings."""
     job = settings.job
@@ -71,11 +101,19 @@ def training_args(settings: Settings, *, checkpoint_uri: str) -> list[str]:
     args.append("--liger" if job.liger else "--no-liger")
     if job.output_dir:
         args += ["--output-dir", job.output_dir]
+    prepared = prepared_data_uri(settings, checkpoint_uri=checkpoint_uri)
+    if prepared is not None:  # ignored by the job when `data` is already prepared shards
+        args += ["--text-field", job.text_field, "--prepared-data", prepared]
     return args
 
 
 def entrypoint(settings: Settings, *, checkpoint_uri: str) -> str:
     return shlex.join(["python", "-m", "training", *training_args(settings, checkpoint_uri=checkpoint_uri)])
+
+
+def prepare_entrypoint(settings: Settings, *, checkpoint_uri: str) -> str:
+    args = prepare_args(settings, checkpoint_uri=checkpoint_uri)
+    return shlex.join(["python", "-m", "training.prepare", *args])
 
 
 def runtime_env_yaml(code_uri: str, pip: list[str]) -> str:
@@ -119,11 +157,42 @@ def job_spec(
     service_account_name: str,
 ) -> rj.RayJobSpec:
     """The RayJob's spec: entry point, runtime_env, submitter, and its own cluster or the standing one."""
+    return _spec(
+        settings,
+        entrypoint(settings, checkpoint_uri=checkpoint_uri),
+        runtime_pip(settings),
+        code_uri=code_uri,
+        service_account_name=service_account_name,
+    )
+
+
+def prepare_job_spec(
+    settings: Settings,
+    *,
+    code_uri: str,
+    checkpoint_uri: str,
+    service_account_name: str,
+) -> rj.RayJobSpec:
+    """The preparation RayJob: `python -m training.prepare` on a cluster like the training job's
+    (its nodes' CPUs run the Ray Data tasks), with the same code and lifecycle. It needs no extra
+    packages: tokenizers, pyarrow and Ray Data are in the image."""
+    return _spec(
+        settings,
+        prepare_entrypoint(settings, checkpoint_uri=checkpoint_uri),
+        [],
+        code_uri=code_uri,
+        service_account_name=service_account_name,
+    )
+
+
+def _spec(
+    settings: Settings, entry: str, pip: list[str], *, code_uri: str, service_account_name: str
+) -> rj.RayJobSpec:
     job = settings.job
     own = job.cluster is ClusterMode.OWN
     return rj.RayJobSpec(
-        entrypoint=entrypoint(settings, checkpoint_uri=checkpoint_uri),
-        runtime_env_yaml=runtime_env_yaml(code_uri, runtime_pip(settings)),
+        entrypoint=entry,
+        runtime_env_yaml=runtime_env_yaml(code_uri, pip),
         submission_mode="K8sJobMode",  # a Kubernetes Job runs `ray job submit` and follows it
         submitter_pod_template=_submitter(settings),
         # Own cluster: removed when the job ends (TTL after), so idle GPUs are not held.
@@ -146,7 +215,20 @@ def rayjob_name(settings: Settings, *, code_hash: str, service_account_name: str
     cluster's spec) and the code, so a changed job or changed code gets a new RayJob (KubeRay
     ignores spec updates of an existing one). The URIs enter as placeholders: at synth time they
     are tokens whose text is not stable; `code_hash` stands for the code."""
-    spec = job_spec(
+    return _name(settings, job_spec, "rj", code_hash=code_hash, service_account_name=service_account_name)
+
+
+def prepare_rayjob_name(
+    settings: Settings, *, code_hash: str, service_account_name: str = SERVICE_ACCOUNT
+) -> str:
+    """`rj-prep-<run name>-<hash>`, hashed like rayjob_name."""
+    return _name(
+        settings, prepare_job_spec, "rj-prep", code_hash=code_hash, service_account_name=service_account_name
+    )
+
+
+def _name(settings: Settings, build: Any, prefix: str, *, code_hash: str, service_account_name: str) -> str:
+    spec = build(
         settings,
         code_uri="<code>",
         checkpoint_uri="<checkpoint>",
@@ -157,6 +239,7 @@ def rayjob_name(settings: Settings, *, code_hash: str, service_account_name: str
         cluster = ray_cluster_spec(settings, service_account_name=service_account_name)
         material["standing_cluster"] = rc.RayCluster.manifest(spec=cluster)["spec"]
     digest = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:10]
-    slug = re.sub(r"[^a-z0-9-]+", "-", settings.job.run_name).strip("-")[:30].strip("-")
     # A DNS-1035 label of at most 47 characters: KubeRay appends 6 to name the job's cluster.
-    return f"rj-{slug}-{digest}" if slug else f"rj-{digest}"
+    room = 32 - len(prefix)  # 30 for "rj-": names from before the preparation job stay as they were
+    slug = re.sub(r"[^a-z0-9-]+", "-", settings.job.run_name).strip("-")[:room].strip("-")
+    return f"{prefix}-{slug}-{digest}" if slug else f"{prefix}-{digest}"

@@ -365,8 +365,7 @@ def _check_prepared(d: dict[str, Any]) -> dict[str, Any] | None:
         elif not shards.is_remote(d["prepared_data"]):
             d["prepared_data"] = os.path.abspath(d["prepared_data"])
         return None
-    if d["prepared_data"] is not None:
-        raise OptionError(f"--prepared-data: --data {d['data']} is already prepared; drop one of them")
+    d["prepared_data"] = None  # already prepared: nothing to prepare (the chart always passes it)
     try:
         manifest = shards.read_manifest(location)
     except shards.ShardError as exc:

@@ -144,8 +144,16 @@ class JobSettings(SettingsModel):
     model: str = "Qwen/Qwen2.5-1.5B"
     init: ModelInit = ModelInit.PRETRAINED
     shape: ModelShape = ModelShape.QWEN2_5_1_5B
-    # "random" (synthetic token ids), an s3:// URI, or an absolute path inside the container.
+    # "random" (synthetic token ids), an s3:// URI, or an absolute path inside the container:
+    # prepared token shards (a manifest.json there), or jsonl/parquet text, which the training job
+    # tokenizes first into <checkpoint prefix>/_prepared/<run_name> (training.prepare).
     data: str = "random"
+    # The text field of the jsonl/parquet records.
+    text_field: str = Field(default="text", min_length=1, max_length=200)
+    # Text data: also a RayJob that prepares it ahead of training (python -m training.prepare), into
+    # the location the training job reads. Whichever job comes second finds the manifest's
+    # fingerprint matching and does nothing.
+    prepare_data: bool = False
     seq_len: int = Field(default=2048, ge=16, le=131072)
     # Sequences per optimizer step across all workers; a multiple of micro_batch_size times
     # the number of workers (GPUs) so every worker accumulates the same number of micro-batches.
@@ -226,6 +234,8 @@ class JobSettings(SettingsModel):
                 ("checkpoint_every",),
                 f"{self.checkpoint_every} is more than steps ({self.steps}): the run would never checkpoint",
             )
+        if self.prepare_data and self.data == "random":
+            raise FieldError(("prepare_data",), "needs text data: data is 'random'")
         if self.cluster is ClusterMode.STANDING and self.ttl_seconds_after_finished:
             raise FieldError(
                 ("ttl_seconds_after_finished",),

@@ -143,8 +143,10 @@ def test_options_take_seq_len_from_prepared_data(tmp_path: Path) -> None:
     assert parse_args([*base, "--data", f"{location}/manifest.json"]).seq_len == 32
     with pytest.raises(OptionError, match=r"--seq-len: 64, but .* blocks of 32 tokens"):
         parse_args([*base, "--data", location, "--seq-len", "64"])
-    with pytest.raises(OptionError, match=r"--prepared-data: .* is already prepared"):
-        parse_args([*base, "--data", location, "--prepared-data", str(tmp_path / "p")])
+    # Already prepared: a --prepared-data location (the chart passes one for any non-random data) is moot.
+    assert (
+        parse_args([*base, "--data", location, "--prepared-data", str(tmp_path / "p")]).prepared_data is None
+    )
     raw = parse_args([*base, "--data", str(SAMPLE_DATA)])
     assert raw.prepared_data == str(tmp_path / "run" / "checkpoints" / "_prepared" / "train")
     remote = parse_args([*base, "--data", str(SAMPLE_DATA), "--storage-path", "s3://b/ckpt"])
