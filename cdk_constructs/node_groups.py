@@ -112,9 +112,10 @@ class SystemNodeGroup(Construct):
 class EfaGpuNodeGroup(Construct):
     """GPU nodes with every EFA interface of their type, in one AZ and (optionally) one placement group.
 
-    - Launch template network interfaces: one per network card, InterfaceType efa, card index i,
-      device index 0 for the primary card and 1 for the others (the layout EC2 documents for
-      multi-card EFA types). No SubnetId: the managed node group supplies the subnet.
+    - Launch template network interfaces: one per network card, from the catalogue's layout
+      (`Instance.efa_interface_layout`): an EFA with ENA on card 0, EFA-only interfaces on the other
+      cards where the type supports them (p5), else EFA with ENA at device index 1. No SubnetId:
+      the managed node group supplies the subnet.
     - A security group allowing all traffic from and to itself: EFA's SRD traffic is not IP and
       is only permitted between interfaces whose security groups allow each other, both ways.
       The cluster security group rides along so nodes reach the control plane and other pods.
@@ -151,13 +152,13 @@ class EfaGpuNodeGroup(Construct):
             groups = [self.security_group.security_group_id, cluster.cluster_security_group_id]
             network_interfaces = [
                 ec2.CfnLaunchTemplate.NetworkInterfaceProperty(
-                    device_index=0 if card == 0 else 1,
+                    device_index=device,
                     network_card_index=card,
-                    interface_type="efa",
+                    interface_type=kind,
                     groups=groups,
                     delete_on_termination=True,
                 )
-                for card in range(instance.efa_interfaces)
+                for card, device, kind in instance.efa_interface_layout()
             ]
 
         self.placement_group: ec2.CfnPlacementGroup | None = None

@@ -35,6 +35,11 @@ class Instance:
     # listed here; p5 has 32 cards and can carry 32 EFA interfaces.
     efa_interfaces: int = 0
     network_cards: int = 1
+    # EC2 accepts EFA-only interfaces (an EFA device without an ENA device: no IP address, no ENI
+    # from the subnet) on this type's secondary network cards. Set only where AWS documents it;
+    # elsewhere every interface is a full EFA (with ENA), which also works, at the cost of an IP
+    # address per card. The VPC CNI handles EFA-only interfaces from v1.18.4 (terraform-aws-eks).
+    efa_only: bool = False
     network_gbps: float = 0.0
     max_pods: int = 110
     # Present in the AWS EFA device plugin chart's instance allowlist (checked by a test against
@@ -44,6 +49,21 @@ class Instance:
     @property
     def efa(self) -> bool:
         return self.efa_interfaces > 0
+
+    def efa_interface_layout(self) -> list[tuple[int, int, str]]:
+        """(network card index, device index, interface type) of each EFA interface.
+
+        Card 0 carries the primary interface (device 0), which must be an EFA with ENA: an EFA-only
+        interface cannot be primary, and the node's IP (and the pods', through the VPC CNI) lives
+        there. Each further card gets one interface: EFA-only at device index 0 where the type
+        supports it (EC2 User Guide, "Maximize network bandwidth on Amazon EC2 instances with
+        multiple network cards"; terraform-aws-eks `enable_efa_only` makes every interface outside
+        `efa_indices = [0]` EFA-only likewise), else an EFA with ENA at device index 1.
+        """
+        layout = [(0, 0, "efa")] if self.efa_interfaces else []
+        for card in range(1, self.efa_interfaces):
+            layout.append((card, 0, "efa-only") if self.efa_only else (card, 1, "efa"))
+        return layout
 
     @property
     def family(self) -> str:
@@ -178,6 +198,8 @@ _TYPES = [
         gpu_memory_gib=80,
         efa_interfaces=32,
         network_cards=32,
+        # EC2's P5 EFA configuration: card 0 EFA (with ENA), cards 1-31 EFA-only.
+        efa_only=True,
         network_gbps=3200,
         max_pods=100,
     ),

@@ -194,15 +194,27 @@ def test_gpu_launch_template_carries_every_efa_interface(synthesized, env):
     instance = CATALOGUE[s.gpu_nodes.instance_type]
     assert len(interfaces) == instance.efa_interfaces
     assert [i["NetworkCardIndex"] for i in interfaces] == list(range(instance.efa_interfaces))
-    assert [i["DeviceIndex"] for i in interfaces] == [0] + [1] * (instance.efa_interfaces - 1)
+    assert (interfaces[0]["DeviceIndex"], interfaces[0]["InterfaceType"]) == (0, "efa")
+    expected = (0, "efa-only") if instance.efa_only else (1, "efa")
+    assert all((i["DeviceIndex"], i["InterfaceType"]) == expected for i in interfaces[1:])
     efa_sg = one(t, "AWS::EC2::SecurityGroup", lambda r: "EFA" in r["Properties"]["GroupDescription"])
     efa_sg_id = next(k for k, v in t["Resources"].items() if v is efa_sg)
     for interface in interfaces:
-        assert interface["InterfaceType"] == "efa"
         assert "SubnetId" not in interface
         groups = json.dumps(interface["Groups"])
         assert efa_sg_id in groups and "ClusterSecurityGroupId" in groups
     assert data["BlockDeviceMappings"][0]["Ebs"]["VolumeSize"] == s.gpu_nodes.root_volume_gib >= 200
+
+
+def test_p5_secondary_cards_are_efa_only(synthesized):
+    """p5.48xlarge: 32 cards; the primary EFA (with ENA) on card 0, 31 EFA-only interfaces after it."""
+    data = launch_template_of(
+        synthesized["p5"].template("Cluster"), gpu_nodegroup(synthesized["p5"].template("Cluster"))
+    )
+    layout = [
+        (i["NetworkCardIndex"], i["DeviceIndex"], i["InterfaceType"]) for i in data["NetworkInterfaces"]
+    ]
+    assert layout == [(0, 0, "efa")] + [(card, 0, "efa-only") for card in range(1, 32)]
 
 
 def test_placement_group_on_unless_reservation(synthesized):
