@@ -24,6 +24,7 @@ from moto import mock_aws
 from config.loader import ENVIRONMENTS_DIR, load_settings, parse_settings
 from raytrain import capacity
 from raytrain.aws import CapacityApi
+from raytrain.capacity import command, probe
 from raytrain.cli import build_parser, main
 
 ENV_FILE_LINES = ENVIRONMENTS_DIR / "dev.yaml"
@@ -396,7 +397,7 @@ def test_signal_after_create_cancels(world, envdir, signum, expected) -> None:
 
 def test_signals_are_held_until_the_block_ends() -> None:
     reached_end_of_block = False
-    with pytest.raises(KeyboardInterrupt), capacity._signals_deferred():
+    with pytest.raises(KeyboardInterrupt), probe._signals_deferred():
         os.kill(os.getpid(), signal.SIGINT)
         reached_end_of_block = True
     assert reached_end_of_block
@@ -406,7 +407,7 @@ def test_cli_maps_interrupt_to_130(world, envdir, monkeypatch, capsys) -> None:
     world.applied_quotas["us-west-2"] = {"L-DB2E81BA": 192}
     world.after_create = lambda rid: os.kill(os.getpid(), signal.SIGINT)
     monkeypatch.setattr(CapacityApi, "connect", classmethod(lambda cls, s, r: world.factory(r)))
-    monkeypatch.setattr(capacity, "_check_account", lambda *a: None)
+    monkeypatch.setattr(command, "_check_account", lambda *a: None)
 
     code = main(["capacity", "--config-dir", str(envdir), "--env", "dev", "--probe"])
     assert code == 130
@@ -498,8 +499,8 @@ def test_account_mismatch_blocks_write(world, monkeypatch) -> None:
 
     sess = boto3.session.Session()  # moto's account is 123456789012, dev's 111122223333
     with pytest.raises(capacity.AwsError, match="credentials are for account 123456789012"):
-        capacity._check_account(sess, settings, True, Err())  # type: ignore[arg-type]
-    capacity._check_account(sess, settings, False, Err())  # type: ignore[arg-type]
+        command._check_account(sess, settings, True, Err())  # type: ignore[arg-type]
+    command._check_account(sess, settings, False, Err())  # type: ignore[arg-type]
     assert "warning" in messages[0]
 
 
