@@ -23,6 +23,25 @@ KUBE_RESERVED_MEMORY_PER_POD_MIB = 11
 EVICTION_HARD_MEMORY_MIB = 100
 
 
+# GPU memory a CUDA process can use, as torch reports it (cudaMemGetInfo's total, in the
+# "GPU 0 has a total capacity of X GiB" of torch's out-of-memory message): below the nominal size,
+# which counts memory the driver keeps (nvidia-smi shows 23,034 MiB on a "24 GB" L4). The memory
+# plan (training/memory_plan.py) fits a job into this, not into gpu_memory_gib. Sources: torch
+# OOM messages quoted in public issues from the named instance or GPU:
+#   L4:   21.96 GiB (SageMaker ml.g6 endpoint and a Cloud Run L4, both quoting torch's message)
+#   L40S: 44.42 GiB (stepfun-ai/Step-Video-T2V#8, 8 x L40S)
+#   A100 40 GB: 39.50 GiB (TianheWu/CoSeR#10)
+#   H100 80 GB: 79.18-79.25 GiB reported with different drivers; the lowest is used
+#   A10G: no report found; taken as the L4's (the same 24 GB of GDDR6 with ECC), an assumption
+GPU_MEMORY_CUDA_GIB: dict[str, float] = {
+    "L4": 21.96,
+    "A10G": 21.96,
+    "L40S": 44.42,
+    "A100": 39.50,
+    "H100": 79.18,
+}
+
+
 @dataclass(frozen=True)
 class Instance:
     name: str
@@ -64,6 +83,11 @@ class Instance:
         for card in range(1, self.efa_interfaces):
             layout.append((card, 0, "efa-only") if self.efa_only else (card, 1, "efa"))
         return layout
+
+    @property
+    def gpu_memory_cuda_gib(self) -> float:
+        """Memory of one GPU a training process can use (GPU_MEMORY_CUDA_GIB); 0 without GPUs."""
+        return GPU_MEMORY_CUDA_GIB[self.gpu_model] if self.gpu_model else 0.0
 
     @property
     def family(self) -> str:

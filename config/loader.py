@@ -30,17 +30,18 @@ def environment_names(directory: Path = ENVIRONMENTS_DIR) -> list[str]:
     return sorted(p.stem for p in directory.glob("*.yaml") if p.stem not in NOT_ENVIRONMENTS)
 
 
-def load_settings(name: str, directory: Path = ENVIRONMENTS_DIR) -> Settings:
+def load_settings(name: str, directory: Path = ENVIRONMENTS_DIR, *, check_memory: bool = True) -> Settings:
     path = environment_file(name, directory)
     if not path.is_file():
         known = ", ".join(environment_names(directory)) or "none"
         raise SettingsError(
             f"{_show(path)}: no such environment file for env={name!r}; known environments: {known}"
         )
-    return parse_settings(path.read_text(encoding="utf-8"), name=name, source=path)
+    return parse_settings(path.read_text(encoding="utf-8"), name=name, source=path, check_memory=check_memory)
 
 
-def parse_settings(text: str, *, name: str, source: Path | str) -> Settings:
+def parse_settings(text: str, *, name: str, source: Path | str, check_memory: bool = True) -> Settings:
+    """`check_memory=False` skips only the check that the job fits its GPU (for `raytrain plan`)."""
     where = _show(source)
     try:
         data = YAML(typ="safe", pure=True).load(text)
@@ -55,7 +56,9 @@ def parse_settings(text: str, *, name: str, source: Path | str) -> Settings:
             f"{where}: name: not allowed in the file; the environment's name is its file name ({name!r})"
         )
     try:
-        return Settings.model_validate({"name": name, **data})
+        return Settings.model_validate(
+            {"name": name, **data}, context={"skip_memory_check": not check_memory}
+        )
     except ValidationError as exc:
         lines = [_describe(err) for err in exc.errors(include_url=False)]
         noun = "problem" if len(lines) == 1 else "problems"

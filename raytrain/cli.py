@@ -17,6 +17,7 @@ COMMAND_MODULES: list[str] = [
     "raytrain.review",
     "raytrain.job",
     "raytrain.cost",
+    "raytrain.plan",
 ]
 
 

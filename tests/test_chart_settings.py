@@ -120,7 +120,9 @@ def test_batch_sizes_must_divide_evenly_over_workers(
     itype = CATALOGUE[instance_type]
     data = dev_data(
         gpu_nodes={"instance_type": instance_type, "efa": itype.efa, "desired_size": nodes, "max_size": 4},
-        job={"micro_batch_size": micro, "global_batch_size": global_batch},
+        # Short sequences, so every micro-batch here fits the GPU's memory (config/memory.py): the
+        # subject is divisibility.
+        job={"micro_batch_size": micro, "global_batch_size": global_batch, "seq_len": 256},
     )
     text = json.dumps(data)
     valid = micro <= global_batch and global_batch % (micro * nodes * itype.gpus) == 0

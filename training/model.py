@@ -10,8 +10,10 @@ from typing import Any
 import torch
 from torch import nn
 
-# The shape table lives in the torch-free training.shapes (the memory plan sizes it at synthesis).
+# The shape table and the mesh rule live in torch-free modules: the memory plan, which synthesis
+# imports, sizes the same shapes over the same shard groups.
 from training.shapes import SHAPES
+from training.sharding import mesh_shape
 
 
 def shape_config(shape: str) -> Any:
@@ -113,21 +115,6 @@ def sharding_plan(model: nn.Module) -> list[tuple[str, list[str]]]:
     root = [n for n, p in model.named_parameters() if id(p) not in in_layers]
     units.append(("", root))
     return units
-
-
-def mesh_shape(sharding: str, world: int, local_world: int) -> tuple[int, ...]:
-    """(world,) for full sharding; (nodes, per node) for HSDP: replicate across nodes, shard inside.
-
-    auto picks HSDP with more than one node: the per-layer all-gathers and reduce-scatters then stay
-    on the node's NVLink and only one gradient all-reduce per step crosses the slower inter-node
-    network (DESIGN.md: at 5 GB/s full sharding needs >= 1.62 s/step of traffic, HSDP >= 0.62 s).
-    """
-    nodes = world // local_world if local_world and world % local_world == 0 else 1
-    if sharding == "hsdp" or (sharding == "auto" and nodes > 1):
-        if world % local_world:
-            raise ValueError(f"HSDP needs equal workers per node: {world} over {local_world}")
-        return (world // local_world, local_world)
-    return (world,)
 
 
 def host_layout(keys: list[str]) -> tuple[int, int | None]:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import re
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from config.catalogue import CATALOGUE
+from config.memory import fit_problem
 from config.settings.base import AZ_RE, FieldError, SettingsModel
 from config.settings.infrastructure import (
     AddonSettings,
@@ -141,6 +142,18 @@ class Settings(SettingsModel):
                 f"({job.micro_batch_size}) x workers ({workers} = {self.gpu_nodes.desired_size} "
                 f"nodes x {gpu.gpus} GPUs)",
             )
+        return self
+
+    @model_validator(mode="after")
+    def _job_fits_gpu(self, info: ValidationInfo) -> Settings:
+        # Will it fit? One rank's peak GPU memory (training/memory_plan.py) against the GPU's.
+        # `raytrain plan` skips this (context skip_memory_check) to show why a job does not fit.
+        if (info.context or {}).get("skip_memory_check"):
+            return self
+        gpu = self.gpu_nodes.instance
+        problem = fit_problem(self.job, gpu, self.num_workers // gpu.gpus)
+        if problem:
+            raise FieldError(("job", "micro_batch_size"), problem)
         return self
 
     @property

@@ -1,0 +1,143 @@
+"""An environment's training job against its GPU's memory: the settings' side of the memory plan.
+
+training/memory_plan.py models one rank (pure Python, no torch); this maps the settings onto it the
+way the RayJob runs (one Ray Train worker per GPU, `gpus` workers per node, the job's sharding,
+micro-batch and accumulation) and says what to change when the job would not fit. The GPU's usable
+memory comes from the instance catalogue (`Instance.gpu_memory_cuda_gib`).
+
+The plan sizes `job.shape`, the architecture `--init random` builds; a pretrained `job.model` is
+assumed to have that shape (Qwen/Qwen2.5-1.5B by default).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from training.memory_plan import GIB, JobMemory, largest_micro_batch, plan
+from training.sharding import mesh_shape
+
+if TYPE_CHECKING:  # config.settings imports this module: no cycle at run time
+    from config.catalogue import Instance
+    from config.settings import JobSettings
+
+
+def plan_options(job: JobSettings, gpu: Instance, nodes: int) -> dict[str, Any]:
+    """`plan` keyword arguments for this job on `nodes` nodes of `gpu` (all but micro_batch/accum)."""
+    world = nodes * gpu.gpus
+    mesh = mesh_shape(str(job.sharding), world, gpu.gpus)
+    return dict(
+        shape=str(job.shape),
+        seq_len=job.seq_len,
+        shard=mesh[-1],
+        # The world group, and with an HSDP mesh its shard and replicate sub-groups.
+        communicators=1 if len(mesh) == 1 else 3,
+        compile=job.compile,
+        activation_checkpointing=job.activation_checkpointing,
+        liger=job.liger,
+    )
+
+
+def accumulation(global_batch: int, micro_batch: int, world: int) -> int:
+    """Micro-batches per optimizer step on each worker (training/loop.py)."""
+    return max(1, global_batch // (micro_batch * world))
+
+
+def job_memory(job: JobSettings, gpu: Instance, nodes: int) -> JobMemory:
+    world = nodes * gpu.gpus
+    return plan(
+        micro_batch=job.micro_batch_size,
+        accum=accumulation(job.global_batch_size, job.micro_batch_size, world),
+        **plan_options(job, gpu, nodes),
+    )
+
+
+def capacity_bytes(gpu: Instance) -> int:
+    return int(gpu.gpu_memory_cuda_gib * GIB)
+
+
+def valid_micro_batches(global_batch: int, world: int) -> list[int]:
+    """Micro-batches the settings accept for this global batch: micro x workers divides it."""
+    return [m for m in range(1, global_batch // world + 1) if global_batch % (m * world) == 0]
+
+
+def largest_fitting_micro_batch(job: JobSettings, gpu: Instance, nodes: int) -> int:
+    """Among the micro-batches valid for job.global_batch_size, the largest that fits (0: none).
+    Each has its own accumulation: fewer micro-batches per step also drops FSDP's unsharded
+    gradients when there is only one."""
+    world = nodes * gpu.gpus
+    options = plan_options(job, gpu, nodes)
+    fitting = [
+        m
+        for m in valid_micro_batches(job.global_batch_size, world)
+        if plan(micro_batch=m, accum=accumulation(job.global_batch_size, m, world), **options).fits(
+            capacity_bytes(gpu)
+        )
+    ]
+    return max(fitting, default=0)
+
+
+def largest_micro_batch_for(
+    job: JobSettings, gpu: Instance, nodes: int, *, seq_len: int, accumulate: bool, **overrides: Any
+) -> int:
+    """The largest micro-batch at `seq_len` that fits, accumulating (>1 micro-batch per step) or
+    not, other settings as the job's (or `overrides`)."""
+    options = {**plan_options(job, gpu, nodes), "seq_len": seq_len, **overrides}
+    return largest_micro_batch(capacity_bytes(gpu), accum=2 if accumulate else 1, **options)
+
+
+def fit_problem(job: JobSettings, gpu: Instance, nodes: int) -> str | None:
+    """None when the job fits one GPU of `gpu`, else one message: what it needs, what the GPU has,
+    and the changes of settings that would fit (each checked with the plan)."""
+    if not gpu.gpus:
+        return None
+    need = job_memory(job, gpu, nodes)
+    have = capacity_bytes(gpu)
+    if need.fits(have):
+        return None
+    world = nodes * gpu.gpus
+    options = plan_options(job, gpu, nodes)
+    micro, accum = job.micro_batch_size, accumulation(job.global_batch_size, job.micro_batch_size, world)
+    fixes: list[str] = []
+    best = largest_fitting_micro_batch(job, gpu, nodes)
+    if best:
+        fixes.append(
+            f"job.micro_batch_size: {best} (the largest that fits with global_batch_size "
+            f"{job.global_batch_size} over {world} GPUs)"
+        )
+    if accum > 1 and plan(micro_batch=micro, accum=1, **options).fits(have):
+        fixes.append(
+            f"job.global_batch_size: {micro * world} (one micro-batch per step: FSDP then keeps no "
+            f"unsharded gradients between micro-batches)"
+        )
+    if not job.activation_checkpointing:
+        ac = {**options, "activation_checkpointing": True}
+        if plan(micro_batch=micro, accum=accum, **ac).fits(have):
+            fixes.append("job.activation_checkpointing: true")
+    seq = _longest_fitting_seq_len(micro, accum, options, have)
+    if seq:
+        fixes.append(f"job.seq_len: {seq} or less")
+    top = sorted(need.peak_terms, key=lambda t: -t.bytes)[:3]
+    biggest = ", ".join(f"{t.name} {t.gib:.1f} GiB" for t in top)
+    largest = (
+        f"the largest micro-batch that fits is {best}"
+        if best
+        else f"no micro-batch fits global_batch_size {job.global_batch_size}"
+    )
+    return (
+        f"needs {need.device_bytes / GIB:.1f} GiB per GPU ({need.peak_moment}: {biggest}, ...) but "
+        f"one {gpu.gpu_model} of {gpu.name} has {gpu.gpu_memory_cuda_gib} GiB; {largest}. Any of these "
+        f"fits: {'; '.join([*fixes, 'a gpu_nodes.instance_type with more memory per GPU'])} "
+        "(`raytrain plan --env NAME` shows the breakdown)"
+    )
+
+
+def _longest_fitting_seq_len(micro: int, accum: int, options: dict[str, Any], have: int) -> int:
+    """The longest sequence (a multiple of 128) that fits at this micro-batch, 0 if none."""
+    lo, hi = 0, options["seq_len"] // 128
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if plan(micro_batch=micro, accum=accum, **{**options, "seq_len": mid * 128}).fits(have):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo * 128

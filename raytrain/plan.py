@@ -1,0 +1,155 @@
+"""`raytrain plan --env NAME`: will the environment's training job fit its GPUs?
+
+Prints one rank's peak GPU memory, term by term (training/memory_plan.py: sharded fp32 master
+weights and AdamW state, gradients, FSDP's unsharded gradients when accumulating, gathered bf16
+parameters, activations, the loss, allocator slack, CUDA context, NCCL), against the memory of one
+GPU of the node group's instance type, then the largest micro-batch per sequence length for that
+GPU. Offline: it reads only the settings and the catalogue.
+
+Exit status: 0 the job fits, 1 it does not (synthesis refuses it too), 2 the settings are unusable.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from config.loader import ENVIRONMENTS_DIR, SettingsError, load_settings
+from config.memory import accumulation, capacity_bytes, job_memory, largest_micro_batch_for
+from config.settings import Settings
+from training.memory_plan import GIB, Dims
+
+EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_UNUSABLE = 0, 1, 2
+SEQ_LENS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "plan",
+        help="per-GPU memory plan of the environment's training job, and the largest micro-batch",
+        description=(__doc__ or "").split("\n\n", 1)[0],
+    )
+    parser.add_argument("--env", required=True, help="environment name (config/environments/NAME.yaml)")
+    parser.add_argument(
+        "--config-dir",
+        type=Path,
+        default=ENVIRONMENTS_DIR,
+        help="directory of the environment files (default: config/environments)",
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace, console: Console | None = None) -> int:
+    console = console or Console()
+    try:
+        # Without the memory check: a job that does not fit is what this command explains.
+        settings = load_settings(args.env, args.config_dir, check_memory=False)
+    except SettingsError as exc:
+        console.print(f"[bold red]settings:[/] {exc}", highlight=False, soft_wrap=True)
+        return EXIT_UNUSABLE
+    gpu = settings.gpu_nodes.instance
+    if not gpu.gpus:
+        console.print(f"[bold red]{gpu.name} has no GPUs[/]")
+        return EXIT_UNUSABLE
+    for table in (breakdown(settings), micro_batches(settings)):
+        console.print(table)
+    need = job_memory(settings.job, gpu, settings.num_workers // gpu.gpus)
+    have = capacity_bytes(gpu)
+    headroom = (have - need.device_bytes) / GIB
+    if need.fits(have):
+        console.print(
+            f"[green]fits[/]: {need.device_bytes / GIB:.1f} GiB of {gpu.gpu_memory_cuda_gib} GiB per "
+            f"{gpu.gpu_model}, {headroom:.1f} GiB ({headroom / gpu.gpu_memory_cuda_gib:.0%}) to spare",
+            highlight=False,
+        )
+        return EXIT_FITS
+    console.print(
+        f"[bold red]does not fit[/]: {need.device_bytes / GIB:.1f} GiB of {gpu.gpu_memory_cuda_gib} GiB "
+        f"per {gpu.gpu_model}, {-headroom:.1f} GiB short; `npx cdk synth` refuses it with the "
+        "settings to change",
+        highlight=False,
+    )
+    return EXIT_DOES_NOT_FIT
+
+
+def breakdown(settings: Settings) -> Table:
+    """The peak moment's terms, what lies outside the allocator, and the total against the GPU."""
+    job, gpu = settings.job, settings.gpu_nodes.instance
+    nodes = settings.num_workers // gpu.gpus
+    need = job_memory(job, gpu, nodes)
+    accum = accumulation(job.global_batch_size, job.micro_batch_size, settings.num_workers)
+    opts = need.inputs
+    features = [
+        name
+        for name, on in (
+            ("compiled layers", job.compile),
+            ("activation checkpointing", job.activation_checkpointing),
+            ("Liger loss", job.liger),
+        )
+        if on
+    ]
+    table = Table(
+        title=(
+            f"raytrain plan: {settings.name}, one rank of {settings.num_workers} ({nodes} x {gpu.name}, "
+            f"{gpu.gpus} x {gpu.gpu_model} {gpu.gpu_memory_cuda_gib} GiB usable)\n"
+            f"{job.shape}, seq_len {job.seq_len}, micro-batch {job.micro_batch_size} x {accum} "
+            f"per step, sharded over {opts['shard']} GPUs ({job.sharding}), "
+            f"{', '.join(features) or 'eager, Hugging Face loss'}"
+        ),
+        caption=", ".join(f"{moment} {need.moment_bytes(moment) / GIB:.2f} GiB" for moment in need.moments),
+    )
+    table.add_column(f"peak: {need.peak_moment}")
+    table.add_column("GiB", justify="right")
+    table.add_column("how")
+    for term in need.peak_terms:
+        table.add_row(term.name, f"{term.gib:.2f}", term.formula)
+    table.add_row(
+        "[bold]allocated (torch max_memory_allocated)[/]", f"[bold]{need.allocated_bytes / GIB:.2f}[/]", ""
+    )
+    for term in need.overhead:
+        table.add_row(term.name, f"{term.gib:.2f}", term.formula)
+    style = "green" if need.fits(capacity_bytes(gpu)) else "bold red"
+    table.add_row(
+        f"[{style}]needed of the GPU[/]",
+        f"[{style}]{need.device_bytes / GIB:.2f}[/]",
+        f"of {gpu.gpu_memory_cuda_gib} GiB ({gpu.gpu_model}, config/catalogue.py)",
+    )
+    return table
+
+
+def micro_batches(settings: Settings) -> Table:
+    """The largest micro-batch per sequence length on this GPU, other settings as the job's."""
+    job, gpu = settings.job, settings.gpu_nodes.instance
+    nodes = settings.num_workers // gpu.gpus
+    max_seq = Dims.of(str(job.shape)).max_seq
+    table = Table(
+        title=f"largest micro-batch per sequence length on one {gpu.gpu_model} ({gpu.name})",
+        caption="0: not even one sequence fits. Accumulating: more than one micro-batch per optimizer "
+        "step (FSDP keeps unsharded fp32 gradients between them)",
+    )
+    table.add_column("seq_len", justify="right")
+    table.add_column("accumulating", justify="right")
+    table.add_column("one micro-batch per step", justify="right")
+    other = "off" if job.activation_checkpointing else "on"
+    table.add_column(f"activation checkpointing {other}, accumulating", justify="right")
+    for seq in (s for s in SEQ_LENS if s <= max_seq):
+        table.add_row(
+            str(seq),
+            str(largest_micro_batch_for(job, gpu, nodes, seq_len=seq, accumulate=True)),
+            str(largest_micro_batch_for(job, gpu, nodes, seq_len=seq, accumulate=False)),
+            str(
+                largest_micro_batch_for(
+                    job,
+                    gpu,
+                    nodes,
+                    seq_len=seq,
+                    accumulate=True,
+                    activation_checkpointing=not job.activation_checkpointing,
+                )
+            ),
+        )
+    return table

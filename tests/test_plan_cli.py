@@ -1,0 +1,69 @@
+"""`raytrain plan --env NAME`: the breakdown and the largest micro-batches, offline."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from config.loader import ENVIRONMENTS_DIR
+from raytrain import plan as plan_cmd
+from raytrain.cli import build_parser
+
+
+@pytest.fixture
+def envdir(tmp_path: Path) -> Path:
+    target = tmp_path / "environments"
+    shutil.copytree(ENVIRONMENTS_DIR, target)
+    return target
+
+
+def run(envdir: Path, env: str) -> tuple[int, str]:
+    console = Console(record=True, width=200)
+    args = build_parser().parse_args(["plan", "--env", env, "--config-dir", str(envdir)])
+    code = plan_cmd.run(args, console=console)
+    return code, console.export_text()
+
+
+def test_dev_fits_and_shows_every_term_and_the_margin(envdir: Path) -> None:
+    code, out = run(envdir, "dev")
+    assert code == plan_cmd.EXIT_FITS
+    for term in (
+        "master weights",
+        "AdamW state",
+        "accumulated gradients (unsharded)",
+        "activations",
+        "all-gathered bf16 params",
+        "loss: grad_input + grad_weight",
+        "CUDA context",
+        "NCCL",
+    ):
+        assert term in out, term
+    assert "one rank of 8 (2 x g6.12xlarge, 4 x L4 21.96 GiB usable)" in out
+    assert re.search(r"fits: 15\.\d GiB of 21\.96 GiB per L4, 6\.\d GiB \(2\d%\) to spare", out), out
+    # The table of micro-batches: seq 2048 row, accumulating and not (dev accumulates 2).
+    row = next(line for line in out.splitlines() if re.match(r"\W*2048\W", line))
+    accumulating, single, other = (int(x) for x in re.findall(r"\d+", row)[1:4])
+    assert 1 <= accumulating < single and other > accumulating
+
+
+def test_a_job_that_does_not_fit_is_explained_not_refused(envdir: Path) -> None:
+    path = envdir / "dev.yaml"
+    path.write_text(
+        path.read_text().replace(
+            "  run_name: dev-smoke", "  run_name: dev-smoke\n  seq_len: 8192\n  global_batch_size: 32"
+        )
+    )
+    code, out = run(envdir, "dev")
+    assert code == plan_cmd.EXIT_DOES_NOT_FIT
+    assert "does not fit" in out and "GiB short" in out
+    assert "seq_len 8192, micro-batch 1 x 4 per step" in out
+
+
+def test_unusable_settings_exit_2(envdir: Path) -> None:
+    code, out = run(envdir, "nosuch")
+    assert code == plan_cmd.EXIT_UNUSABLE
+    assert "no such environment file" in out

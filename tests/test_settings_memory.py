@@ -1,0 +1,108 @@
+"""Synthesis refuses a job that would not fit its GPU, and says what would."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+from ruamel.yaml import YAML
+
+from config.catalogue import CATALOGUE, GPU_MEMORY_CUDA_GIB
+from config.loader import ENVIRONMENTS_DIR, SettingsError, load_settings, parse_settings
+from config.memory import capacity_bytes, job_memory, largest_fitting_micro_batch, valid_micro_batches
+from training.memory_plan import GIB, plan
+
+SOURCE = "config/environments/dev.yaml"
+# The headroom the shipped jobs keep on a 24 GB L4 (README.md states it).
+SHIPPED_MARGIN_GIB = 5.0
+
+
+def dev_data() -> dict[str, Any]:
+    data: dict[str, Any] = YAML(typ="safe", pure=True).load((ENVIRONMENTS_DIR / "dev.yaml").read_text())
+    return data
+
+
+def error_of(data: dict[str, Any]) -> str:
+    with pytest.raises(SettingsError) as info:
+        parse_settings(json.dumps(data), name="dev", source=SOURCE)
+    return str(info.value)
+
+
+@pytest.mark.parametrize("env", ["dev", "prod", "example"])
+def test_shipped_jobs_fit_an_l4_with_margin(env: str) -> None:
+    settings = load_settings(env)
+    gpu = settings.gpu_nodes.instance
+    need = job_memory(settings.job, gpu, settings.num_workers // gpu.gpus)
+    headroom = gpu.gpu_memory_cuda_gib - need.device_bytes / GIB
+    assert gpu.gpu_model == "L4"
+    assert headroom >= SHIPPED_MARGIN_GIB, (env, need.device_bytes / GIB)
+
+
+def test_every_gpu_type_has_its_cuda_visible_memory() -> None:
+    for inst in CATALOGUE.values():
+        if inst.gpus:
+            assert 0.85 * inst.gpu_memory_gib < inst.gpu_memory_cuda_gib < inst.gpu_memory_gib, inst.name
+        else:
+            assert inst.gpu_memory_cuda_gib == 0.0
+    assert GPU_MEMORY_CUDA_GIB["L4"] == 21.96
+
+
+def test_a_job_that_does_not_fit_is_refused_with_the_largest_micro_batch() -> None:
+    data = dev_data()
+    # 8 GPUs, global 64: micro-batches 1, 2, 4, 8 are valid; 8 x 4096 tokens needs ~50 GiB.
+    data["job"].update(seq_len=4096, global_batch_size=64, micro_batch_size=8)
+    message = error_of(data)
+    assert message.count("\n") == 1, message  # one problem, one line
+    line = message.splitlines()[1]
+    assert line.startswith("  - job.micro_batch_size: needs "), line
+    assert "one L4 of g6.12xlarge has 21.96 GiB" in line
+    best = int(re.search(r"the largest micro-batch that fits is (\d+)", line).group(1))  # type: ignore[union-attr]
+    assert f"job.micro_batch_size: {best} (the largest that fits" in line
+    assert "job.activation_checkpointing: true" in line
+    # What the message offers does fit: the settings pass with it.
+    data["job"]["micro_batch_size"] = best
+    parse_settings(json.dumps(data), name="dev", source=SOURCE)
+    data["job"].update(micro_batch_size=8, activation_checkpointing=True)
+    parse_settings(json.dumps(data), name="dev", source=SOURCE)
+
+
+def test_when_no_micro_batch_fits_the_message_offers_dropping_accumulation() -> None:
+    data = dev_data()
+    # Accumulating 4 micro-batches keeps 5.8 GiB of unsharded fp32 gradients per GPU.
+    data["job"].update(seq_len=8192, global_batch_size=32, micro_batch_size=1)
+    line = error_of(data).splitlines()[1]
+    assert "no micro-batch fits global_batch_size 32" in line
+    assert "job.global_batch_size: 8 (one micro-batch per step" in line
+    seq = int(re.search(r"job.seq_len: (\d+) or less", line).group(1))  # type: ignore[union-attr]
+    for fix in ({"global_batch_size": 8}, {"seq_len": seq}, {"activation_checkpointing": True}):
+        ok = dev_data()
+        ok["job"].update(seq_len=8192, global_batch_size=32, micro_batch_size=1)
+        ok["job"].update(fix)
+        parse_settings(json.dumps(ok), name="dev", source=SOURCE)
+
+
+def test_largest_fitting_micro_batch_is_the_boundary_among_valid_ones() -> None:
+    settings = load_settings("dev")
+    gpu = settings.gpu_nodes.instance
+    job = settings.job.model_copy(update={"global_batch_size": 256, "seq_len": 1024})
+    best = largest_fitting_micro_batch(job, gpu, 2)
+    valid = valid_micro_batches(256, 8)
+    assert valid == [1, 2, 4, 8, 16, 32]
+    assert best in valid
+    for m in valid:
+        fits = job_memory(job.model_copy(update={"micro_batch_size": m}), gpu, 2).fits(capacity_bytes(gpu))
+        assert fits == (m <= best), m
+
+
+def test_the_plan_follows_the_jobs_sharding() -> None:
+    settings = load_settings("dev")
+    gpu = settings.gpu_nodes.instance
+    auto = job_memory(settings.job, gpu, 2)  # two nodes: HSDP, shard group = 4 GPUs of a node
+    full = job_memory(settings.job.model_copy(update={"sharding": "full"}), gpu, 2)  # over 8
+    assert auto.inputs["shard"] == 4 and full.inputs["shard"] == 8
+    one_node = job_memory(settings.job, gpu, 1)
+    assert one_node.inputs["shard"] == 4
+    expected = plan("qwen2.5-1.5b", seq_len=2048, micro_batch=1, accum=2, shard=4, communicators=3)
+    assert auto.device_bytes == expected.device_bytes
