@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from training import summary as summary_mod
+from training.batch import accumulation_steps
 from training.options import OptionError, TrainOptions
 
 
@@ -101,11 +102,11 @@ def resolve_workers(opts: TrainOptions) -> tuple[int, bool]:
             raise OptionError(f"--num-workers: {workers} CPU workers but Ray has {cpus} CPUs")
     if opts.emulate_hosts and workers % opts.emulate_hosts:
         raise OptionError(f"--emulate-hosts: {opts.emulate_hosts} hosts must divide the {workers} workers")
-    per_step = opts.micro_batch_size * workers
-    if opts.global_batch_size is not None and opts.global_batch_size % per_step:
+    global_batch, micro = opts.global_batch_size, opts.micro_batch_size
+    if global_batch is not None and accumulation_steps(global_batch, micro, workers) is None:
         raise OptionError(
-            f"--global-batch-size: {opts.global_batch_size} is not a multiple of micro batch × "
-            f"workers = {opts.micro_batch_size} × {workers} = {per_step}"
+            f"--global-batch-size: {global_batch} is not a multiple of micro batch × "
+            f"workers = {micro} × {workers} = {micro * workers}"
         )
     return workers, use_gpu
 

@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 from typing import Any, NoReturn
 
+from training.batch import accumulation_steps
 from training.shapes import SHAPES as SHAPE_TABLE
 
 SHAPES = tuple(SHAPE_TABLE)
@@ -391,16 +392,16 @@ def _check_training(d: dict[str, Any]) -> None:
         raise OptionError(f"--grad-clip: must be >= 0, got {d['grad_clip']}")
     if d["weight_decay"] < 0:
         raise OptionError(f"--weight-decay: must be >= 0, got {d['weight_decay']}")
-    if d["global_batch_size"] is not None and d["global_batch_size"] % d["micro_batch_size"]:
+    global_batch, micro, workers = d["global_batch_size"], d["micro_batch_size"], d["num_workers"]
+    # Without --num-workers the driver applies the rule once it knows the cluster's workers.
+    if global_batch is not None and accumulation_steps(global_batch, micro, workers or 1) is None:
+        if not workers:
+            raise OptionError(
+                f"--global-batch-size: must be a multiple of --micro-batch-size ({micro}), got {global_batch}"
+            )
         raise OptionError(
-            f"--global-batch-size: must be a multiple of --micro-batch-size "
-            f"({d['micro_batch_size']}), got {d['global_batch_size']}"
-        )
-    per_pass = d["micro_batch_size"] * (d["num_workers"] or 1)
-    if d["num_workers"] and d["global_batch_size"] and d["global_batch_size"] % per_pass:
-        raise OptionError(
-            f"--global-batch-size: {d['global_batch_size']} is not a multiple of micro batch × "
-            f"workers = {d['micro_batch_size']} × {d['num_workers']} = {per_pass}"
+            f"--global-batch-size: {global_batch} is not a multiple of micro batch × "
+            f"workers = {micro} × {workers} = {micro * workers}"
         )
     if d["liger_layers"] and d["liger"] is False:
         raise OptionError("--liger-layers: needs Liger (drop --no-liger)")

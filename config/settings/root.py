@@ -19,6 +19,7 @@ from config.settings.infrastructure import (
 )
 from config.settings.pipeline import PipelineSettings
 from config.settings.workload import JobSettings, Transport, WorkloadSettings
+from training.batch import accumulation_steps
 
 _ACCOUNT_RE = re.compile(r"^\d{12}$")
 _REGION_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
@@ -134,8 +135,7 @@ class Settings(SettingsModel):
                 "is 0: the RayJob needs at least one GPU node to run on",
             )
         workers = self.num_workers
-        per_step = job.micro_batch_size * workers
-        if job.global_batch_size % per_step:
+        if accumulation_steps(job.global_batch_size, job.micro_batch_size, workers) is None:
             raise FieldError(
                 ("job", "global_batch_size"),
                 f"{job.global_batch_size} is not a multiple of micro_batch_size "

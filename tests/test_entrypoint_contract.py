@@ -1,0 +1,82 @@
+"""The contract between the settings and the training job: every environment's RayJob entry point,
+as the chart renders it, parses with `training.options`' own parser into the settings' values."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from config.loader import environment_names, load_settings
+from k8s.chart import render_manifests, runtime_pip
+from training.batch import accumulation_steps
+from training.options import parse_args
+
+CHECKPOINT_URI = "s3://ray-train-checkpoints-111122223333-us-west-2/checkpoints"
+
+
+def training_entrypoint(out_dir: Path) -> list[str]:
+    """The argv of `python -m training` in the rendered RayJob (not a preparation job's)."""
+    argvs = []
+    for path in sorted(out_dir.glob("RayJob.*.k8s.yaml")):
+        words = shlex.split(yaml.safe_load(path.read_text())["spec"]["entrypoint"])
+        if words[:3] == ["python", "-m", "training"]:
+            argvs.append(words[3:])
+    assert len(argvs) == 1, f"one training RayJob expected in {out_dir}, found {len(argvs)}"
+    return argvs[0]
+
+
+@pytest.fixture
+def job_packages(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Packages the job's runtime_env installs count as present, as they are in the pod; any other
+    package the options need must really be importable here (it is in the image, or the job fails)."""
+
+    def installing(settings: Any) -> None:
+        modules = {re.split(r"[=<>!~\[]", req)[0].replace("-", "_") for req in runtime_pip(settings)}
+        real = importlib.util.find_spec
+
+        def find_spec(name: str, package: str | None = None) -> Any:
+            if name in modules:
+                return importlib.machinery.ModuleSpec(name, None)
+            return real(name, package)
+
+        monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+
+    return installing
+
+
+@pytest.mark.parametrize("env", environment_names())
+def test_every_entrypoint_parses_into_the_settings(env: str, tmp_path: Path, job_packages: Any) -> None:
+    settings = load_settings(env)
+    job = settings.job
+    render_manifests(
+        settings,
+        tmp_path,
+        code_uri="s3://cdk-assets-111122223333-us-west-2/0123abcd.zip",
+        code_hash="0123abcd",
+        checkpoint_uri=CHECKPOINT_URI,
+    )
+    job_packages(settings)
+    opts = parse_args(training_entrypoint(tmp_path))
+    assert opts.run_name == job.run_name
+    assert opts.storage_path == CHECKPOINT_URI
+    assert opts.num_workers == settings.num_workers
+    assert (opts.model, opts.init, opts.shape) == (job.model, job.init.value, job.shape.value)
+    assert (opts.seq_len, opts.steps, opts.lr, opts.seed) == (job.seq_len, job.steps, job.lr, job.seed)
+    assert (opts.global_batch_size, opts.micro_batch_size) == (job.global_batch_size, job.micro_batch_size)
+    assert (opts.checkpoint_every, opts.keep_checkpoints, opts.max_failures) == (
+        job.checkpoint_every,
+        job.keep_checkpoints,
+        job.max_failures,
+    )
+    assert (opts.sharding, opts.expect_transport) == (job.sharding.value, job.expect_transport.value)
+    assert (opts.compile, opts.liger) == (job.compile, job.liger)
+    assert opts.activation_checkpointing == job.activation_checkpointing
+    # The settings accepted the batch sizes by the same rule the driver applies on the cluster.
+    assert accumulation_steps(opts.global_batch_size, opts.micro_batch_size, opts.num_workers)
