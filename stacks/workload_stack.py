@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import atexit
+import hashlib
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -152,16 +153,36 @@ class WorkloadStack(cdk.Stack):
             # its Role there), so it outlives this stack's objects on destroy.
             include_namespace=False,
         )
+        objects = chart.to_json()
+        jobs = [o for o in objects if o["kind"] == "RayJob"]
         self.manifest = eks.KubernetesManifest(
             self,
             "RayWorkload",
             cluster=cluster,
-            manifest=chart.to_json(),
+            manifest=[o for o in objects if o["kind"] != "RayJob"],
             # Let kubectl apply handle objects that exist (e.g. after a failed rollback).
             overwrite=True,
         )
         # Pods start only once they can get credentials.
         self.manifest.node.add_dependency(self.association)
+        # The RayJobs in a resource of their own whose logical ID carries their names (which carry
+        # the hash of their spec and code). A change gives a new RayJob name, which the kubectl
+        # handler would only `apply` (its --prune does not reach custom resources, and KubeRay
+        # ignores spec changes to an existing RayJob); a new logical ID makes CloudFormation
+        # create the new resource and, in its cleanup phase, delete the old one, which runs
+        # `kubectl delete` on the old RayJob (its cluster goes with it). On destroy this stack goes
+        # before the Cluster stack, so the KubeRay operator still runs to clear the RayJob's
+        # finalizer and the namespace can terminate.
+        digest = hashlib.sha256("\n".join(sorted(o["metadata"]["name"] for o in jobs)).encode()).hexdigest()
+        self.job_manifest = eks.KubernetesManifest(
+            self,
+            f"RayJob{digest[:12]}",
+            cluster=cluster,
+            manifest=jobs,
+            overwrite=True,
+        )
+        # Its service account and network policies exist first and go last.
+        self.job_manifest.node.add_dependency(self.manifest, self.association)
 
         qualifier = cdk.DefaultStackSynthesizer.DEFAULT_QUALIFIER
         self.review = ReviewValues(

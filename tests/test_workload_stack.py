@@ -87,13 +87,13 @@ def test_pod_identity_role_reads_code_and_writes_only_the_checkpoint_prefix(synt
 @pytest.mark.parametrize("env", ENVS)
 def test_chart_applied_to_the_cluster_after_pod_identity(synthesized, env):
     t = synthesized[env].template("Workload")
-    (_, manifest), *_ = of_type(t, "Custom::AWSCDK-EKS-KubernetesResource").items()
-    body = json.dumps(manifest["Properties"]["Manifest"])
+    manifests = of_type(t, "Custom::AWSCDK-EKS-KubernetesResource").values()
+    body = json.dumps([m["Properties"]["Manifest"] for m in manifests])
     for kind in ("RayJob", "NetworkPolicy", "ServiceAccount"):
         assert f'\\"kind\\":\\"{kind}\\"' in body, kind
     assert '\\"kind\\":\\"Namespace\\"' not in body  # owned by the cluster stack
     association = next(iter(of_type(t, "AWS::EKS::PodIdentityAssociation")))
-    assert association in manifest.get("DependsOn", [])
+    assert all(association in m.get("DependsOn", []) for m in manifests)
 
 
 @pytest.mark.parametrize("env", ENVS)
@@ -133,3 +133,76 @@ def test_code_asset_unpacks_into_a_working_dir_with_the_training_package(synthes
     unzip_package(archive, str(tmp_path / "working_dir"), remove_top_level_directory=True, unlink_zip=False)
     assert (tmp_path / "working_dir" / "training" / "__main__.py").is_file()
     assert not list((tmp_path / "working_dir").rglob("__pycache__"))
+
+
+def _manifests(template: dict) -> dict[str, dict]:
+    return of_type(template, "Custom::AWSCDK-EKS-KubernetesResource")
+
+
+def _objects(resource: dict) -> list[dict]:
+    """The Kubernetes objects of a manifest resource; CloudFormation tokens become TOKEN."""
+    manifest = resource["Properties"]["Manifest"]
+    if isinstance(manifest, dict):  # Fn::Join of JSON text and tokens inside its strings
+        manifest = "".join(p if isinstance(p, str) else "TOKEN" for p in manifest["Fn::Join"][1])
+    return list(json.loads(manifest))
+
+
+@pytest.mark.parametrize("env", ENVS)
+def test_rayjobs_sit_in_a_manifest_resource_named_after_them(synthesized, env):
+    """A new RayJob name gives a new logical ID: CloudFormation creates the new resource and
+    deletes the old one (kubectl delete of the old RayJob) instead of leaving it running."""
+    import hashlib
+
+    t = synthesized[env].template("Workload")
+    manifests = _manifests(t)
+    job_ids = [
+        k
+        for k, v in manifests.items()
+        if '\\"kind\\":\\"RayJob\\"' in json.dumps(v["Properties"]["Manifest"])
+    ]
+    assert len(job_ids) == 1, job_ids
+    (job_id,) = job_ids
+    body = json.dumps(manifests[job_id]["Properties"]["Manifest"])
+    names = sorted(o["metadata"]["name"] for o in _objects(manifests[job_id]) if o["kind"] == "RayJob")
+    assert names and all(o["kind"] == "RayJob" for o in _objects(manifests[job_id]))
+    digest = hashlib.sha256("\n".join(names).encode()).hexdigest()[:12]
+    assert job_id.startswith(f"RayJob{digest}")
+    for kind in ("ServiceAccount", "NetworkPolicy"):
+        assert f'\\"kind\\":\\"{kind}\\"' not in body, f"{kind} would be deleted with the old job"
+    # Created after, deleted before, its service account, network policies and Pod Identity.
+    others = [k for k in manifests if k != job_id]
+    association = next(iter(of_type(t, "AWS::EKS::PodIdentityAssociation")))
+    assert set(others) | {association} <= set(manifests[job_id]["DependsOn"])
+
+
+def test_a_new_job_spec_gives_a_new_job_resource(synthesized, tmp_path):
+    """Same environment, another training setting: the job resource's logical ID changes, the
+    service account / network policy resource keeps its own."""
+    from config.loader import load_settings
+    from stacks.synth_all import synthesize
+
+    base = synthesized["dev"]
+    settings = load_settings("dev")
+    changed = settings.model_copy(
+        update={"job": settings.job.model_copy(update={"steps": settings.job.steps + 1})}
+    )
+    synthesize(changed, tmp_path)
+    before = set(_manifests(base.template("Workload")))
+    after = set(
+        _manifests(json.loads((tmp_path / "dev" / "RayTrain-dev-Workload.template.json").read_text()))
+    )
+    (old_job,) = [k for k in before if k.startswith("RayJob")]
+    (new_job,) = [k for k in after if k.startswith("RayJob")]
+    assert old_job != new_job
+    assert before - {old_job} == after - {new_job}
+
+
+@pytest.mark.parametrize("env", ENVS)
+def test_destroy_removes_rayjobs_while_the_operator_runs(synthesized, env):
+    """Workload (RayJobs) is deleted before Cluster (KubeRay operator, Ray namespace)."""
+    manifest = json.loads((synthesized[env].directory / "manifest.json").read_text())
+    deps = manifest["artifacts"][f"RayTrain-{env}-Workload"]["dependencies"]
+    assert f"RayTrain-{env}-Cluster" in deps
+    cluster = synthesized[env].template("Cluster")
+    charts = {v["Properties"]["Release"] for v in of_type(cluster, "Custom::AWSCDK-EKS-HelmChart").values()}
+    assert "kuberay-operator" in charts

@@ -101,7 +101,10 @@ class ClusterMode(StrEnum):
     # The RayJob carries its own copy of the RayCluster spec (KubeRay creates the cluster for
     # the job and deletes it when the job finishes): GPUs are held only while a job runs, every
     # job starts on a fresh cluster built from exactly the spec its name hashes, and deleting
-    # an old RayJob (CloudFormation does, when the name changes) removes its cluster too.
+    # an old RayJob removes its cluster too. A new name means a new RayJob, not an update: the
+    # Workload stack keeps the RayJobs in a manifest resource whose logical ID carries their
+    # names, so CloudFormation creates the new one, then (in its cleanup phase, after the update
+    # succeeded) deletes the old one with `kubectl delete`.
     OWN = "own"
     # A standing RayCluster (same spec, same builder) that the RayJob targets by clusterSelector:
     # for interactive work (dashboard, `ray job submit`) between jobs; it holds the GPUs always.
