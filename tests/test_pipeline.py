@@ -95,12 +95,12 @@ def test_smoke_waits_for_the_rayjob_this_deploy_applied(synthesized):
     commands = json.loads(_buildspec(synthesized, verify))["phases"]["build"]["commands"]
     (script,) = [c for c in commands if "get rayjob" in c]
     workload = _stage_templates(synthesized, "dev")["RayTrain-dev-Workload"]
-    (manifest,) = [
+    manifests = [
         r["Properties"]["Manifest"]
         for r in workload["Resources"].values()
         if r["Type"] == "Custom::AWSCDK-EKS-KubernetesResource"
     ]
-    text = manifest if isinstance(manifest, str) else json.dumps(manifest)
+    text = json.dumps(manifests)
     names = set(re.findall(r"\b(rj-[a-z0-9-]*-[0-9a-f]{10})\b", text))
     (name,) = names
     assert f"get rayjob {name} " in script
