@@ -39,6 +39,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from config.loader import SettingsError, load_settings
+from config.names import STANDING_CLUSTER_NAME
 from config.settings import ClusterMode, Settings
 from raytrain import verify
 from raytrain.verify import RAY_GROUP, RAY_VERSION, REQUEST_TIMEOUT, VerifyError
@@ -245,7 +246,7 @@ def cluster_name(job: dict[str, Any] | None, settings: Settings) -> str | None:
         if selector.get(CLUSTER_LABEL):
             return str(selector[CLUSTER_LABEL])
     if settings.job.cluster is ClusterMode.STANDING:
-        return verify.STANDING_CLUSTER_NAME
+        return STANDING_CLUSTER_NAME
     return None
 
 
