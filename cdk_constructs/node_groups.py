@@ -7,7 +7,7 @@ With a launch template CDK sends no AMI type, so it is always set explicitly.
 
 from __future__ import annotations
 
-from aws_cdk import CfnTag
+from aws_cdk import CfnResource, CfnTag
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
@@ -132,6 +132,7 @@ class EfaGpuNodeGroup(Construct):
         vpc: ec2.IVpc,
         settings: GpuNodeSettings,
         subnet: ec2.ISubnet,
+        auto_repair: bool = True,
     ) -> None:
         super().__init__(scope, construct_id)
         instance: Instance = settings.instance
@@ -219,7 +220,19 @@ class EfaGpuNodeGroup(Construct):
             ),
             # Replace GPU nodes one at a time: a training job loses at most one worker.
             max_unavailable=1,
+            # EKS replaces or reboots nodes whose health conditions fail (Ready, and with the node
+            # monitoring agent AcceleratedHardwareReady for GPU/XID faults, NetworkingReady, ...):
+            # https://docs.aws.amazon.com/eks/latest/userguide/node-health.html
+            enable_node_auto_repair=auto_repair,
         )
+        cfn = self.nodegroup.node.default_child
+        assert isinstance(cfn, CfnResource)
+        if auto_repair:
+            # Like updates, one GPU node at a time: a job loses at most one worker to a repair.
+            cfn.add_property_override("NodeRepairConfig.MaxParallelNodesRepairedCount", 1)
+        else:
+            # CDK omits the property when off; a group that had repair on would keep it, so say so.
+            cfn.add_property_override("NodeRepairConfig", {"Enabled": False})
 
 
 def _capacity_type(value: CapacityType) -> eks.CapacityType:

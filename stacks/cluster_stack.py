@@ -20,8 +20,15 @@ from cdk_constructs.cluster_autoscaler import (
     node_template_tags,
 )
 from cdk_constructs.node_groups import EfaGpuNodeGroup, SystemNodeGroup, gpu_node_labels
+from cdk_constructs.observability import (
+    METRICS_LOG_KIND,
+    ContainerInsights,
+    TrainingDashboard,
+    container_insights_log_group,
+    node_monitoring_agent,
+)
 from config.settings import KUBECTL_LAYERS, EndpointAccess, Settings
-from stacks.common import removal_policy
+from stacks.common import log_retention, removal_policy
 
 CONTROL_PLANE_LOG_TYPES = [
     eks.ClusterLoggingTypes.API,
@@ -154,6 +161,7 @@ class ClusterStack(cdk.Stack):
             vpc=vpc,
             settings=settings.gpu_nodes,
             subnet=gpu_subnet,
+            auto_repair=settings.observability.gpu_node_auto_repair,
         )
         for group in (self.system_nodes.nodegroup, self.gpu_nodes.nodegroup):
             # Nodes join only once their networking add-ons exist.
@@ -199,9 +207,41 @@ class ClusterStack(cdk.Stack):
         self.kuberay.node.add_dependency(self.system_nodes.nodegroup, coredns)
         self.autoscaler.node.add_dependency(self.system_nodes.nodegroup, coredns, pod_identity)
 
+        self._observability(settings, pod_identity)
+
         cdk.CfnOutput(
             self,
             "UpdateKubeconfig",
             value=(f"aws eks update-kubeconfig --region {settings.region} --name {cluster_settings.name}"),
             description="Configure kubectl for this cluster",
         )
+
+    def _observability(self, settings: Settings, pod_identity: eks.Addon) -> None:
+        """Node health agent (auto-repair's eyes), and opt-in Container Insights with a dashboard."""
+        obs = settings.observability
+        self.node_monitoring: eks.Addon | None = None
+        if obs.node_monitoring:
+            self.node_monitoring = node_monitoring_agent(self, "NodeMonitoringAgent", self.cluster_ref)
+            self.node_monitoring.node.add_dependency(self.system_nodes.nodegroup)
+        self.container_insights: ContainerInsights | None = None
+        self.dashboard: TrainingDashboard | None = None
+        if obs.metrics:
+            self.container_insights = ContainerInsights(
+                self,
+                "ContainerInsights",
+                cluster=self.cluster_ref,
+                cluster_name=settings.cluster.name,
+                ray_namespace=settings.workload.namespace,
+                retention=log_retention(obs.log_retention_days),
+                removal_policy=removal_policy(settings),
+            )
+            # Its agents get credentials from the Pod Identity agent; the add-on's operator runs
+            # on the system nodes.
+            self.container_insights.node.add_dependency(pod_identity, self.system_nodes.nodegroup)
+            self.dashboard = TrainingDashboard(
+                self,
+                "Dashboard",
+                dashboard_name=settings.stack_prefix,
+                cluster_name=settings.cluster.name,
+                metrics_log_group=container_insights_log_group(settings.cluster.name, METRICS_LOG_KIND),
+            )

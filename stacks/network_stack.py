@@ -11,7 +11,7 @@ from constructs import Construct
 
 from cdk_constructs.vpc_cleanup import VpcCleanup
 from config.settings import Settings
-from stacks.common import removal_policy
+from stacks.common import log_retention, removal_policy
 
 # Interface endpoints, one ENI in each AZ's private subnet (and billed per AZ-hour: config/cost.py
 # counts them from here). Image pulls and Pod Identity credentials stay off the NAT gateway.
@@ -52,7 +52,7 @@ class NetworkStack(cdk.Stack):
         flow_log_group = logs.LogGroup(
             self,
             "FlowLogs",
-            retention=_retention(vpc_settings.flow_log_retention_days),
+            retention=log_retention(vpc_settings.flow_log_retention_days),
             removal_policy=removal_policy(settings),
         )
         self.vpc.add_flow_log(
@@ -97,21 +97,3 @@ class NetworkStack(cdk.Stack):
             if subnet.availability_zone == availability_zone:
                 return subnet
         raise ValueError(f"no private subnet in {availability_zone}")
-
-
-def _retention(days: int) -> logs.RetentionDays:
-    by_days = {
-        1: logs.RetentionDays.ONE_DAY,
-        3: logs.RetentionDays.THREE_DAYS,
-        5: logs.RetentionDays.FIVE_DAYS,
-        7: logs.RetentionDays.ONE_WEEK,
-        14: logs.RetentionDays.TWO_WEEKS,
-        30: logs.RetentionDays.ONE_MONTH,
-        60: logs.RetentionDays.TWO_MONTHS,
-        90: logs.RetentionDays.THREE_MONTHS,
-        120: logs.RetentionDays.FOUR_MONTHS,
-        150: logs.RetentionDays.FIVE_MONTHS,
-        180: logs.RetentionDays.SIX_MONTHS,
-        365: logs.RetentionDays.ONE_YEAR,
-    }
-    return by_days[days]

@@ -5,8 +5,9 @@ Everything the stacks, the cdk8s chart and the RayJob need comes from here. An e
 synthesis with one message naming the file, the field and what would be valid (see `loader.py`).
 
 One module per section: `infrastructure` (VPC, cluster, node groups, add-ons, storage), `workload`
-(the Ray pods and the RayJob), `pipeline`, and `root` (the `Settings` model and its cross-section
-checks); `base` holds the strict base model and `FieldError`. Import from `config.settings`.
+(the Ray pods and the RayJob), `pipeline`, `observability`, and `root` (the `Settings` model and
+its cross-section checks); `base` holds the strict base model and `FieldError`. Import from
+`config.settings`.
 """
 
 from config.settings.base import AZ_RE, SEMVER_RE, FieldError, SettingsModel
@@ -26,6 +27,7 @@ from config.settings.infrastructure import (
     SystemNodeSettings,
     VpcSettings,
 )
+from config.settings.observability import ObservabilitySettings
 from config.settings.pipeline import PipelineSettings
 from config.settings.root import Settings
 from config.settings.workload import (
@@ -56,6 +58,7 @@ __all__ = [
     "JobSettings",
     "ModelInit",
     "ModelShape",
+    "ObservabilitySettings",
     "PipelineSettings",
     "RemovalPolicy",
     "Settings",

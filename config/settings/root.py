@@ -17,6 +17,7 @@ from config.settings.infrastructure import (
     SystemNodeSettings,
     VpcSettings,
 )
+from config.settings.observability import ObservabilitySettings
 from config.settings.pipeline import PipelineSettings
 from config.settings.workload import JobSettings, Transport, WorkloadSettings
 from training.batch import accumulation_steps
@@ -40,6 +41,7 @@ class Settings(SettingsModel):
     workload: WorkloadSettings = Field(default_factory=WorkloadSettings)
     job: JobSettings = Field(default_factory=JobSettings)
     storage: StorageSettings = Field(default_factory=StorageSettings)
+    observability: ObservabilitySettings = Field(default_factory=ObservabilitySettings)
     # Only the environment that hosts the pipeline needs (and enables) this section.
     pipeline: PipelineSettings | None = None
     termination_protection: bool = False
