@@ -59,6 +59,8 @@ def test_cdk_nag_acknowledgements_are_scoped_and_explained(synthesized, env):
         stack + "Cluster/Role",
         stack + "Cluster/KubectlProvider",
         "/Nodegroup/NodeGroupRole",
+        # The CloudWatch observability add-on's Pod Identity role (CloudWatchAgentServerPolicy).
+        stack + "ContainerInsights/AgentRole",
         f"/RayTrain-{env}-Workload/RayPodRole/DefaultPolicy",
         # Cluster Autoscaler: Describe calls on *, scaling limited to this cluster's groups by tag;
         # the ASG node-template tags (custom resource) and CDK's AwsCustomResource function role.

@@ -129,7 +129,15 @@ def test_access_entries_for_configured_admins(synthesized, env):
 def test_managed_addons(synthesized, env):
     t = synthesized[env].template("Cluster")
     addons = {r["Properties"]["AddonName"]: r for r in resources(t, "AWS::EKS::Addon").values()}
-    assert set(addons) == {"vpc-cni", "coredns", "kube-proxy", "eks-pod-identity-agent"}
+    obs = synthesized[env].settings.observability
+    assert set(addons) == {
+        "vpc-cni",
+        "coredns",
+        "kube-proxy",
+        "eks-pod-identity-agent",
+        *(["eks-node-monitoring-agent"] if obs.node_monitoring else []),
+        *(["amazon-cloudwatch-observability"] if obs.metrics else []),
+    }
     config = json.loads(addons["vpc-cni"]["Properties"]["ConfigurationValues"])
     assert config == {"enableNetworkPolicy": "true"}
 
