@@ -104,6 +104,9 @@ def training_args(settings: Settings, *, checkpoint_uri: str) -> list[str]:
     prepared = prepared_data_uri(settings, checkpoint_uri=checkpoint_uri)
     if prepared is not None:  # ignored by the job when `data` is already prepared shards
         args += ["--text-field", job.text_field, "--prepared-data", prepared]
+    if settings.observability.metrics:
+        # Step metrics as CloudWatch EMF lines (training/emf.py), dimension ClusterName.
+        args += ["--metrics-cluster", settings.cluster.name]
     return args
 
 

@@ -6,13 +6,16 @@ from __future__ import annotations
 import fnmatch
 import json
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from cdk_constructs import observability as obs
 from training import emf
+from training.options import build_parser
 
 # Fluent Bit's built-in `cri` parser (what `multiline.parser cri` applies to containerd's files).
 CRI = re.compile(r"^(?P<time>[^ ]+) (?P<stream>stdout|stderr) (?P<p>[^ ]*) (?P<log>.*)$")
@@ -198,6 +201,22 @@ def test_fluent_bit_ships_only_the_loops_emf_lines_to_their_group(prod: Any) -> 
     ]
     assert out["auto_create_group"] == ["false"]  # the group is the stack's, with retention
     assert conf["INPUT"]["Tag"] == conf["FILTER"]["Match"] == out["Match"]
+
+
+def _entrypoint(synth: Any) -> list[str]:
+    (rayjob,) = (synth.directory / "manifests").glob("RayJob.*.k8s.yaml")
+    doc = yaml.safe_load(rayjob.read_text())
+    argv = shlex.split(doc["spec"]["entrypoint"])
+    assert argv[:3] == ["python", "-m", "training"]
+    return argv[3:]
+
+
+def test_rayjob_turns_step_metrics_on_with_the_clusters_name(dev: Any, prod: Any) -> None:
+    # settings -> chart -> RayJob arguments -> the training CLI's parser (the image's packages,
+    # such as liger-kernel, are checked by parse_args on the cluster, not here).
+    parser = build_parser()
+    assert parser.parse_args(_entrypoint(prod)).metrics_cluster == prod.settings.cluster.name
+    assert parser.parse_args(_entrypoint(dev)).metrics_cluster is None
 
 
 # --- the dashboard --------------------------------------------------------------------------------
