@@ -381,6 +381,8 @@ def test_entrypoint_carries_the_job_settings(name: str) -> None:
         "--seed": str(job.seed),
         "--sharding": job.sharding.value,
         "--expect-transport": "auto",
+        # CloudWatch step metrics where the environment turns them on (training/emf.py).
+        **({"--metrics-cluster": s.cluster.name} if s.observability.metrics else {}),
     }
     assert switches == {
         "--compile" if job.compile else "--no-compile",
