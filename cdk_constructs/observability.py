@@ -29,13 +29,14 @@ from __future__ import annotations
 from typing import Any
 
 import aws_cdk as cdk
-from aws_cdk import Acknowledgment, Duration, Validations
+from aws_cdk import Duration
 from aws_cdk import aws_cloudwatch as cw
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
+from cdk_constructs.nag import acknowledge, managed_policy_finding
 from training import emf
 
 NODE_MONITORING_ADDON = "eks-node-monitoring-agent"
@@ -171,13 +172,11 @@ class ContainerInsights(Construct):
                 principals=[iam.ServicePrincipal("pods.eks.amazonaws.com")],
             )
         )
-        Validations.of(self.role).acknowledge(
-            Acknowledgment(
-                id="AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/"
-                f"{CLOUDWATCH_AGENT_POLICY}]",
-                reason="The CloudWatch observability add-on documents CloudWatchAgentServerPolicy as "
-                "its permissions; AWS keeps it in step with the agent and Fluent Bit.",
-            )
+        acknowledge(
+            self.role,
+            managed_policy_finding(CLOUDWATCH_AGENT_POLICY),
+            "The CloudWatch observability add-on documents CloudWatchAgentServerPolicy as its "
+            "permissions; AWS keeps it in step with the agent and Fluent Bit.",
         )
 
         self.addon = eks.Addon(

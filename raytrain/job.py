@@ -225,15 +225,21 @@ def _created(obj: dict[str, Any]) -> str:
     return str(_meta(obj, "creationTimestamp", "") or "")
 
 
+_FINISHED = ("Complete", "Failed")
+
+
 def select_job(jobs: list[dict[str, Any]], name: str | None, namespace: str) -> dict[str, Any] | None:
-    """`--job NAME`, or the newest RayJob; None when the namespace has none."""
+    """`--job NAME`, else the newest unfinished RayJob (a data-preparation job that ended after the
+    training job started is not the one to watch), else the newest; None when there is none."""
     if name:
         for job in jobs:
             if _meta(job, "name") == name:
                 return job
         present = ", ".join(sorted(str(_meta(j, "name")) for j in jobs)) or "none"
         raise JobError(f"no RayJob {name!r} in namespace {namespace!r}; present: {present}")
-    return max(jobs, key=lambda j: (_created(j), str(_meta(j, "name")))) if jobs else None
+    running = [j for j in jobs if (j.get("status") or {}).get("jobDeploymentStatus") not in _FINISHED]
+    pool = running or jobs
+    return max(pool, key=lambda j: (_created(j), str(_meta(j, "name")))) if pool else None
 
 
 def cluster_name(job: dict[str, Any] | None, settings: Settings) -> str | None:

@@ -533,3 +533,13 @@ def test_cli_help_lists_the_actions() -> None:
     ).stdout
     for action in ("status", "logs", "dashboard"):
         assert action in out
+
+
+def test_default_job_is_the_newest_unfinished_one() -> None:
+    ns = "ray"
+    running = _rayjob("rj-train", "2026-11-30T10:00:00Z", {"jobDeploymentStatus": "Running"}, ns)
+    done = _rayjob("rj-prep", "2026-11-30T11:00:00Z", {"jobDeploymentStatus": "Complete"}, ns)
+    assert job.select_job([running, done], None, ns) is running
+    finished = _rayjob("rj-old", "2026-11-29T10:00:00Z", {"jobDeploymentStatus": "Failed"}, ns)
+    assert job.select_job([finished, done], None, ns) is done  # all finished: the newest
+    assert job.select_job([], None, ns) is None
