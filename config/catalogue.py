@@ -41,6 +41,10 @@ GPU_MEMORY_CUDA_GIB: dict[str, float] = {
     "H100": 79.18,
 }
 
+# GPUs with FP8 tensor cores (compute capability >= 8.9: Ada and Hopper), which float8 training
+# (job.float8, torchao) needs; A10G (Ampere, 8.6) and A100 (8.0) have none. NVIDIA's data sheets.
+FP8_GPU_MODELS = frozenset({"L4", "L40S", "H100", "H200", "B200"})
+
 
 @dataclass(frozen=True)
 class Instance:
@@ -68,6 +72,10 @@ class Instance:
     @property
     def efa(self) -> bool:
         return self.efa_interfaces > 0
+
+    @property
+    def fp8(self) -> bool:
+        return self.gpu_model in FP8_GPU_MODELS
 
     def efa_interface_layout(self) -> list[tuple[int, int, str]]:
         """(network card index, device index, interface type) of each EFA interface.

@@ -408,6 +408,16 @@ def test_entrypoint_switches_and_quoting() -> None:
     assert "pip" not in runtime_env  # no liger-kernel to install when it is off
 
 
+def test_float8_setting_reaches_the_entrypoint_and_is_refused_without_fp8_tensor_cores() -> None:
+    on = variant("dev", job={"float8": True})  # dev's g6.12xlarge: L4, FP8 tensor cores
+    _, _, switches = parsed_entrypoint(next(o for o in render(on) if o["kind"] == "RayJob"))
+    assert "--float8" in switches
+    _, _, switches = parsed_entrypoint(next(o for o in render(variant("dev")) if o["kind"] == "RayJob"))
+    assert "--float8" not in switches
+    with pytest.raises(ValueError, match=r"g5\.48xlarge's A10G GPUs have no FP8.*job\.float8: false"):
+        variant("dev", job={"float8": True}, gpu_nodes={"instance_type": "g5.48xlarge"})
+
+
 def test_tokens_are_embedded_not_parsed_and_not_hashed() -> None:
     s = settings_of("dev")
     first = render(s, code_uri="${Token[TOKEN.101]}", checkpoint_uri="${Token[TOKEN.102]}")

@@ -126,6 +126,12 @@ class Settings(SettingsModel):
                 f"({system.allocatable_memory_mib()} MiB allocatable)",
             )
         job = self.job
+        if job.float8 and not gpu.fp8:
+            raise FieldError(
+                ("job", "float8"),
+                f"is true but {gpu.name}'s {gpu.gpu_model} GPUs have no FP8 tensor cores; float8 "
+                "needs L4, L40S, H100 or H200 (g6, g6e, p5 types): set job.float8: false",
+            )
         if job.expect_transport is Transport.EFA and not self.gpu_nodes.efa:
             raise FieldError(
                 ("job", "expect_transport"),
