@@ -8,10 +8,13 @@ PY := $(VENV)/bin/python
 OUT ?= cdk.out
 ENV ?= dev
 BASE ?= HEAD
+# A second virtualenv with the image's own Python and packages (config/image.toml, requirements-image.lock).
+IMAGE_VENV ?= .venv-image
+IPY := $(IMAGE_VENV)/bin/python
 # jsii (under aws-cdk-lib) prints a large banner on Node 20; the CDK CLI itself is pinned in package.json.
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 
-.PHONY: help setup setup-cdk synth test test-fast lint format typecheck diff review ls lock imports train-local train-local-data clean
+.PHONY: help setup setup-cdk synth test test-fast test-image lint format typecheck diff review ls lock lock-image imports train-local train-local-data clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -56,6 +59,27 @@ test: setup ## lint, type-check and run the whole test suite
 test-fast: setup ## tests without the slow Ray integration tests
 	$(PY) -m pytest -m "not ray"
 
+# The image's Python is found on PATH, through pyenv or uv (never by a path of this machine).
+$(IMAGE_VENV)/.installed: requirements-image.lock config/image.toml | $(VENV)/.installed
+	rm -rf $(IMAGE_VENV)
+	PYTHON_IMAGE="$$($(PY) -m config.image find-python)" && \
+	  $(VENV)/bin/uv venv --quiet --python "$$PYTHON_IMAGE" $(IMAGE_VENV)
+	$(PY) -m config.image image-requirements > $(IMAGE_VENV)/requirements.txt
+	$(VENV)/bin/uv pip sync --quiet --python $(IPY) --require-hashes $(IMAGE_VENV)/requirements.txt
+	touch $@
+
+# Ray's dashboard gives each of its modules 30 s to start; on a busy 2-core CI machine that is not enough.
+test-image: export RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT := 300
+test-image: $(IMAGE_VENV)/.installed ## tests/training and a short training run on the image's Python and package versions
+	$(IPY) -m config.image check
+	$(IPY) -m pytest tests/training -p no:cacheprovider
+	rm -rf runs/image-smoke
+	HF_HUB_OFFLINE=1 RAY_AUTH_MODE=disabled $(IPY) -m training --init random --shape tiny \
+	  --data training/sample/sample.jsonl --num-workers 2 --micro-batch-size 2 --global-batch-size 8 \
+	  --steps 4 --checkpoint-every 2 --run-name image-smoke --output-dir runs/image-smoke
+	$(IPY) -c "import json, sys; s = json.load(open('runs/image-smoke/summary.json')); \
+	  sys.exit(0 if s['steps'] == 4 else 'smoke run: %s steps, expected 4' % s['steps'])"
+
 lint: setup ## ruff lint and format check
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -87,10 +111,13 @@ lock: ## re-resolve requirements.lock from pyproject.toml in a scratch venv
 	{ sed -n '1,3p' requirements.lock; .lock-venv/bin/pip freeze --exclude-editable | sed 's/+cpu$$//'; } > requirements.lock.new
 	mv requirements.lock.new requirements.lock && rm -rf .lock-venv
 
+lock-image: setup ## re-resolve requirements-image.lock (the image's versions, config/image.toml) with uv
+	$(PY) -m config.image lock
+
 imports: setup ## regenerate k8s/imports from the KubeRay CRDs in k8s/crds (one module per CRD)
 	rm -rf k8s/imports/raycluster k8s/imports/rayjob
 	npx cdk8s import raycluster:=k8s/crds/ray.io_rayclusters.yaml -l python -o k8s/imports --no-check-upgrade
 	npx cdk8s import rayjob:=k8s/crds/ray.io_rayjobs.yaml -l python -o k8s/imports --no-check-upgrade
 
 clean: ## remove synthesized output and caches
-	rm -rf $(OUT) .pytest_cache .mypy_cache .ruff_cache runs
+	rm -rf $(OUT) .pytest_cache .mypy_cache .ruff_cache runs $(IMAGE_VENV)

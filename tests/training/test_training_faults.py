@@ -5,6 +5,7 @@ random token ids."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -80,7 +81,8 @@ def reference(ray_session: str, tmp_path_factory: pytest.TempPathFactory) -> dic
     summary = run(parse_args(_argv(tmp, "reference")))
     assert summary["resumes"] == []
     assert (tmp / "reference" / "summary.json").is_file()
-    assert (tmp / "reference" / "training.png").stat().st_size > 0
+    if importlib.util.find_spec("matplotlib") is not None:  # the image has none: no plot there
+        assert (tmp / "reference" / "training.png").stat().st_size > 0
     return summary
 
 

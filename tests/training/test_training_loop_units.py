@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,9 @@ from training.model import host_layout
 from training.netprobe import host_key
 from training.options import parse_args
 from training.summary import PLOT_FILE, SUMMARY_FILE, summarize, write
+
+# The image the job runs in has no matplotlib (config/image.toml): there the plot is skipped.
+HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 
 
 @pytest.mark.parametrize(
@@ -71,8 +76,20 @@ def test_summary_and_plot(tmp_path: Path) -> None:
     assert summ["transport"] == {"transport": "efa", "ok": True}
     written = write(summ, str(tmp_path / "out"), str(tmp_path / "storage"))
     assert json.loads((tmp_path / "out" / SUMMARY_FILE).read_text())["steps"] == 8
-    assert (tmp_path / "out" / PLOT_FILE).read_bytes()[:4] == b"\x89PNG"
-    assert len(written) == 2
+    if HAS_MATPLOTLIB:
+        assert (tmp_path / "out" / PLOT_FILE).read_bytes()[:4] == b"\x89PNG"
+    assert len(written) == (2 if HAS_MATPLOTLIB else 1)
+
+
+def test_summary_without_matplotlib_still_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The image has no matplotlib: a finished run must still write its numbers, and no plot.
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    meta = {"step": 1, "history": [{"step": 1, "loss": 1.0, "tokens_per_s": 5.0, "peak_mem_gib": 0.1}]}
+    written = write(summarize(meta, {"run_name": "r"}, wall_s=1.0), str(tmp_path), str(tmp_path / "s"))
+    assert written == [str(tmp_path / SUMMARY_FILE)]
+    assert not (tmp_path / PLOT_FILE).exists()
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@ code path here, with no network and no credentials."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import tempfile
 from pathlib import Path
@@ -54,5 +55,6 @@ def test_summary_is_copied_next_to_remote_checkpoints(tmp_path: Path) -> None:
     written = write(summ, str(tmp_path / "out"), f"file://{tmp_path}/bucket/prefix")
     remote = tmp_path / "bucket" / "prefix" / "remote"
     assert json.loads((remote / "summary.json").read_text())["steps"] == 1
-    assert (remote / "training.png").stat().st_size > 0
+    if importlib.util.find_spec("matplotlib") is not None:  # the image has none: no plot there
+        assert (remote / "training.png").stat().st_size > 0
     assert f"file://{remote}/summary.json" in written

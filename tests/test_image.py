@@ -1,0 +1,130 @@
+"""The image's versions (config/image.toml), its lock, and how CI finds the image's Python."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from config import image as img
+
+
+def test_image_lock_is_resolved_from_image_toml() -> None:
+    # A bump in image.toml without `make lock-image` fails here, before the image stage runs.
+    assert img.lock_disagreements(img.load(), img.IMAGE_LOCK.read_text()) == []
+
+
+def test_a_bump_without_relocking_is_reported() -> None:
+    image = img.load()
+    bumped = dataclasses.replace(image, python="3.14", packages={**image.packages, "torch": "2.14.0"})
+    problems = img.lock_disagreements(bumped, img.IMAGE_LOCK.read_text())
+    assert "it was not resolved for Python 3.14" in problems
+    assert any(p.startswith("torch is 2.13.0, the image has 2.14.0") for p in problems)
+
+
+def test_image_lock_pins_every_package_with_hashes() -> None:
+    text = img.IMAGE_LOCK.read_text()
+    pins, hashes = img.lock_pins(text.splitlines()), img.lock_hashes(text)
+    assert pins.keys() == hashes.keys()
+    assert all(hashes[name] for name in pins), "every pin carries at least one sha256"
+
+
+def test_test_tools_match_the_main_lock() -> None:
+    # One pytest/hypothesis version for both suites: the pin is written once, in requirements.lock.
+    main = img.lock_pins(img.PROJECT_LOCK.read_text().splitlines())
+    image = img.lock_pins(img.IMAGE_LOCK.read_text().splitlines())
+    for tool in img.TEST_TOOLS:
+        assert image[tool] == main[tool], tool
+
+
+def test_image_requirements_leave_out_the_job_packages() -> None:
+    text = img.without_packages(img.IMAGE_LOCK.read_text(), {"liger-kernel"})
+    pins = img.lock_pins(text.splitlines())
+    assert "liger-kernel" not in pins
+    assert not any(line.startswith("liger") for line in text.splitlines())
+    # Its dependencies are the image's own and stay.
+    assert {"torch", "triton", "ray"} <= pins.keys()
+
+
+@pytest.mark.parametrize(
+    ("version", "spec", "ok"),
+    [("2.5.5", "2.5.*", True), ("2.50.0", "2.5.*", False), ("24.0.0", "24.*", True),
+     ("2.58.0", "2.58.0", True), ("2.58.1", "2.58.0", False)],
+)  # fmt: skip
+def test_version_series(version: str, spec: str, ok: bool) -> None:
+    assert img.matches(version, spec) is ok
+
+
+def _image_file(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "image.toml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [
+        ('uri = "x:1"\npython = "3.13"\n[packages]\ntorch = "2.13.0"\n', "exact ray version"),
+        ('uri = "x:1"\npython = "3"\n[packages]\nray = "2.58.0"\n', "python must be a minor version"),
+        ('uri = "x:1@sha256:ab"\npython = "3.13"\n[packages]\nray = "2.58.0"\n', "uri must be"),
+        ('uri = "x:1"\ndigest = "latest"\npython = "3.13"\n[packages]\nray = "2.58.0"\n', "digest must be"),
+        ('uri = "x:1"\npython = "3.13"\n[packages]\nray = ">=2"\n', "[packages] ray = '>=2'"),
+        ('uri = "x:1"\npython = "3.13"\ntag = "v1"\n[packages]\nray = "2.58.0"\n', "unknown field"),
+        ('uri = "x:1"\npython = "3.13"\n[packages]\nray = "2.58.0"\n[job_packages]\nliger = "0.8.*"\n',
+         "[job_packages] liger"),
+    ],
+)  # fmt: skip
+def test_bad_image_file_names_the_field(tmp_path: Path, text: str, names: str) -> None:
+    with pytest.raises(img.ImageFileError) as err:
+        img.load(_image_file(tmp_path, text))
+    assert names in str(err.value) and "image.toml" in str(err.value)
+
+
+def test_image_file_gives_the_ray_version_and_reference() -> None:
+    image = img.load()
+    assert image.ray_version == image.packages["ray"]
+    assert image.ref == (f"{image.uri}@{image.digest}" if image.digest else image.uri)
+
+
+def _fake_bin(tmp_path: Path, name: str, script: str) -> None:
+    exe = tmp_path / name
+    exe.write_text(f"#!/bin/sh\n{script}\n")
+    exe.chmod(0o755)
+
+
+def test_find_python_skips_a_shim_that_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A pyenv shim for a version that is installed but not selected exits 127: not an interpreter.
+    _fake_bin(tmp_path, "python3.99", "echo 'pyenv: python3.99: command not found' >&2; exit 127")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert img.find_python("3.99") is None
+
+
+def test_find_python_takes_an_interpreter_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    version = "{}.{}".format(*sys.version_info[:2])
+    (tmp_path / f"python{version}").symlink_to(sys.executable)
+    monkeypatch.setenv("PATH", str(tmp_path) + os.pathsep + os.environ["PATH"])
+    assert img.find_python(version) == str(tmp_path / f"python{version}")
+
+
+def test_missing_python_is_one_clear_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    real = img.load()
+    monkeypatch.setattr(img, "load", lambda: dataclasses.replace(real, python="3.99"))
+    assert img.main(["find-python"]) == 2
+    err = capsys.readouterr().err
+    assert "Python 3.99 (the image's, config/image.toml) was not found" in err
+    assert "uv python install 3.99" in err
+
+
+def test_check_reports_a_venv_that_is_not_the_image(capsys: pytest.CaptureFixture[str]) -> None:
+    # This suite runs in the project's venv (Ray 2.60 on Python 3.11/3.12): not the image's.
+    image = img.load()
+    problems = img.installed_disagreements(image)
+    running = "{}.{}".format(*sys.version_info[:2])
+    if running != image.python:
+        assert f"Python is {running}, the image has {image.python}" in problems
+    assert img.main(["check"]) == (1 if problems else 0)
