@@ -128,3 +128,24 @@ def test_check_reports_a_venv_that_is_not_the_image(capsys: pytest.CaptureFixtur
     if running != image.python:
         assert f"Python is {running}, the image has {image.python}" in problems
     assert img.main(["check"]) == (1 if problems else 0)
+
+
+def test_settings_take_the_image_and_its_ray_from_image_toml() -> None:
+    from config.settings import WorkloadSettings
+
+    image = img.load()
+    workload = WorkloadSettings()
+    assert (workload.image, workload.ray_version) == (image.uri, image.ray_version)
+    assert workload.image_ref == image.ref
+
+
+def test_ray_version_must_be_the_images() -> None:
+    from pydantic import ValidationError
+
+    from config.settings import WorkloadSettings
+
+    image = img.load()
+    with pytest.raises(ValidationError, match=f"ships Ray {image.ray_version}"):
+        WorkloadSettings(ray_version="2.60.0")
+    # Another image is the user's to describe.
+    assert WorkloadSettings(image="example.com/ray:own", ray_version="2.60.0").ray_version == "2.60.0"

@@ -8,6 +8,7 @@ from enum import StrEnum
 from pydantic import Field, field_validator, model_validator
 
 from config.catalogue import Instance
+from config.image import load as load_image
 from config.names import KUBERAY_NAMESPACE, RAY_NAMESPACE
 from config.settings.base import SEMVER_RE, FieldError, SettingsModel
 
@@ -26,15 +27,20 @@ _MANAGED_ENV = {
 }
 
 
+IMAGE = load_image()
+
+
 class WorkloadSettings(SettingsModel):
     """What the Ray pods run on; the cdk8s chart and the RayJob read these."""
 
     namespace: str = RAY_NAMESPACE
-    image: str = "public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1"
-    # Pin the exact image for reproducible deploys: sha256:<64 hex>.
+    # The image and its Ray come from config/image.toml (the one place for the image's versions).
+    image: str = IMAGE.uri
+    # Pin the exact image for reproducible deploys: sha256:<64 hex>. Unset for the image of
+    # config/image.toml: its recorded digest, if any.
     image_digest: str | None = None
-    # Must match the Ray inside the image (the DLC v1.1 ships Ray 2.58).
-    ray_version: str = "2.58.0"
+    # Must match the Ray inside the image.
+    ray_version: str = IMAGE.ray_version
     # The Ray head runs on a system node and schedules no tasks (num-cpus 0): it only needs room
     # for GCS, the dashboard/job server and the job driver. Requests == limits (Guaranteed QoS).
     head_cpu_millis: int = Field(default=2000, ge=500)
@@ -84,9 +90,25 @@ class WorkloadSettings(SettingsModel):
                 raise ValueError(f"{key} is set by the chart ({_MANAGED_ENV[key]}); remove it here")
         return env
 
+    @model_validator(mode="after")
+    def _image_ray(self) -> WorkloadSettings:
+        if self.image == IMAGE.uri and self.ray_version != IMAGE.ray_version:
+            raise FieldError(
+                ("ray_version",),
+                f"{self.image} ships Ray {IMAGE.ray_version} (config/image.toml), not {self.ray_version}",
+            )
+        return self
+
+    @property
+    def effective_image_digest(self) -> str | None:
+        """The digest the pods pin: this environment's, else the one config/image.toml records for
+        its image (None: the tag alone)."""
+        return self.image_digest or (IMAGE.digest if self.image == IMAGE.uri else None)
+
     @property
     def image_ref(self) -> str:
-        return f"{self.image}@{self.image_digest}" if self.image_digest else self.image
+        digest = self.effective_image_digest
+        return f"{self.image}@{digest}" if digest else self.image
 
     def worker_cpu_millis(self, instance: Instance) -> int:
         """CPU of one GPU worker pod: what the node can allocate, less the DaemonSet headroom."""
