@@ -14,7 +14,7 @@ IPY := $(IMAGE_VENV)/bin/python
 # jsii (under aws-cdk-lib) prints a large banner on Node 20; the CDK CLI itself is pinned in package.json.
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 
-.PHONY: help setup setup-cdk synth test test-fast test-image lint format typecheck diff review ls lock lock-image imports train-local train-local-data clean
+.PHONY: help setup setup-cdk synth test test-fast test-image iac-scan lint format typecheck diff review ls lock lock-image imports train-local train-local-data clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -79,6 +79,12 @@ test-image: $(IMAGE_VENV)/.installed ## tests/training and a short training run 
 	  --steps 4 --checkpoint-every 2 --run-name image-smoke --output-dir runs/image-smoke
 	$(IPY) -c "import json, sys; s = json.load(open('runs/image-smoke/summary.json')); \
 	  sys.exit(0 if s['steps'] == 4 else 'smoke run: %s steps, expected 4' % s['steps'])"
+
+# checkov, isolated from .venv (it pins packaging<24, which ray needs newer): uvx runs it in its own venv.
+CHECKOV_VERSION := 3.3.30
+iac-scan: synth ## checkov over every synthesized CloudFormation template (suppressions live in resource metadata)
+	$(VENV)/bin/uvx --from checkov==$(CHECKOV_VERSION) checkov -d $(OUT) --framework cloudformation \
+	  --skip-download --compact --quiet
 
 lint: setup ## ruff lint and format check
 	$(VENV)/bin/ruff check .

@@ -14,6 +14,8 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
+from cdk_constructs import checkov
+
 
 @dataclass(frozen=True)
 class LoggedBucket:
@@ -67,5 +69,16 @@ def kms_bucket_with_access_logs(
         lifecycle_rules=list(lifecycle_rules),
         removal_policy=removal_policy,
         auto_delete_objects=destroy,
+    )
+    checkov.skip(
+        access_logs,
+        "CKV_AWS_18",
+        "the access-log bucket itself: logging it would need a further bucket, or loop into itself",
+    )
+    checkov.skip(
+        access_logs,
+        "CKV_AWS_21",
+        "written only by S3 log delivery, never overwritten, expired after 365 days: versions would "
+        "hold nothing that is not already there",
     )
     return LoggedBucket(key=key, access_logs=access_logs, bucket=bucket)

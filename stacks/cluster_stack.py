@@ -19,6 +19,7 @@ from cdk_constructs.cluster_autoscaler import (
     NodegroupAsgTags,
     node_template_tags,
 )
+from cdk_constructs.encrypted_logs import encrypted_log_group
 from cdk_constructs.node_groups import EfaGpuNodeGroup, SystemNodeGroup, gpu_node_labels
 from cdk_constructs.observability import (
     METRICS_LOG_KIND,
@@ -110,9 +111,11 @@ class ClusterStack(cdk.Stack):
         # EKS writes control-plane logs to /aws/eks/<name>/cluster and, when that group is missing,
         # creates it itself: outside CloudFormation, kept forever and left behind by every destroy.
         # Created here first, it follows the environment's removal policy like the other logs.
-        self.control_plane_logs = logs.LogGroup(
+        # The API audit log among them: encrypted with a key of its own.
+        self.control_plane_logs = encrypted_log_group(
             self,
             "ControlPlaneLogs",
+            description=f"EKS control-plane logs of {cluster_settings.name}",
             log_group_name=f"/aws/eks/{cluster_settings.name}/cluster",
             retention=logs.RetentionDays.THREE_MONTHS,
             removal_policy=removal_policy(settings),

@@ -14,6 +14,7 @@ from typing import Any
 import aws_cdk as cdk
 from cdk_nag import AwsSolutionsChecks
 
+from cdk_constructs.checkov import FrameworkFunctionSkips
 from config.settings import Settings
 from stacks.cluster_stack import ClusterStack
 from stacks.nag import acknowledge_cluster_findings, acknowledge_workload_findings
@@ -94,6 +95,9 @@ def build_environment(app: cdk.Stage, settings: Settings, *, nag: bool = True) -
 
     for key, value in {"environment": settings.name, **settings.tags}.items():
         cdk.Tags.of(app).add(key, value)
+    # checkov (make iac-scan): CDK's own framework functions carry their suppressions and reasons
+    # (here, on the App or a pipeline Stage: aspects do not cross into nested Stages).
+    cdk.Aspects.of(app).add(FrameworkFunctionSkips())
     if nag:
         cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
         acknowledge_cluster_findings(cluster)

@@ -6,9 +6,9 @@ from typing import Any
 
 import aws_cdk as cdk
 from aws_cdk import aws_ec2 as ec2
-from aws_cdk import aws_logs as logs
 from constructs import Construct
 
+from cdk_constructs.encrypted_logs import encrypted_log_group
 from cdk_constructs.vpc_cleanup import VpcCleanup
 from config.settings import Settings
 from stacks.common import log_retention, removal_policy
@@ -49,9 +49,11 @@ class NetworkStack(cdk.Stack):
         for subnet in self.vpc.private_subnets:
             cdk.Tags.of(subnet).add("kubernetes.io/role/internal-elb", "1")
 
-        flow_log_group = logs.LogGroup(
+        # Every connection's addresses and ports: encrypted with a key of its own.
+        flow_log_group = encrypted_log_group(
             self,
             "FlowLogs",
+            description=f"VPC flow logs of {settings.cluster.name}",
             retention=log_retention(vpc_settings.flow_log_retention_days),
             removal_policy=removal_policy(settings),
         )
