@@ -149,3 +149,76 @@ def test_ray_version_must_be_the_images() -> None:
         WorkloadSettings(ray_version="2.60.0")
     # Another image is the user's to describe.
     assert WorkloadSettings(image="example.com/ray:own", ray_version="2.60.0").ray_version == "2.60.0"
+
+
+# --- the image pinned by digest where the environment is prod-like -----------------------------
+
+DIGEST = "sha256:" + "0" * 64  # a well-formed value for the rule; no registry is asked here
+
+
+def _env_data(**changes) -> dict:
+    from ruamel.yaml import YAML
+
+    from config.loader import ENVIRONMENTS_DIR
+
+    data = YAML(typ="safe", pure=True).load((ENVIRONMENTS_DIR / "dev.yaml").read_text())
+    for key, value in changes.items():
+        data[key] = value
+    return data
+
+
+def _parse(data: dict):
+    import json
+
+    from config.loader import parse_settings
+
+    return parse_settings(json.dumps(data), name="dev", source="config/environments/dev.yaml")
+
+
+def test_prod_like_environment_without_digest_is_refused() -> None:
+    from config.loader import SettingsError
+
+    if img.load().digest:
+        pytest.skip("config/image.toml records a digest: every environment of its image is pinned")
+    with pytest.raises(SettingsError) as err:
+        _parse(_env_data(termination_protection=True))
+    message = str(err.value)
+    assert message.startswith("config/environments/dev.yaml")
+    assert "workload.image_digest: this environment has termination_protection" in message
+    assert "docker buildx imagetools inspect" in message and "Traceback" not in message
+
+
+@pytest.mark.parametrize(
+    ("changes", "ref_suffix"),
+    [
+        ({"termination_protection": True, "workload": {"image_digest": DIGEST}}, "@" + DIGEST),
+        (
+            {"termination_protection": True, "workload": {"require_image_digest": False}},
+            ":train-ml-cuda-v1.1",
+        ),
+        ({"workload": {"image_digest": DIGEST}}, "@" + DIGEST),
+    ],
+)
+def test_pinned_or_explicitly_unpinned_environments_pass(changes: dict, ref_suffix: str) -> None:
+    settings = _parse(_env_data(**changes))
+    assert settings.workload.image_ref.endswith(ref_suffix)
+
+
+def test_requiring_a_digest_applies_without_termination_protection() -> None:
+    from config.loader import SettingsError
+
+    if img.load().digest:
+        pytest.skip("config/image.toml records a digest")
+    with pytest.raises(SettingsError, match="sets require_image_digest"):
+        _parse(_env_data(workload={"require_image_digest": True}))
+
+
+def test_digest_recorded_in_image_toml_pins_every_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from config.settings import workload
+
+    monkeypatch.setattr(workload, "IMAGE", dataclasses.replace(workload.IMAGE, digest=DIGEST))
+    settings = _parse(_env_data(termination_protection=True))
+    assert settings.workload.image_ref == f"{workload.IMAGE.uri}@{DIGEST}"
+    # Another image does not inherit the DLC's digest.
+    other = _parse(_env_data(workload={"image": "example.com/ray:own", "ray_version": "2.58.0"}))
+    assert other.workload.image_ref == "example.com/ray:own"

@@ -93,6 +93,23 @@ class Settings(SettingsModel):
         return self
 
     @model_validator(mode="after")
+    def _pinned_image(self) -> Settings:
+        # A tag can move: a prod-like environment deploys exactly the image CI tested, by digest.
+        work = self.workload
+        explicit = work.require_image_digest is not None
+        required = work.require_image_digest if explicit else self.termination_protection
+        if required and work.effective_image_digest is None:
+            why = "sets require_image_digest" if explicit else "has termination_protection"
+            raise FieldError(
+                ("workload", "image_digest"),
+                f"this environment {why} and would deploy {work.image} by tag: set image_digest to "
+                f"its digest (sha256:<64 hex>, as `docker buildx imagetools inspect {work.image}` "
+                "prints it), record it as `digest` in config/image.toml for every environment, or set "
+                "workload.require_image_digest: false",
+            )
+        return self
+
+    @model_validator(mode="after")
     def _workload_and_job(self) -> Settings:
         # Cross-checks of the workload and job against the node groups they run on.
         gpu = self.gpu_nodes.instance

@@ -41,6 +41,9 @@ class WorkloadSettings(SettingsModel):
     image_digest: str | None = None
     # Must match the Ray inside the image.
     ray_version: str = IMAGE.ray_version
+    # Deploy only an image pinned by digest (workload.image_digest, or the digest config/image.toml
+    # records for its image). Unset: required where termination_protection is on (prod-like).
+    require_image_digest: bool | None = None
     # The Ray head runs on a system node and schedules no tasks (num-cpus 0): it only needs room
     # for GCS, the dashboard/job server and the job driver. Requests == limits (Guaranteed QoS).
     head_cpu_millis: int = Field(default=2000, ge=500)
