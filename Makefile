@@ -14,7 +14,7 @@ IPY := $(IMAGE_VENV)/bin/python
 # jsii (under aws-cdk-lib) prints a large banner on Node 20; the CDK CLI itself is pinned in package.json.
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 
-.PHONY: help setup setup-cdk synth test test-fast test-image iac-scan lint format typecheck diff review ls lock lock-image imports train-local train-local-data clean
+.PHONY: help setup setup-cdk synth test test-fast test-image iac-scan wheels lint format typecheck diff review ls lock lock-image imports train-local train-local-data clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -116,6 +116,9 @@ lock: ## re-resolve requirements.lock from pyproject.toml in a scratch venv
 	.lock-venv/bin/pip install --quiet -e . --group dev --group train
 	{ sed -n '1,3p' requirements.lock; .lock-venv/bin/pip freeze --exclude-editable | sed 's/+cpu$$//'; } > requirements.lock.new
 	mv requirements.lock.new requirements.lock && rm -rf .lock-venv
+
+wheels: setup ## fetch the job's wheels (config/image.toml [job_packages]) into wheels/, hash-checked against requirements-image.lock
+	$(PY) -m stacks.code_asset
 
 lock-image: setup ## re-resolve requirements-image.lock (the image's versions, config/image.toml) with uv
 	$(PY) -m config.image lock

@@ -23,7 +23,6 @@ from k8s.job import (
     prepare_job_spec,
     prepare_rayjob_name,
     rayjob_name,
-    runtime_pip,
     training_args,
 )
 from k8s.network_policy import network_policies
@@ -34,7 +33,6 @@ __all__ = [
     "ray_cluster_spec",
     "rayjob_name",
     "render_manifests",
-    "runtime_pip",
     "training_args",
     "worker_env",
 ]

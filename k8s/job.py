@@ -20,17 +20,6 @@ from k8s.imports.raycluster.io import ray as rc
 from k8s.imports.rayjob.io import ray as rj
 from k8s.pods import SUBMITTER, SpecTypes, container_security, labels, pod_security, resources
 
-# Extra packages the job installs on top of the image, through the runtime_env. Exact pins only;
-# a change here changes the RayJob's name, like a code change. The DLC has no liger-kernel: the job
-# adds it when `job.liger` is on (the version measured in BENCHMARKS.md).
-TRAINING_RUNTIME_PIP: tuple[str, ...] = ()
-LIGER_PIP = "liger-kernel==0.8.5"
-
-
-def runtime_pip(settings: Settings) -> list[str]:
-    return [*TRAINING_RUNTIME_PIP, *([LIGER_PIP] if settings.job.liger else [])]
-
-
 # The job submitter only runs `ray job submit` and follows the logs.
 SUBMITTER_CPU = "500m"
 SUBMITTER_MEMORY = "1Gi"
@@ -121,12 +110,12 @@ def prepare_entrypoint(settings: Settings, *, checkpoint_uri: str) -> str:
     return shlex.join(["python", "-m", "training.prepare", *args])
 
 
-def runtime_env_yaml(code_uri: str, pip: list[str]) -> str:
+def runtime_env_yaml(code_uri: str) -> str:
+    """The code asset as working_dir, and nothing to install: the packages the image lacks travel
+    inside the asset (stacks/code_asset.py). A pip runtime_env would, with Ray 2.58, copy the image's
+    multi-GB virtualenv on every node and reach the package index at every job start."""
     # JSON is YAML: no quoting rules to get wrong around a token or a URI.
-    env: dict[str, Any] = {"working_dir": code_uri}
-    if pip:
-        env["pip"] = {"packages": pip, "pip_check": False}
-    return json.dumps(env, sort_keys=True)
+    return json.dumps({"working_dir": code_uri}, sort_keys=True)
 
 
 def _submitter(settings: Settings) -> Any:
@@ -165,7 +154,6 @@ def job_spec(
     return _spec(
         settings,
         entrypoint(settings, checkpoint_uri=checkpoint_uri),
-        runtime_pip(settings),
         code_uri=code_uri,
         service_account_name=service_account_name,
     )
@@ -179,25 +167,22 @@ def prepare_job_spec(
     service_account_name: str,
 ) -> rj.RayJobSpec:
     """The preparation RayJob: `python -m training.prepare` on a cluster like the training job's
-    (its nodes' CPUs run the Ray Data tasks), with the same code and lifecycle. It needs no extra
-    packages: tokenizers, pyarrow and Ray Data are in the image."""
+    (its nodes' CPUs run the Ray Data tasks), with the same code and lifecycle. Tokenizers, pyarrow
+    and Ray Data are in the image."""
     return _spec(
         settings,
         prepare_entrypoint(settings, checkpoint_uri=checkpoint_uri),
-        [],
         code_uri=code_uri,
         service_account_name=service_account_name,
     )
 
 
-def _spec(
-    settings: Settings, entry: str, pip: list[str], *, code_uri: str, service_account_name: str
-) -> rj.RayJobSpec:
+def _spec(settings: Settings, entry: str, *, code_uri: str, service_account_name: str) -> rj.RayJobSpec:
     job = settings.job
     own = job.cluster is ClusterMode.OWN
     return rj.RayJobSpec(
         entrypoint=entry,
-        runtime_env_yaml=runtime_env_yaml(code_uri, pip),
+        runtime_env_yaml=runtime_env_yaml(code_uri),
         submission_mode="K8sJobMode",  # a Kubernetes Job runs `ray job submit` and follows it
         submitter_pod_template=_submitter(settings),
         # Own cluster: removed when the job ends (TTL after), so idle GPUs are not held.

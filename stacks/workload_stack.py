@@ -24,6 +24,7 @@ from cdk_constructs.buckets import kms_bucket_with_access_logs
 from config.names import SERVICE_ACCOUNT
 from config.settings import Settings
 from k8s.chart import build_workload_chart
+from stacks import code_asset
 from stacks.common import removal_policy
 
 TRAINING_DIR = Path(__file__).resolve().parents[1] / "training"
@@ -44,16 +45,13 @@ def stage_training_code() -> Path:
 
     Ray unpacks a remote working_dir zip and strips the top-level folder when it is the only entry.
     CDK zips a folder's contents, so the layout is <stage>/job/training/...: the zip's single
-    top-level `job/` is stripped and `python -m training` finds its package. The staged copy is
+    top-level `job/` is stripped and `python -m training` finds its package. Beside it, `_vendor/`
+    holds the job's hash-checked wheels, unpacked (stacks/code_asset.py). The staged copy is
     removed when the process exits (CDK has copied it into the assembly by then).
     """
     stage = Path(tempfile.mkdtemp(prefix="raytrain-code-"))
     atexit.register(shutil.rmtree, stage, True)
-    shutil.copytree(
-        TRAINING_DIR,
-        stage / "job" / "training",
-        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache"),
-    )
+    code_asset.stage(stage / "job")
     return stage
 
 

@@ -1,0 +1,66 @@
+"""The job's packages reach the driver and the workers from the code asset's `_vendor/`, without
+pip. Runs in both CI stages; in the image stage (Python 3.13, the image's torch and Triton) it also
+imports Liger's kernels the way the job does."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def staged(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    sys.path.insert(0, str(ROOT))
+    try:
+        from stacks import code_asset
+    finally:
+        sys.path.remove(str(ROOT))
+    return code_asset.stage(tmp_path_factory.mktemp("asset") / "job")
+
+
+def _in_working_dir(job: Path, code: str) -> dict:
+    # As Ray starts the job: cwd is the unpacked working_dir, nothing of this checkout on the path.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=job,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_liger_comes_from_the_asset(staged: Path) -> None:
+    got = _in_working_dir(
+        staged,
+        "import json, importlib.metadata as m, importlib.util as u, training; "
+        "spec = u.find_spec('liger_kernel'); "
+        "print(json.dumps({'origin': spec.origin, 'version': m.version('liger-kernel')}))",
+    )
+    assert got["origin"].startswith(str(staged / "_vendor" / "liger_kernel"))
+    assert got["version"] == "0.8.5"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton, as the image has")
+def test_liger_loss_patch_imports_on_the_images_torch(staged: Path) -> None:
+    # training.model.apply_liger's import and lookup: Triton compiles nothing until a GPU runs it,
+    # but reads every kernel's source at import (plain files, so it can).
+    got = _in_working_dir(
+        staged,
+        "import json, training, liger_kernel.transformers as lk; "
+        "print(json.dumps({'qwen2': hasattr(lk, 'apply_liger_kernel_to_qwen2'), 'file': lk.__file__}))",
+    )
+    assert got["qwen2"] is True
+    assert got["file"].startswith(str(staged / "_vendor"))
