@@ -489,7 +489,8 @@ def name_of(s: Settings, code_hash: str = CODE_HASH) -> str:
         {"workload": {"shm_size_gib": 16}},
         {"workload": {"worker_env": {"NCCL_DEBUG": "WARN"}}},
         {"workload": {"image_digest": "sha256:" + "0" * 64}},
-        {"workload": {"ray_version": "2.58.1"}},
+        # Another image with its own Ray (for config/image.toml's image, ray_version must be its Ray).
+        {"workload": {"image": "example.com/ray:2.58.1", "ray_version": "2.58.1"}},
         {"gpu_nodes": {"instance_type": "g6e.12xlarge"}},
     ],
     ids=lambda c: ",".join(f"{k}.{next(iter(v))}" for k, v in c.items()),
