@@ -70,11 +70,14 @@ def network_policies(chart: cdk8s.Chart, settings: Settings) -> None:
     )
     # Ray pods talk to each other on any port: GCS, raylets, object manager, worker ports and
     # NCCL's TCP bootstrap all use ranges. (EFA traffic bypasses the IP stack altogether.)
-    # Out of the cluster they get HTTPS only, to public addresses: S3 (code, checkpoints, data),
-    # Hugging Face, pip; through the NAT gateway or the S3 gateway endpoint. Private ranges are
-    # excluded so a pod cannot reach node ports, databases or peered networks over 443; image
-    # pulls are done by the kubelet, not the pod, and need no rule here.
-    excluded = _private_ranges(settings.vpc.cidr)
+    # Out of the cluster they get HTTPS only: S3 (code asset, checkpoints, data) through the S3
+    # gateway endpoint, and the Hugging Face hub through the NAT gateway when job.model is a hub id.
+    # Nothing is installed at job start (no package index). The gateway endpoint routes S3's public
+    # addresses by a prefix list, which a NetworkPolicy cannot name: with workload.s3_cidrs (that
+    # list's CIDRs) and a model from S3 or a path, HTTPS is limited to them; otherwise it goes to
+    # public addresses, private ranges excepted so a pod cannot reach node ports, databases or
+    # peered networks over 443. Image pulls are the kubelet's, not the pod's: no rule here.
+    https_to = _https_peers(settings)
     policy(
         "ray-nodes",
         kube.NetworkPolicySpec(
@@ -83,10 +86,7 @@ def network_policies(chart: cdk8s.Chart, settings: Settings) -> None:
             ingress=[kube.NetworkPolicyIngressRule(from_=[kube.NetworkPolicyPeer(pod_selector=ray_nodes)])],
             egress=[
                 kube.NetworkPolicyEgressRule(to=[kube.NetworkPolicyPeer(pod_selector=ray_nodes)]),
-                kube.NetworkPolicyEgressRule(
-                    to=[kube.NetworkPolicyPeer(ip_block=kube.IpBlock(cidr="0.0.0.0/0", except_=excluded))],
-                    ports=_tcp(443),
-                ),
+                kube.NetworkPolicyEgressRule(to=https_to, ports=_tcp(443)),
                 # AWS credentials for the service account (EKS Pod Identity agent on the node).
                 kube.NetworkPolicyEgressRule(
                     to=[kube.NetworkPolicyPeer(ip_block=kube.IpBlock(cidr=POD_IDENTITY_AGENT_CIDR))],
@@ -130,6 +130,15 @@ def network_policies(chart: cdk8s.Chart, settings: Settings) -> None:
             ],
         ),
     )
+
+
+def _https_peers(settings: Settings) -> list[kube.NetworkPolicyPeer]:
+    """Where the Ray pods' HTTPS may go: S3's ranges only, when they are given and no model hub is
+    needed; else any public address."""
+    if settings.workload.s3_cidrs and not settings.job.model_from_hub:
+        return [kube.NetworkPolicyPeer(ip_block=kube.IpBlock(cidr=c)) for c in settings.workload.s3_cidrs]
+    excluded = _private_ranges(settings.vpc.cidr)
+    return [kube.NetworkPolicyPeer(ip_block=kube.IpBlock(cidr="0.0.0.0/0", except_=excluded))]
 
 
 def _private_ranges(vpc_cidr: str) -> list[str]:

@@ -623,6 +623,45 @@ def test_default_deny_dns_and_https_egress(name: str) -> None:
     assert submitter_egress[0]["ports"] == [{"port": 8265, "protocol": "TCP"}]
 
 
+S3_CIDRS = ["52.218.128.0/17", "3.5.76.0/22"]  # shaped like a region's S3 prefix-list entries
+
+
+def _https_rule(settings: Settings) -> dict[str, Any]:
+    ray_nodes = next(
+        o for o in render(settings) if o["kind"] == "NetworkPolicy" and o["metadata"]["name"] == "ray-nodes"
+    )
+    (rule,) = [r for r in ray_nodes["spec"]["egress"] if r.get("ports") == [{"port": 443, "protocol": "TCP"}]]
+    return rule
+
+
+def test_https_egress_is_s3_only_when_no_model_hub_is_needed() -> None:
+    narrow = variant("dev", workload={"s3_cidrs": S3_CIDRS}, job={"model": "s3://models-bucket/qwen2.5-1.5b"})
+    assert narrow.job.model_from_hub is False
+    assert [peer["ipBlock"] for peer in _https_rule(narrow)["to"]] == [{"cidr": c} for c in S3_CIDRS]
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        # Config and tokenizer (and weights) from the hub: the hub's addresses are not known.
+        {"workload": {"s3_cidrs": S3_CIDRS}},
+        # No S3 ranges given: public addresses (S3 through the gateway endpoint is one of them).
+        {"job": {"model": "s3://models-bucket/qwen2.5-1.5b"}},
+    ],
+)
+def test_https_egress_stays_public_where_it_must(changes: dict[str, Any]) -> None:
+    (peer,) = _https_rule(variant("dev", **changes))["to"]
+    assert peer["ipBlock"]["cidr"] == "0.0.0.0/0" and "10.0.0.0/8" in peer["ipBlock"]["except"]
+
+
+@pytest.mark.parametrize("bad", ["10.0.0.0/8", "52.218.128.1/17", "0.0.0.0/0", "s3"])
+def test_s3_cidrs_must_be_public_network_ranges(bad: str) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="s3_cidrs"):
+        variant("dev", workload={"s3_cidrs": [bad]})
+
+
 def test_vpc_outside_private_ranges_is_excluded_too() -> None:
     assert "100.64.0.0/16" in network_policy._private_ranges("100.64.0.0/16")
     assert "10.16.0.0/16" not in network_policy._private_ranges("10.16.0.0/16")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from enum import StrEnum
 
@@ -44,6 +45,11 @@ class WorkloadSettings(SettingsModel):
     # Deploy only an image pinned by digest (workload.image_digest, or the digest config/image.toml
     # records for its image). Unset: required where termination_protection is on (prod-like).
     require_image_digest: bool | None = None
+    # The region's S3 addresses: the CIDRs of the com.amazonaws.<region>.s3 prefix list, which the
+    # S3 gateway endpoint routes (`aws ec2 get-managed-prefix-list-entries --prefix-list-id <pl-id>`).
+    # A NetworkPolicy cannot name a prefix list; with these, and a model that does not come from a
+    # model hub (job.model an s3:// URI or a path), the Ray pods' HTTPS egress is limited to S3.
+    s3_cidrs: list[str] = Field(default_factory=list)
     # The Ray head runs on a system node and schedules no tasks (num-cpus 0): it only needs room
     # for GCS, the dashboard/job server and the job driver. Requests == limits (Guaranteed QoS).
     head_cpu_millis: int = Field(default=2000, ge=500)
@@ -75,6 +81,18 @@ class WorkloadSettings(SettingsModel):
         if value is not None and not _IMAGE_DIGEST_RE.match(value):
             raise ValueError(f"{value!r} is not an image digest like sha256:<64 hex digits>")
         return value
+
+    @field_validator("s3_cidrs")
+    @classmethod
+    def _s3_cidrs(cls, values: list[str]) -> list[str]:
+        for value in values:
+            try:
+                net = ipaddress.IPv4Network(value)
+            except ValueError:
+                raise ValueError(f"{value!r} is not an IPv4 network address like 52.218.128.0/17") from None
+            if net.is_private or net.prefixlen < 8:
+                raise ValueError(f"{value!r} is not an S3 address range (private, or wider than /8)")
+        return values
 
     @field_validator("ray_version")
     @classmethod
@@ -224,6 +242,13 @@ class JobSettings(SettingsModel):
                 f"{value!r} is not a run name: 1-40 of a-z, 0-9, '.', '-', starting with a letter or digit"
             )
         return value
+
+    @property
+    def model_from_hub(self) -> bool:
+        """The model's config, tokenizer (and weights) come from the Hugging Face hub: `model` is a
+        hub id, not an s3:// URI or a path inside the container. Random init still reads the config
+        and tokenizer."""
+        return not (_S3_URI_RE.match(self.model) or _ABS_PATH_RE.match(self.model))
 
     @field_validator("model")
     @classmethod
