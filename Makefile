@@ -19,28 +19,37 @@ export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
-$(VENV)/.installed: pyproject.toml requirements.lock package.json package-lock.json
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade 'pip>=25.1'
+# Two markers: .installed-cdk (the CDK side: what synthesis, diff and deploy import) and .installed
+# (everything: plus torch/Ray/transformers and the test tools). Synthesis imports nothing from the
+# train or dev groups, so `make synth` needs only the first, whichever of setup-cdk or setup made it.
+# A full install made before this marker existed counts (same time stamp, so it stays current).
+$(VENV)/.installed-cdk: pyproject.toml requirements.lock package.json package-lock.json
+	@if [ -f $(VENV)/.installed ] && [ -z "$$(find $^ -newer $(VENV)/.installed)" ]; then \
+	  touch -r $(VENV)/.installed $@; \
+	else \
+	  set -e; \
+	  $(PYTHON) -m venv $(VENV); \
+	  $(PY) -m pip install --quiet --upgrade 'pip>=25.1'; \
+	  $(PY) -m pip install --quiet -c requirements.lock -e .; \
+	  npm ci --no-audit --no-fund --loglevel=error; \
+	  touch $@; \
+	fi
+
+$(VENV)/.installed: $(VENV)/.installed-cdk
 	$(PY) -m pip install --quiet -c requirements.lock -e . --group dev --group train
-	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
 setup: $(VENV)/.installed ## create .venv (CDK + training + test tools) and node_modules (CDK CLI, cdk8s-cli)
 
-setup-cdk: ## CDK side only (no torch/ray): enough for synth, diff and deploy
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade 'pip>=25.1'
-	$(PY) -m pip install --quiet -c requirements.lock -e .
-	npm ci --no-audit --no-fund --loglevel=error
+setup-cdk: $(VENV)/.installed-cdk ## CDK side only (no torch/ray): enough for synth, ls, diff and deploy
 
-synth: setup ## synthesize every environment offline into cdk.out/<env>/ and print a summary
+synth: setup-cdk ## synthesize every environment offline into cdk.out/<env>/ and print a summary
 	$(PY) -m stacks.synth_all --out $(OUT)
 
-ls: setup ## list the stacks of ENV (default dev) through the CDK CLI
+ls: setup-cdk ## list the stacks of ENV (default dev) through the CDK CLI
 	npx cdk ls -c env=$(ENV)
 
-diff: setup ## npx cdk diff for ENV against the deployed stacks (needs AWS credentials; offline: make review)
+diff: setup-cdk ## npx cdk diff for ENV against the deployed stacks (needs AWS credentials; offline: make review)
 	@$(PY) -c "import boto3, sys; sys.exit(0 if boto3.session.Session().get_credentials() else 1)" || { \
 	  echo "make diff compares with the deployed stacks: it needs AWS credentials for env=$(ENV)'s account." >&2; \
 	  echo "  aws sso login --profile NAME && export AWS_PROFILE=NAME" >&2; \
