@@ -55,7 +55,8 @@ class Instance:
     gpu_model: str | None = None
     gpu_memory_gib: int = 0
     # Number of EFA interfaces the type supports (0 = no EFA). One per network card on the types
-    # listed here; p5 has 32 cards and can carry 32 EFA interfaces.
+    # listed here; p5 has 32 cards and can carry 32 EFA interfaces. Every EFA type is in the AWS
+    # EFA device plugin chart's instance allowlist (tests/test_addons.py checks the values file).
     efa_interfaces: int = 0
     network_cards: int = 1
     # EC2 accepts EFA-only interfaces (an EFA device without an ENA device: no IP address, no ENI
@@ -65,8 +66,7 @@ class Instance:
     efa_only: bool = False
     network_gbps: float = 0.0
     max_pods: int = 110
-    # Present in the AWS EFA device plugin chart's instance allowlist (checked by a test against
-    # the chart's values file).
+    # CPU architecture: every type here is x86_64, matching the node groups' AL2023 x86_64 AMI types.
     arch: str = "x86_64"
 
     @property
@@ -238,12 +238,3 @@ _TYPES = [
 ]
 
 CATALOGUE: dict[str, Instance] = {t.name: t for t in _TYPES}
-
-
-def lookup(name: str) -> Instance:
-    try:
-        return CATALOGUE[name]
-    except KeyError:
-        raise KeyError(
-            f"{name!r} is not in the instance catalogue; known types: {', '.join(sorted(CATALOGUE))}"
-        ) from None

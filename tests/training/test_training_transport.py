@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from training import transport
 from training.transport import classify, classify_files, parse_files, parse_lines
 
-FIX = Path(__file__).parent / "fixtures" / "nccl"
-ROOT = Path(__file__).resolve().parents[1]
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "nccl"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def logs(case: str) -> list[Path]:

@@ -20,7 +20,7 @@ from training.netprobe import (
 )
 from training.transport import classify_files
 
-FIX = Path(__file__).parent / "fixtures" / "nccl"
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "nccl"
 
 
 def test_nccl_env_names_one_file_per_process(tmp_path: Path) -> None:
