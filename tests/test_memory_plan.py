@@ -39,10 +39,13 @@ def _bench_points() -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("point", _bench_points() or [None])
 def test_plan_within_ten_percent_of_each_bench_point(point: dict[str, Any] | None) -> None:
-    """The lines of bench/memory_peaks.py as measured on the GPU machine (see the fixture's name)."""
+    """The lines of bench/memory_peaks.py as printed on the GPU machine: one H200, 2026-11-30
+    (BENCHMARKS.md, "Peak memory per rank"). The allocated peak within 10 %; what the plan says the
+    rank needs of the device covers what the process used there, without overshooting by more than
+    a quarter."""
     if point is None:
         pytest.skip("no bench/memory_peaks.py results recorded yet")
-    predicted = plan(
+    memory = plan(
         point["shape"],
         seq_len=point["seq_len"],
         micro_batch=point["micro_batch"],
@@ -53,8 +56,10 @@ def test_plan_within_ten_percent_of_each_bench_point(point: dict[str, Any] | Non
         liger=point["liger"],
         float8=point["float8"],
         reshard_after_forward=point.get("reshard_after_forward", True),
-    ).allocated_bytes
-    assert predicted / GIB == pytest.approx(point["peak_allocated_gib"], rel=0.10), point
+    )
+    assert memory.allocated_bytes / GIB == pytest.approx(point["peak_allocated_gib"], rel=0.10), point
+    used = point["device_used_gib"]
+    assert used <= memory.device_bytes / GIB <= 1.25 * used, point
 
 
 def test_importing_the_plan_loads_no_torch() -> None:

@@ -39,16 +39,16 @@ Built during a step:
                    log-probabilities 4, then the fp32 gradient 4 while the bf16 logits are gone)
 Outside torch's allocator (what `torch.cuda.max_memory_allocated` does not see):
   allocator slack  the caching allocator reserves more than is allocated (block rounding and
-                   fragmentation): ALLOCATOR_SLACK of the allocated peak
-  CUDA context     CUDA_CONTEXT_GIB: the context, cuBLAS/cuDNN kernels and workspaces
+                   fragmentation): ALLOCATOR_SLACK of the allocated peak, as measured
+  CUDA context     CUDA_CONTEXT_GIB: the context, cuBLAS/cuDNN kernels and workspaces, measured
   NCCL             NCCL_GIB per communicator the rank holds (world, and HSDP's shard and
                    replicate groups)
 
 The peak is the largest of three moments of the step (each term above lives in some of them):
   backward start   after the last micro-batch's forward: persistent + accumulated + all
                    activations + loss + gathered params + one layer's backward working set
-  backward end     all sharded gradients + the root unit's reduce-scatter (its bf16 gradient,
-                   the fp32 reduce-scatter input and output: the root is reduced last)
+  backward end     all sharded gradients + the root unit's fp32 reduce-scatter input (the root
+                   is reduced last)
   optimizer step   persistent + gradients (fused AdamW and the foreach norm need no full copy)
 On one GPU at micro-batch 8 the first wins; at micro-batch 1, or with activation checkpointing, the
 backward's end can (gradients grow by 4/S bytes per parameter while activations shrink).
@@ -70,11 +70,19 @@ GIB = 2**30
 # Bytes per element.
 FP32, BF16 = 4, 2
 
-# What CUDA/torch hold outside the allocator's allocated bytes. Estimates until the GPU runs of
-# bench/memory_peaks.py are in (its device_used_gib - peak_reserved_gib measures the first two).
-ALLOCATOR_SLACK = 0.05  # reserved = allocated x (1 + this)
-CUDA_CONTEXT_GIB = 0.6
-NCCL_GIB = 0.15  # per communicator: NCCL_BUFFSIZE 4 MiB x channels x peers, send and receive
+# What CUDA/torch hold beyond the allocated bytes, from bench/memory_peaks.py on one H200
+# (tests/fixtures/memory_peaks_h200.jsonl, BENCHMARKS.md):
+# - the caching allocator reserved 14-26 % more than it allocated at its peak (micro-batch 1: 28.18
+#   against 23.94 GiB, 4: 36.76 against 29.37, float8 36.97 / 29.33, 8: 48.56 / 40.44, 16: 71.15 /
+#   62.60); the largest excess is taken: under pressure it frees unused cached blocks before
+#   failing, so this errs on the safe side
+# - the process used 0.82 GiB of the device beyond what the allocator reserved at every point
+#   (CUDA context, kernels, cuBLAS/cuDNN workspaces, a one-rank NCCL communicator)
+ALLOCATOR_SLACK = 0.26
+CUDA_CONTEXT_GIB = 0.82
+# Not measured (one GPU): each further NCCL communicator's buffers (NCCL_BUFFSIZE 4 MiB x channels
+# x peers, send and receive), an estimate.
+NCCL_GIB = 0.15
 
 # How many all-gathered layers are alive at once: the one computing and the prefetched next one.
 GATHERED_LAYERS = 2
@@ -311,13 +319,11 @@ def plan(
     else:
         loss = [Term("loss: full logits", 12 * tokens * v, f"12 B x {tokens} tokens x V={v}")]
 
-    # The root unit is reduced last: its bf16 gradient (lm_head's and the embedding's summed),
-    # the reduce-scatter's fp32 input copy and its sharded output.
-    root_reduce = Term(
-        "root reduce-scatter",
-        BF16 * n_root + FP32 * n_root + FP32 * n_root // shard,
-        "2 B x N_root + 4 B x N_root + 4 B x N_root / S",
-    )
+    # The root unit is reduced last: the reduce-scatter's fp32 input (a copy of its unsharded
+    # gradient, foreach_reduce in _fsdp_collectives.py) is alive next to all the sharded gradients
+    # (on one H200 at micro-batch 1: 23.94 GiB in the backward against 23.07 at the optimizer step,
+    # 4 B x N_root = 0.87 GiB apart).
+    root_reduce = Term("root reduce-scatter input", FP32 * n_root, "4 B x N_root")
     moments = {
         "backward start": [weights, adam, *accumulated, *acts, *loss, gathered, working],
         "backward end": [weights, adam, grads, root_reduce],
