@@ -239,7 +239,7 @@ def plan(
     shard and the replicate group). `liger_layers` defaults as in the loop: only when the layers
     are not compiled. `float8` (torchao float8 linears, tensorwise scales, all-gather in bf16)
     changes no term: the layers keep what the compiled bf16 layers keep (62.4 GiB against
-    62.6 GiB at micro-batch 16 on an H200, DESIGN.md). `reshard_after_forward=False` keeps every
+    62.6 GiB at micro-batch 16 on an H200, BENCHMARKS.md). `reshard_after_forward=False` keeps every
     layer's all-gathered bf16 parameters from its forward to its backward: 2 B x the layers'
     parameters, unsharded, at the backward's start. `master_bf16` models the AWS sample's
     original recipe (the whole model, its gradients and AdamW state in bf16), for comparison.
