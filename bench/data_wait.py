@@ -109,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
             "step_time_s": round(summ["step_time_s"], 4),
             "data_wait_ms_mean": round(1000 * summ["data_wait_s"], 3),
             "data_wait_ms_max": round(1000 * max(waits), 3),
-            "data_wait_share": round(summ["data_wait_s"] / summ["step_time_s"], 5),
+            # Sum of waits over sum of step times in the steady window (training/summary.py).
+            "data_wait_share": round(summ["data_wait_fraction"], 5),
         }
         print(json.dumps(row), flush=True)
         shutil.rmtree(out / "checkpoints", ignore_errors=True)

@@ -104,20 +104,25 @@ class Batches:
         world: int,
         rank: int,
         prefetch: bool = False,
+        pin: bool = False,
     ):
         self.blocks, self.seq_len, self.vocab, self.seed = blocks, seq_len, vocab, seed
         self.micro, self.accum, self.world, self.rank = micro, accum, world, rank
         self.global_batch = micro * accum * world
         self._pool = ThreadPoolExecutor(1) if prefetch and blocks is not None else None
-        self._pending: dict[tuple[int, int], Future[np.ndarray]] = {}
+        self._pending: dict[tuple[int, int], Future[torch.Tensor]] = {}
+        # CUDA: a host-to-device copy from pageable memory first waits for the stream to drain
+        # ("a stream sync is performed before the copy is initiated": CUDA API synchronization
+        # behavior), so the next micro-batch's copy would wait for this one's backward. From pinned
+        # memory the copy is queued and the host goes on; the background thread pins.
+        self.pin = pin
 
-    def _read(self, position: int, mb: int) -> np.ndarray:
+    def _read(self, position: int, mb: int) -> torch.Tensor:
         first = rank_slice(position, self.micro, self.world, self.rank, mb)
         idx = sequence_indices(first, self.micro, len(self.blocks), self.seed)
-        if isinstance(self.blocks, np.ndarray):
-            return self.blocks[idx]
-        rows: np.ndarray = self.blocks.take(idx)
-        return rows
+        rows = self.blocks[idx] if isinstance(self.blocks, np.ndarray) else self.blocks.take(idx)
+        ids = torch.from_numpy(rows.astype(np.int64))
+        return ids.pin_memory() if self.pin else ids
 
     def micro_batch(self, position: int, mb: int) -> torch.Tensor:
         """Token ids [micro, seq_len] for micro-batch mb of the step whose batch starts at position."""
@@ -125,7 +130,7 @@ class Batches:
             first = rank_slice(position, self.micro, self.world, self.rank, mb)
             return random_sequences(first, self.micro, self.seq_len, self.vocab, self.seed)
         if self._pool is None:
-            return torch.from_numpy(self._read(position, mb).astype(np.int64))
+            return self._read(position, mb)
         # Keys of this micro-batch and of the next accum ones (the rest of the step, the next step).
         keys = []
         pos, m = position, mb
@@ -137,8 +142,7 @@ class Batches:
         for key in keys:
             if key not in self._pending:
                 self._pending[key] = self._pool.submit(self._read, *key)
-        rows = self._pending.pop((position, mb)).result()
-        return torch.from_numpy(rows.astype(np.int64))
+        return self._pending.pop((position, mb)).result()
 
     def close(self) -> None:
         if self._pool is not None:

@@ -212,6 +212,7 @@ class _Trainer:
             world=self.world,
             rank=self.rank,
             prefetch=True,
+            pin=self.on_gpu,
         )
         self.step, self.position = 0, 0
         self.history: list[dict[str, Any]] = []
