@@ -98,7 +98,9 @@ def reference_text(ray_session: str, tmp_path_factory: pytest.TempPathFactory) -
     return {**summary, "prepared": str(prepared)}
 
 
-def test_sigkill_worker_resumes_bitwise(reference_text: dict[str, Any], tmp_path: Path) -> None:
+def test_sigkill_worker_resumes_bitwise(
+    reference_text: dict[str, Any], ray_session: str, tmp_path: Path
+) -> None:
     """Workers read the shards the reference prepared; one is SIGKILLed, the restarted group
     reopens the shards and continues from the checkpoint's data position."""
     from ray.util.state import list_actors
@@ -114,7 +116,9 @@ def test_sigkill_worker_resumes_bitwise(reference_text: dict[str, Any], tmp_path
     thread = threading.Thread(target=target, daemon=True)
     thread.start()
     committed = _wait_for_checkpoint(tmp_path / "storage" / "killed", EVERY)
-    workers = list_actors(filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")])
+    # This session's address: other Ray instances may run on the same machine.
+    alive = [("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")]
+    workers = list_actors(address=ray_session, filters=alive)
     assert len(workers) == 2, workers
     os.kill(int(workers[-1].pid), signal.SIGKILL)
     thread.join(timeout=400)
