@@ -31,6 +31,7 @@ from k8s.pods import (
     pod_security,
     resources,
 )
+from training.netprobe import GATE_LOG_ENV
 
 # Node labels and the GPU taint are the node groups' own (one definition for EKS and the pods).
 SYSTEM_NODE_SELECTOR = dict(SYSTEM_NODE_LABELS)
@@ -55,8 +56,8 @@ RAYJOB_CLUSTER_TYPES = SpecTypes(rj, "RayJobSpecRayClusterSpec")
 def worker_env(settings: Settings) -> dict[str, str]:
     """The GPU workers' environment: NCCL/libfabric defaults, then `workload.worker_env`."""
     env = {
-        "NCCL_DEBUG": "INFO",
-        "NCCL_DEBUG_SUBSYS": "INIT,NET",
+        # INFO lines of INIT and NET, which the transport gate reads (to the file below).
+        **GATE_LOG_ENV,
         # One log per process beside Ray's logs: the transport check and post-mortems read them.
         # Directly in the mounted /tmp/ray: NCCL does not create folders, and with a missing one it
         # logs to stdout, where the transport gate cannot find the log.
@@ -85,7 +86,10 @@ def _head_group(types: SpecTypes, settings: Settings, service_account_name: str)
         # The head shares system nodes with no GPU; "void" keeps CUDA from probing for one.
         env=[t("SpecContainersEnv")(name="NVIDIA_VISIBLE_DEVICES", value="void")],
         resources=resources(t, {"cpu": f"{w.head_cpu_millis}m", "memory": f"{w.head_memory_mib}Mi"}),
-        volume_mounts=[t("SpecContainersVolumeMounts")(name="ray-tmp", mount_path=RAY_TMP)],
+        volume_mounts=[
+            t("SpecContainersVolumeMounts")(name="dshm", mount_path=DEV_SHM),
+            t("SpecContainersVolumeMounts")(name="ray-tmp", mount_path=RAY_TMP),
+        ],
         security_context=container_security(t, []),
     )
     spec = t("Spec")(
@@ -95,7 +99,8 @@ def _head_group(types: SpecTypes, settings: Settings, service_account_name: str)
         # Pod Identity mounts its own projected token; the Ray pods never call the Kubernetes API.
         automount_service_account_token=False,
         security_context=pod_security(t),
-        volumes=[empty_dir(t, "ray-tmp")],
+        # Ray's object store lives in /dev/shm (the pod default is 64 MiB).
+        volumes=[empty_dir(t, "dshm", memory=True, size_gib=w.head_shm_size_gib), empty_dir(t, "ray-tmp")],
     )
     return types("HeadGroupSpec")(
         # No tasks or GPUs on the head: all training work goes to the GPU workers.

@@ -257,6 +257,24 @@ def test_worker_placement_and_shared_memory(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", ALL)
+def test_head_object_store_has_memory_backed_shm(name: str) -> None:
+    s = settings_of(name)
+    pod = head_pod(name)
+    (container,) = pod["containers"]
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes[mounts["/dev/shm"]]["emptyDir"] == {
+        "medium": "Memory",
+        "sizeLimit": f"{s.workload.head_shm_size_gib}Gi",
+    }
+    # It counts against the head's memory limit.
+    assert (
+        s.workload.head_shm_size_gib * 1024
+        <= int(container["resources"]["limits"]["memory"].removesuffix("Mi")) // 2
+    )
+
+
+@pytest.mark.parametrize("name", ALL)
 def test_worker_nccl_environment(name: str) -> None:
     s = settings_of(name)
     env = env_of(worker_container(name))
@@ -275,9 +293,9 @@ def test_worker_nccl_environment(name: str) -> None:
 
 
 def test_worker_env_overrides_and_extends_the_defaults() -> None:
-    s = variant("dev", workload={"worker_env": {"NCCL_DEBUG": "WARN", "FI_EFA_USE_DEVICE_RDMA": "1"}})
+    s = variant("dev", workload={"worker_env": {"NCCL_DEBUG": "TRACE", "FI_EFA_USE_DEVICE_RDMA": "1"}})
     env = wl.worker_env(s)
-    assert env["NCCL_DEBUG"] == "WARN"
+    assert env["NCCL_DEBUG"] == "TRACE"
     assert env["FI_EFA_USE_DEVICE_RDMA"] == "1"
     assert env["FI_PROVIDER"] == "efa"
 
@@ -487,7 +505,7 @@ def name_of(s: Settings, code_hash: str = CODE_HASH) -> str:
         {"job": {"backoff_limit": 2}},
         {"job": {"sharding": "hsdp"}},
         {"workload": {"shm_size_gib": 16}},
-        {"workload": {"worker_env": {"NCCL_DEBUG": "WARN"}}},
+        {"workload": {"worker_env": {"NCCL_DEBUG": "TRACE"}}},
         {"workload": {"image_digest": "sha256:" + "0" * 64}},
         # Another image with its own Ray (for config/image.toml's image, ray_version must be its Ray).
         {"workload": {"image": "example.com/ray:2.58.1", "ray_version": "2.58.1"}},

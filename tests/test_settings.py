@@ -108,6 +108,22 @@ def test_shipped_environments_are_valid():
         ),
         (lambda d: d["gpu_nodes"].update(capacity_type="RESERVED"), "gpu_nodes.capacity_type", "ON_DEMAND"),
         (lambda d: d["gpu_nodes"].update(root_volume_gib=100), "gpu_nodes.root_volume_gib", "200"),
+        (lambda d: d["system_nodes"].update(root_volume_gib=50), "system_nodes.root_volume_gib", "100"),
+        (
+            lambda d: d.setdefault("workload", {}).update(head_shm_size_gib=8),
+            "workload.head_shm_size_gib",
+            "half of head_memory_mib",
+        ),
+        (
+            lambda d: d.setdefault("workload", {}).update(worker_env={"NCCL_DEBUG": "WARN"}),
+            "workload.worker_env",
+            "NCCL_DEBUG=WARN: the gate needs INFO",
+        ),
+        (
+            lambda d: d.setdefault("workload", {}).update(worker_env={"NCCL_DEBUG_SUBSYS": "INIT,COLL"}),
+            "workload.worker_env",
+            "missing NET",
+        ),
         (
             lambda d: d["system_nodes"].update(instance_type="g6.12xlarge"),
             "system_nodes.instance_type",

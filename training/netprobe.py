@@ -57,11 +57,43 @@ def nccl_env(log_dir: str) -> dict[str, str]:
 
     NCCL expands %h to the host name (up to the first '.') and %p to the process id.
     """
-    return {
-        "NCCL_DEBUG": "INFO",
-        "NCCL_DEBUG_SUBSYS": "INIT,NET",
-        "NCCL_DEBUG_FILE": str(Path(log_dir) / NCCL_LOG_NAME),
-    }
+    return {**GATE_LOG_ENV, "NCCL_DEBUG_FILE": str(Path(log_dir) / NCCL_LOG_NAME)}
+
+
+# NCCL_DEBUG levels, least to most verbose (NCCL's debug.cc). The gate needs INFO lines.
+_NCCL_LEVELS = ("NONE", "VERSION", "WARN", "INFO", "ABORT", "TRACE")
+# Subsystems whose INFO lines the gate reads: the net plugin/provider (INIT) and channels (NET).
+GATE_SUBSYSTEMS = ("INIT", "NET")
+# What the worker pods set (k8s/cluster.py) and the settings check worker_env against.
+GATE_LOG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": ",".join(GATE_SUBSYSTEMS)}
+
+
+def gate_log_problem(env: Mapping[str, str]) -> str | None:
+    """Why NCCL, started with `env`, would not log what the transport gate reads; None if it would.
+
+    NCCL reads NCCL_DEBUG and NCCL_DEBUG_SUBSYS once per process, at its first call, so the gate
+    cannot raise them for its own probe: the training process's settings must already include
+    INFO and the INIT and NET subsystems. (The lines go to NCCL_DEBUG_FILE, not to the job's log,
+    so keeping them costs no log noise.) NCCL_DEBUG_SUBSYS is a comma list; a leading ^ excludes.
+    """
+    level = env.get("NCCL_DEBUG", "").strip().upper()
+    if not level:
+        return None  # nothing asked of NCCL at all: the gate reports the missing logs itself
+    if level not in ("INFO", "TRACE"):
+        return f"NCCL_DEBUG={level}: the gate needs INFO (or TRACE) to see which network NCCL uses"
+    subsys = env.get("NCCL_DEBUG_SUBSYS", "").strip().upper()
+    if not subsys:
+        return None  # NCCL's default: INIT,BOOTSTRAP,ENV
+    if subsys.startswith("^"):
+        excluded = {x.strip() for x in subsys[1:].split(",")}
+        missing = [x for x in GATE_SUBSYSTEMS if x in excluded or "ALL" in excluded]
+    else:
+        included = {x.strip() for x in subsys.split(",")}
+        missing = [] if "ALL" in included else [x for x in GATE_SUBSYSTEMS if x not in included]
+    if missing:
+        needs = ",".join(GATE_SUBSYSTEMS)
+        return f"NCCL_DEBUG_SUBSYS={subsys}: the gate needs {needs} (missing {','.join(missing)})"
+    return None
 
 
 def prepare_nccl_log_dir() -> Path | None:
@@ -186,6 +218,15 @@ def run_transport_gate(
     """
     if expect not in EXPECTATIONS:
         raise ValueError(f"expect must be one of {', '.join(EXPECTATIONS)}; got {expect!r}")
+    problem = gate_log_problem(os.environ) if expect != "any" else None
+    if problem:
+        # Every rank has the same environment, so every rank stops here, before any collective.
+        raise TransportGateError(
+            f"NCCL transport gate cannot judge the network: {problem}. Remove that setting from "
+            "workload.worker_env (the lines go to NCCL_DEBUG_FILE, not to the job log), or set "
+            "job.expect_transport to any.",
+            {"ok": False, "expect": expect, "reasons": [problem]},
+        )
     # Imported here: the classifier and this module's helpers stay usable without torch.
     import torch
     import torch.distributed as dist

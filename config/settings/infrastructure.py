@@ -135,7 +135,9 @@ class SystemNodeSettings(SettingsModel):
     min_size: int = Field(default=1, ge=1)
     desired_size: int = Field(default=2, ge=1)
     max_size: int = Field(default=3, ge=1)
-    root_volume_gib: int = Field(default=50, ge=20, le=16384)
+    # The Ray head and the job submitter run the multi-GB DLC image here too (unpacked, plus the
+    # layers while pulling, plus logs): 100 GiB at least (the GPU group asks 200 for the same image).
+    root_volume_gib: int = Field(default=100, ge=100, le=16384)
 
     @model_validator(mode="after")
     def _sizes(self) -> SystemNodeSettings:

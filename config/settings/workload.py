@@ -12,6 +12,7 @@ from config.catalogue import Instance
 from config.image import load as load_image
 from config.names import KUBERAY_NAMESPACE, RAY_NAMESPACE
 from config.settings.base import SEMVER_RE, FieldError, SettingsModel
+from training.netprobe import GATE_LOG_ENV, gate_log_problem
 
 _DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _IMAGE_DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -54,6 +55,9 @@ class WorkloadSettings(SettingsModel):
     # for GCS, the dashboard/job server and the job driver. Requests == limits (Guaranteed QoS).
     head_cpu_millis: int = Field(default=2000, ge=500)
     head_memory_mib: int = Field(default=8192, ge=2048)
+    # /dev/shm of the head (memory-backed emptyDir): Ray's object store lives there, and the pod
+    # default of 64 MiB makes Ray fall back to slow disk. Counts against head_memory_mib.
+    head_shm_size_gib: int = Field(default=2, ge=1)
     # /dev/shm of each GPU worker (memory-backed emptyDir). The pod default of 64 MiB breaks
     # NCCL and starves Ray's object store; the size counts against the worker's memory limit.
     shm_size_gib: int = Field(default=32, ge=1)
@@ -62,8 +66,9 @@ class WorkloadSettings(SettingsModel):
     # the node's allocatable minus this, so it stays schedulable as add-ons come and go.
     gpu_node_daemon_cpu_millis: int = Field(default=1000, ge=0)
     gpu_node_daemon_memory_mib: int = Field(default=4096, ge=0)
-    # Added to, or replacing, the GPU workers' NCCL/libfabric environment (e.g. NCCL_DEBUG: WARN
-    # once a deployment is proven). RAYTRAIN_EXPECT_TRANSPORT comes from job.expect_transport.
+    # Added to, or replacing, the GPU workers' NCCL/libfabric environment (e.g. FI_EFA_* tuning).
+    # RAYTRAIN_EXPECT_TRANSPORT comes from job.expect_transport. NCCL_DEBUG below INFO and an
+    # NCCL_DEBUG_SUBSYS without INIT and NET are refused: the transport gate reads those lines.
     worker_env: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("namespace")
@@ -109,6 +114,14 @@ class WorkloadSettings(SettingsModel):
                 raise ValueError(f"{key!r} is not an environment variable name")
             if key in _MANAGED_ENV:
                 raise ValueError(f"{key} is set by the chart ({_MANAGED_ENV[key]}); remove it here")
+        # The in-job transport gate reads NCCL's INFO lines for INIT and NET from NCCL_DEBUG_FILE;
+        # NCCL reads these once per process, so a quieter setting here blinds the gate.
+        problem = gate_log_problem({**GATE_LOG_ENV, **env})
+        if problem:
+            raise ValueError(
+                f"{problem}. NCCL writes these lines to its debug file, not to the job's log, so "
+                "keeping them costs nothing; remove the entry"
+            )
         return env
 
     @model_validator(mode="after")
@@ -125,6 +138,16 @@ class WorkloadSettings(SettingsModel):
         """The digest the pods pin: this environment's, else the one config/image.toml records for
         its image (None: the tag alone)."""
         return self.image_digest or (IMAGE.digest if self.image == IMAGE.uri else None)
+
+    @model_validator(mode="after")
+    def _head_shm(self) -> WorkloadSettings:
+        if self.head_shm_size_gib * 1024 > self.head_memory_mib // 2:
+            raise FieldError(
+                ("head_shm_size_gib",),
+                f"{self.head_shm_size_gib} GiB is more than half of head_memory_mib "
+                f"({self.head_memory_mib} MiB), which it counts against; raise head_memory_mib or lower it",
+            )
+        return self
 
     @property
     def image_ref(self) -> str:

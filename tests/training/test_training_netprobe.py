@@ -205,3 +205,41 @@ def test_gate_gathers_every_ranks_log(gloo_runs: dict[str, list[dict[str, object
     assert res["transport"] == "socket" and res["ok"] is False
     assert {f["rank"] for f in res["fallback"]} == {0, 1}
     assert all(len(p["logs"]) == 1 for p in res["per_rank"])
+
+
+@pytest.mark.parametrize(
+    ("env", "problem"),
+    [
+        ({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}, None),
+        ({"NCCL_DEBUG": "TRACE", "NCCL_DEBUG_SUBSYS": "ALL"}, None),
+        ({"NCCL_DEBUG": "info", "NCCL_DEBUG_SUBSYS": "^COLL,P2P"}, None),
+        ({"NCCL_DEBUG": "WARN", "NCCL_DEBUG_SUBSYS": "INIT,NET"}, "NCCL_DEBUG=WARN"),
+        ({"NCCL_DEBUG": "VERSION"}, "NCCL_DEBUG=VERSION"),
+        ({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT"}, "missing NET"),
+        ({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "^NET"}, "missing NET"),
+    ],
+)
+def test_gate_log_problem(env, problem):
+    from training.netprobe import gate_log_problem
+
+    found = gate_log_problem(env)
+    assert (found is None) if problem is None else (problem in (found or "")), found
+
+
+@pytest.mark.parametrize(
+    "env", [{"NCCL_DEBUG": "WARN"}, {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,COLL"}]
+)
+def test_gate_refuses_to_judge_blind_logs_before_any_collective(monkeypatch, env):
+    """A worker_env that hides NCCL's network lines stops the gate with the reason, not with
+    'no NCCL network lines' after the probe (no process group is needed to get there)."""
+    from training.netprobe import TransportGateError, run_transport_gate
+
+    monkeypatch.delenv("NCCL_DEBUG_SUBSYS", raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(TransportGateError, match=r"cannot judge the network: NCCL_DEBUG") as info:
+        run_transport_gate("efa")
+    assert "worker_env" in str(info.value)
+    monkeypatch.setenv("NCCL_DEBUG", "WARN")
+    with pytest.raises(RuntimeError, match=r"initialised torch\.distributed"):
+        run_transport_gate("any")  # 'any' judges nothing, so it needs no lines
