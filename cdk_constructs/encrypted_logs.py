@@ -16,31 +16,28 @@ from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 
-def encrypted_log_group(
+def log_group_key(
     scope: Construct,
     construct_id: str,
     *,
     description: str,
-    retention: logs.RetentionDays,
     removal_policy: cdk.RemovalPolicy,
-    log_group_name: str | None = None,
-) -> logs.LogGroup:
-    """A log group and its key (`<construct_id>Key`); both follow `removal_policy` (a retained log
-    group keeps its key: without it the logs could not be read)."""
+    log_group_names: str = "*",
+) -> kms.Key:
+    """A key CloudWatch Logs may use for the log groups of this account and region whose names
+    match `log_group_names` (a name, or a pattern ending in *)."""
     stack = cdk.Stack.of(scope)
     key = kms.Key(
         scope,
-        f"{construct_id}Key",
+        construct_id,
         description=description,
         enable_key_rotation=True,
         removal_policy=removal_policy,
     )
-    # A named group's own ARN; an unnamed one (the name is generated at deploy) cannot be named in
-    # its key's policy without a dependency cycle, so any log group of this account and region.
     log_group_arn = stack.format_arn(
         service="logs",
         resource="log-group",
-        resource_name=log_group_name or "*",
+        resource_name=log_group_names,
         arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
     )
     key.add_to_resource_policy(
@@ -57,6 +54,31 @@ def encrypted_log_group(
             conditions={"ArnLike": {"kms:EncryptionContext:aws:logs:arn": log_group_arn}},
         )
     )
+    return key
+
+
+def encrypted_log_group(
+    scope: Construct,
+    construct_id: str,
+    *,
+    description: str,
+    retention: logs.RetentionDays,
+    removal_policy: cdk.RemovalPolicy,
+    log_group_name: str | None = None,
+    key: kms.IKey | None = None,
+) -> logs.LogGroup:
+    """A log group and, unless `key` is given, its own key (`<construct_id>Key`); both follow
+    `removal_policy` (a retained log group keeps its key: without it the logs could not be read).
+    An unnamed group's name is generated at deploy, so its key's policy cannot name it without a
+    dependency cycle: it allows any log group of this account and region."""
+    if key is None:
+        key = log_group_key(
+            scope,
+            f"{construct_id}Key",
+            description=description,
+            removal_policy=removal_policy,
+            log_group_names=log_group_name or "*",
+        )
     return logs.LogGroup(
         scope,
         construct_id,

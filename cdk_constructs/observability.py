@@ -36,6 +36,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
+from cdk_constructs.encrypted_logs import encrypted_log_group, log_group_key
 from cdk_constructs.nag import acknowledge, managed_policy_finding
 from training import emf
 
@@ -147,13 +148,23 @@ class ContainerInsights(Construct):
     ) -> None:
         super().__init__(scope, construct_id)
         self.log_groups: dict[str, logs.LogGroup] = {}
+        # Container logs (the training job's output among them): encrypted, one key for the set.
+        self.logs_key = log_group_key(
+            self,
+            "LogsKey",
+            description=f"Container Insights logs of {cluster_name}",
+            removal_policy=removal_policy,
+            log_group_names=container_insights_log_group(cluster_name, "*"),
+        )
         for kind in (*CONTAINER_INSIGHTS_LOG_KINDS, METRICS_LOG_KIND):
-            self.log_groups[kind] = logs.LogGroup(
+            self.log_groups[kind] = encrypted_log_group(
                 self,
                 f"Logs-{kind}",
+                description=f"Container Insights {kind} logs of {cluster_name}",
                 log_group_name=container_insights_log_group(cluster_name, kind),
                 retention=retention,
                 removal_policy=removal_policy,
+                key=self.logs_key,
             )
         self.metrics_log_group = self.log_groups[METRICS_LOG_KIND]
 

@@ -104,3 +104,15 @@ def test_skip_replaces_a_check_and_keeps_the_others() -> None:
             {"id": "CKV_AWS_18", "comment": "second reason"},
         ]
     }
+
+
+def test_every_log_group_is_encrypted_with_a_key_of_this_app(synthesized) -> None:
+    # Control-plane audit, flow logs and, where Container Insights is on, the containers' output.
+    seen = 0
+    for env in synthesized.values():
+        for name, template in env.templates().items():
+            for logical, group in _resources(template, "AWS::Logs::LogGroup").items():
+                seen += 1
+                key = group["Properties"].get("KmsKeyId", {}).get("Fn::GetAtt", [None])[0]
+                assert template["Resources"].get(key, {}).get("Type") == "AWS::KMS::Key", (name, logical)
+    assert seen >= 4
