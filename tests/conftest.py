@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from http.server import ThreadingHTTPServer
 from pathlib import Path
+from typing import TypeVar
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -17,11 +25,52 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
 
 
-# --- CDK synthesis, shared by the stack tests (each environment synthesizes once per session) ---
-import json  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
+# --- A fake Kubernetes API server, shared by the operator-command tests (verify, job) ---
 
-import pytest  # noqa: E402
+Server = TypeVar("Server", bound=ThreadingHTTPServer)
+
+
+def _write_kubeconfig(path: Path, server: str) -> Path:
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "eks", "cluster": {"server": server}}],
+                "users": [{"name": "me", "user": {"token": "test-token"}}],
+                "contexts": [{"name": "dev", "context": {"cluster": "eks", "user": "me"}}],
+                "current-context": "dev",
+            }
+        )
+    )
+    return path
+
+
+@pytest.fixture
+def kubeconfig(tmp_path: Path) -> Callable[[str], Path]:
+    """Writes a kubeconfig whose current context points at a server URL, with a bearer token."""
+    return lambda server: _write_kubeconfig(tmp_path / f"kubeconfig-{abs(hash(server))}", server)
+
+
+@pytest.fixture
+def serve_kube_api(kubeconfig: Callable[[str], Path]) -> Iterator[Callable[[Server], Server]]:
+    """Serves a fake API server (an HTTP server class of the test module) in a thread until the
+    test ends; its `kubeconfig` attribute is a kubeconfig pointing at it."""
+    started: list[ThreadingHTTPServer] = []
+
+    def serve(server: Server) -> Server:
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        started.append(server)
+        server.kubeconfig = kubeconfig(f"http://127.0.0.1:{server.server_address[1]}")  # type: ignore[attr-defined]
+        return server
+
+    yield serve
+    for server in started:
+        server.shutdown()
+        server.server_close()
+
+
+# --- CDK synthesis, shared by the stack tests (each environment synthesizes once per session) ---
 
 
 @dataclass

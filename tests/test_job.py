@@ -13,9 +13,8 @@ import os
 import stat
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -220,15 +219,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def api_server() -> Iterator[FakeApi]:
-    server = FakeApi()
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield server
-    finally:
-        server.shutdown()
-        server.server_close()
+def api_server(serve_kube_api: Callable[[FakeApi], FakeApi]) -> FakeApi:
+    return serve_kube_api(FakeApi())
 
 
 @pytest.fixture
@@ -236,24 +228,8 @@ def settings() -> Settings:
     return load_settings(ENV)
 
 
-def write_kubeconfig(path: Path, server: str) -> Path:
-    path.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "eks", "cluster": {"server": server}}],
-                "users": [{"name": "me", "user": {"token": "test-token"}}],
-                "contexts": [{"name": "dev", "context": {"cluster": "eks", "user": "me"}}],
-                "current-context": "dev",
-            }
-        )
-    )
-    return path
-
-
 def run(tmp_path: Path, server: FakeApi, *argv: str, **kwargs: Any) -> tuple[int, str]:
-    kc = write_kubeconfig(tmp_path / "kubeconfig", server.url)
+    kc = server.kubeconfig
     args = cli.build_parser().parse_args(["job", *argv, "--env", ENV, "--kubeconfig", str(kc)])
     console = Console(record=True, width=250, force_terminal=False)
     rc = args.func(args, console=console, **kwargs)
@@ -401,7 +377,7 @@ def test_dashboard_prints_token_help_and_forwards_with_kubectl(
     assert "RAY_AUTH_MODE=token" in text and "ray-authentication-token" in text
     assert TOKEN not in text  # only with --print-token
     (cmd,) = seen
-    kc = str(tmp_path / "kubeconfig")
+    kc = str(api_server.kubeconfig)
     assert cmd == [
         "kubectl",
         "--kubeconfig",
@@ -438,7 +414,7 @@ def test_dashboard_runs_real_kubectl_from_path(
     ns = settings.workload.namespace
     assert argv == [
         "--kubeconfig",
-        str(tmp_path / "kubeconfig"),
+        str(api_server.kubeconfig),
         "-n",
         ns,
         "port-forward",

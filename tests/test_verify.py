@@ -9,8 +9,7 @@ from __future__ import annotations
 import copy
 import json
 import socket
-import threading
-from collections.abc import Iterator
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -291,31 +290,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def api_server() -> Iterator[FakeApi]:
-    server = FakeApi()
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-def write_kubeconfig(path: Path, server: str) -> Path:
-    path.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "eks", "cluster": {"server": server}}],
-                "users": [{"name": "me", "user": {"token": "test-token"}}],
-                "contexts": [{"name": "dev", "context": {"cluster": "eks", "user": "me"}}],
-                "current-context": "dev",
-            }
-        )
-    )
-    return path
+def api_server(serve_kube_api: Callable[[FakeApi], FakeApi]) -> FakeApi:
+    return serve_kube_api(FakeApi())
 
 
 @pytest.fixture
@@ -324,7 +300,7 @@ def settings() -> Settings:
 
 
 def run_verify(tmp_path: Path, server: FakeApi, *extra: str) -> tuple[int, str]:
-    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", server.url)
+    kubeconfig = server.kubeconfig
     console = Console(record=True, width=250, force_terminal=False)
     parser = cli.build_parser()
     args = parser.parse_args(["verify", "--env", ENV, "--kubeconfig", str(kubeconfig), *extra])
@@ -431,7 +407,7 @@ def test_standing_cluster_and_worker_requests(
     routes[f"/apis/ray.io/v1/namespaces/{ns}/rayclusters"]["items"] = [bad]
     routes[f"/apis/ray.io/v1/namespaces/{ns}/rayjobs"]["items"] = []
     api_server.routes = routes
-    api = verify.connect(str(write_kubeconfig(tmp_path / "kc", api_server.url)), None, standing)
+    api = verify.connect(str(api_server.kubeconfig), None, standing)
     checks = {(c.name, c.subject): c for c in verify.verify(api, standing)}
     rc = checks[("RayCluster", f"{ns}/{verify.STANDING_CLUSTER_NAME}")]
     assert rc.result == verify.FAIL
@@ -477,7 +453,7 @@ def test_own_cluster_mode_without_a_job_is_a_note(
     routes[f"/apis/ray.io/v1/namespaces/{ns}/rayclusters"]["items"] = []
     routes[f"/apis/ray.io/v1/namespaces/{ns}/rayjobs"]["items"] = []
     api_server.routes = routes
-    api = verify.connect(str(write_kubeconfig(tmp_path / "kc", api_server.url)), None, settings)
+    api = verify.connect(str(api_server.kubeconfig), None, settings)
     checks = verify.verify(api, settings)
     assert not [c for c in checks if c.result == verify.FAIL]
     assert any(c.name == "RayCluster" and c.result == verify.INFO for c in checks)
@@ -492,7 +468,7 @@ def test_scaled_to_zero_is_not_a_failure(api_server: FakeApi, settings: Settings
     routes[f"/apis/ray.io/v1/namespaces/{ns}/rayclusters"]["items"] = []
     routes[f"/apis/ray.io/v1/namespaces/{ns}/rayjobs"]["items"] = []
     api_server.routes = routes
-    api = verify.connect(str(write_kubeconfig(tmp_path / "kc", api_server.url)), None, zero)
+    api = verify.connect(str(api_server.kubeconfig), None, zero)
     checks = verify.verify(api, zero)
     (nodes,) = [c for c in checks if c.name == "GPU nodes"]
     assert nodes.result == verify.INFO and "desired_size is 0" in nodes.detail
@@ -513,18 +489,18 @@ def test_no_kubeconfig(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert "no kubeconfig at" in out and "aws eks update-kubeconfig --name" in out
 
 
-def test_unknown_context(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    kc = write_kubeconfig(tmp_path / "kc", "http://127.0.0.1:9")
+def test_unknown_context(kubeconfig: Callable[[str], Path], capsys: pytest.CaptureFixture[str]) -> None:
+    kc = kubeconfig("http://127.0.0.1:9")
     rc = cli.main(["verify", "--env", ENV, "--kubeconfig", str(kc), "--context", "prod"])
     assert rc == 2
     assert "prod" in capsys.readouterr().out
 
 
-def test_unreachable_api(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_unreachable_api(kubeconfig: Callable[[str], Path], capsys: pytest.CaptureFixture[str]) -> None:
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    kc = write_kubeconfig(tmp_path / "kc", f"http://127.0.0.1:{port}")
+    kc = kubeconfig(f"http://127.0.0.1:{port}")
     rc = cli.main(["verify", "--env", ENV, "--kubeconfig", str(kc)])
     out = capsys.readouterr().out
     assert rc == 2
