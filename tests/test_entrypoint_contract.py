@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
-import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -13,8 +12,9 @@ from typing import Any
 import pytest
 import yaml
 
+from config import image
 from config.loader import environment_names, load_settings
-from k8s.chart import render_manifests, runtime_pip
+from k8s.chart import render_manifests
 from training.batch import accumulation_steps
 from training.options import parse_args
 
@@ -33,26 +33,25 @@ def training_entrypoint(out_dir: Path) -> list[str]:
 
 
 @pytest.fixture
-def job_packages(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """Packages the job's runtime_env installs count as present, as they are in the pod; any other
-    package the options need must really be importable here (it is in the image, or the job fails)."""
+def pod_packages(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the image carries (config/image.toml `packages`) and what the code asset vendors
+    (`job_packages`, e.g. liger-kernel) counts as importable, as it is in the pod; anything else the
+    options need must really be importable here."""
+    pod = image.load()
+    modules = {name.replace("-", "_") for name in [*pod.packages, *pod.job_packages]}
+    real = importlib.util.find_spec
 
-    def installing(settings: Any) -> None:
-        modules = {re.split(r"[=<>!~\[]", req)[0].replace("-", "_") for req in runtime_pip(settings)}
-        real = importlib.util.find_spec
+    def find_spec(name: str, package: str | None = None) -> Any:
+        if name in modules:
+            return importlib.machinery.ModuleSpec(name, None)
+        return real(name, package)
 
-        def find_spec(name: str, package: str | None = None) -> Any:
-            if name in modules:
-                return importlib.machinery.ModuleSpec(name, None)
-            return real(name, package)
-
-        monkeypatch.setattr(importlib.util, "find_spec", find_spec)
-
-    return installing
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
 
 
 @pytest.mark.parametrize("env", environment_names())
-def test_every_entrypoint_parses_into_the_settings(env: str, tmp_path: Path, job_packages: Any) -> None:
+@pytest.mark.usefixtures("pod_packages")
+def test_every_entrypoint_parses_into_the_settings(env: str, tmp_path: Path) -> None:
     settings = load_settings(env)
     job = settings.job
     render_manifests(
@@ -62,7 +61,6 @@ def test_every_entrypoint_parses_into_the_settings(env: str, tmp_path: Path, job
         code_hash="0123abcd",
         checkpoint_uri=CHECKPOINT_URI,
     )
-    job_packages(settings)
     opts = parse_args(training_entrypoint(tmp_path))
     assert opts.run_name == job.run_name
     assert opts.storage_path == CHECKPOINT_URI
@@ -77,6 +75,6 @@ def test_every_entrypoint_parses_into_the_settings(env: str, tmp_path: Path, job
     )
     assert (opts.sharding, opts.expect_transport) == (job.sharding.value, job.expect_transport.value)
     assert (opts.compile, opts.liger) == (job.compile, job.liger)
-    assert opts.activation_checkpointing == job.activation_checkpointing
+    assert (opts.activation_checkpointing, opts.float8) == (job.activation_checkpointing, job.float8)
     # The settings accepted the batch sizes by the same rule the driver applies on the cluster.
     assert accumulation_steps(opts.global_batch_size, opts.micro_batch_size, opts.num_workers)
