@@ -16,7 +16,7 @@ from k8s.job import PREPARED_DIR
 from training.options import build_parser as training_parser
 from training.prepare import build_parser as prepare_parser
 
-TEXT = {"data": "s3://corpus-bucket/text/", "text_field": "body", "seq_len": 4096, "prepare_data": True}
+TEXT = {"data": "s3://corpus-bucket/text/", "text_field": "body", "seq_len": 1024, "prepare_data": True}
 
 
 def _jobs(objs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -49,7 +49,7 @@ def test_preparation_job_agrees_with_the_training_job(cluster: str) -> None:
     assert (p.data, p.seq_len, p.text_field, p.model, p.shape) == (
         t.data, t.seq_len, t.text_field, t.model, t.shape
     )  # fmt: skip
-    assert (p.data, p.seq_len, p.text_field) == (TEXT["data"], 4096, "body")
+    assert (p.data, p.seq_len, p.text_field) == (TEXT["data"], 1024, "body")
     assert p.address == "auto"
     # The same cluster (a copy, or the standing one) and lifecycle; no extra packages to install.
     assert prep["spec"].get("rayClusterSpec") == train["spec"].get("rayClusterSpec")
