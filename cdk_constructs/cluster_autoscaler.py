@@ -1,12 +1,14 @@
 """Cluster Autoscaler: GPU nodes from zero when a RayJob's workers are pending, and back to zero.
 
-Why the Cluster Autoscaler and not Karpenter: the EFA GPU group needs every EFA interface of its
-type (32 on p5), a cluster placement group, one subnet in one pinned AZ and, optionally, a
-targeted capacity reservation. The managed node group's launch template already carries all of
-that; the Cluster Autoscaler only changes the desired size of the group's Auto Scaling group, so
-every node it starts comes from exactly that template. Karpenter's EC2NodeClass would have to
-re-express each piece (it has no placement-group field in the v1 API, and picks subnets and
-interfaces itself), i.e. a second, different definition of the GPU nodes.
+Why the Cluster Autoscaler and not Karpenter (README, "GPU nodes only while a job runs"): Karpenter
+covers what the EFA group needs by now (EFA interfaces for pods requesting vpc.amazonaws.com/efa,
+capacityReservationSelectorTerms, one subnet by selector, and since v1.11.0 of April 2026 a
+placementGroupSelector), but it would replace the managed node group: a second definition of the
+GPU nodes (EC2NodeClass + NodePool, its own AMI and interface choices) beside the launch template
+that the tests pin, and a controller that launches instances itself (ec2:RunInstances/CreateFleet,
+iam:PassRole, an interruption queue). With one instance type in one AZ, Karpenter's choice among
+types and zones buys nothing. The Cluster Autoscaler only changes the desired size of the node
+group's Auto Scaling group, so every node it starts comes from exactly that launch template.
 
 How scale-from-zero works on AWS (cluster-autoscaler/cloudprovider/aws/README.md, "Auto-Discovery
 Setup", tag cluster-autoscaler-1.35.2):
@@ -48,9 +50,9 @@ CHART = "cluster-autoscaler"
 NAMESPACE = "kube-system"
 RELEASE = "cluster-autoscaler"
 SERVICE_ACCOUNT = "cluster-autoscaler"
-# Pinned chart; its values.yaml is in chart_values/ (tests check our keys against it). Copied from
-# kubernetes/autoscaler at tag cluster-autoscaler-chart-9.59.0 (commit 5a0b98e45f89).
-CHART_VERSION = "9.59.0"
+# The chart version is pinned in settings (addons.cluster_autoscaler); its values.yaml is in
+# chart_values/ (tests check our keys against it): 9.59.0's is copied from kubernetes/autoscaler at
+# tag cluster-autoscaler-chart-9.59.0 (commit 5a0b98e45f89).
 
 # The autoscaler's minor must match the cluster's ("We recommend using Cluster Autoscaler with the
 # Kubernetes control plane version for which it was meant", cluster-autoscaler/README.md). The
@@ -321,7 +323,8 @@ class ClusterAutoscaler(Construct):
             version=chart_version,
             namespace=NAMESPACE,
             values=self.values,
-            # No --atomic: deprecated in the kubectl layer's Helm 4 (tests/test_helm_flags.py);
+            # `--wait`: the deploy stops here until the autoscaler runs (no job gets GPU nodes
+            # without it). No `--atomic` (deprecated in the layer's Helm 4; see addons.py):
             # CloudFormation's rollback undoes a failed release.
             wait=True,
             timeout=Duration.minutes(10),

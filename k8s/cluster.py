@@ -152,10 +152,11 @@ def _worker_group(types: SpecTypes, settings: Settings, service_account_name: st
             empty_dir(t, "ray-tmp"),
         ],
     )
-    nodes = settings.gpu_nodes.desired_size
+    nodes = settings.job.nodes
     return types("WorkerGroupSpecs")(
         group_name=WORKER_GROUP,
-        # A fixed size: one worker pod per GPU node, no autoscaling.
+        # A fixed size: one worker pod per GPU node, no Ray autoscaling (the Cluster Autoscaler
+        # starts the nodes for pending pods; README, "GPU nodes only while a job runs").
         replicas=nodes,
         min_replicas=nodes,
         max_replicas=nodes,

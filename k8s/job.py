@@ -196,6 +196,12 @@ def _spec(settings: Settings, entry: str, *, code_uri: str, service_account_name
         if own
         else None,
         active_deadline_seconds=job.active_deadline_seconds,
+        # GPU nodes start from zero when the cluster's worker pods are pending, and KubeRay submits
+        # the entry point only once every pod is ready. "PreRunningDeadlineSeconds is the deadline
+        # in seconds for a RayJob to reach the Running state from when it is first initialized";
+        # past it the attempt fails (KubeRay API reference, v1.6+) instead of holding the nodes that
+        # did start until activeDeadlineSeconds.
+        pre_running_deadline_seconds=job.start_timeout_seconds,
         backoff_limit=job.backoff_limit,
     )
 

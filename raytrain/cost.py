@@ -87,7 +87,7 @@ def root_volume_per_hour(prices: RegionPrices, size_gib: int, throughput_mibps: 
 
 def job_nodes(settings: Settings) -> int:
     """GPU nodes one job's Ray cluster runs on (one worker pod per node)."""
-    return settings.gpu_nodes.desired_size
+    return settings.job.nodes
 
 
 def estimate(settings: Settings) -> CostEstimate:

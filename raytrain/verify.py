@@ -5,7 +5,8 @@ kubeconfig `aws eks update-kubeconfig` writes) whether what Kubernetes reports m
 
 - every GPU node is Ready, labelled `role=gpu-worker` and `nvidia.com/gpu.present=true`, and has
   allocatable `nvidia.com/gpu` and (EFA types) `vpc.amazonaws.com/efa` equal to the catalogue's
-  counts; at least `gpu_nodes.desired_size` of them exist;
+  counts; at least `gpu_nodes.min_size` of them exist (the Cluster Autoscaler adds the job's
+  nodes while a RayJob runs and removes them after, so none between jobs is expected);
 - the NVIDIA and EFA device-plugin DaemonSets have a ready pod on every GPU node (a node missing
   `nvidia.com/gpu.present=true` gets no NVIDIA plugin pod and so advertises no GPUs);
 - the KubeRay operator Deployment is available;
@@ -274,17 +275,17 @@ def check_nodes(api: Api, settings: Settings, checks: list[Check]) -> list[dict[
     itype = gpu.instance
     nodes = [n for n in api.nodes() if _is_gpu_node(n, settings)]
     ready = [n for n in nodes if _condition(n, "Ready") == "True"]
-    want = gpu.desired_size
-    subject = f"{gpu.instance_type} × {want} (min {gpu.min_size}, max {gpu.max_size})"
-    if want == 0:
-        # Scaled to zero on purpose: nothing to prove now, and nothing the job could use.
+    want = gpu.min_size
+    subject = f"{gpu.instance_type} × {len(nodes)} (min {gpu.min_size}, max {gpu.max_size}, autoscaled)"
+    if not nodes and want == 0:
+        # Scaled to zero between jobs, as intended: nothing to prove now.
         checks.append(
             Check(
                 "GPU nodes",
                 subject,
-                INFO if not nodes else PASS,
-                f"desired_size is 0: {len(ready)} ready GPU node(s); the EFA path is checked "
-                "once nodes run (raise desired_size, deploy, verify again)",
+                INFO,
+                f"none running (min_size 0): the Cluster Autoscaler starts {settings.job.nodes} when a "
+                "RayJob's workers are pending; verify again while a job runs to check them",
             )
         )
     elif len(ready) < want:
@@ -293,7 +294,7 @@ def check_nodes(api: Api, settings: Settings, checks: list[Check]) -> list[dict[
                 "GPU nodes",
                 subject,
                 FAIL,
-                f"{len(ready)} ready of {len(nodes)} found; desired_size is {want}",
+                f"{len(ready)} ready of {len(nodes)} found; min_size is {want}",
             )
         )
     else:
@@ -410,7 +411,6 @@ def _container_limits(group: dict[str, Any]) -> dict[str, Any]:
 
 def check_ray(api: Api, settings: Settings, checks: list[Check]) -> None:
     ns = settings.workload.namespace
-    gpu = settings.gpu_nodes
     clusters = api.ray_objects(ns, "rayclusters")
     jobs = api.ray_objects(ns, "rayjobs")
     if clusters is None:
@@ -436,7 +436,7 @@ def check_ray(api: Api, settings: Settings, checks: list[Check]) -> None:
                 "none running: job.cluster is 'own', so each RayJob brings its cluster",
             )
         )
-    want_gpus = gpu.desired_size * gpu.instance.gpus
+    want_gpus = settings.num_workers
     for cluster in sorted(clusters, key=_name):
         checks.append(_check_cluster(cluster, ns, settings, want_gpus))
     for job in sorted(jobs or [], key=_name):
@@ -480,8 +480,8 @@ def _check_cluster(cluster: dict[str, Any], ns: str, settings: Settings, want_gp
             )
     if spec_gpus != want_gpus:
         problems.append(
-            f"workers request {spec_gpus} GPUs, the node group has {want_gpus} "
-            f"({gpu.desired_size} × {gpu.instance.gpus})"
+            f"workers request {spec_gpus} GPUs, the job has {want_gpus} "
+            f"(job.nodes {settings.job.nodes} × {gpu.instance.gpus})"
         )
     detail = "; ".join(problems) or f"ready; {ready_workers}/{replicas} workers, {spec_gpus} GPUs"
     return Check("RayCluster", f"{ns}/{_name(cluster)}", FAIL if problems else PASS, detail)

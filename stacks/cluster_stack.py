@@ -13,12 +13,7 @@ from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from cdk_constructs.addons import GpuDevicePlugins, KubeRayOperator
-from cdk_constructs.cluster_autoscaler import (
-    CHART_VERSION,
-    ClusterAutoscaler,
-    NodegroupAsgTags,
-    node_template_tags,
-)
+from cdk_constructs.cluster_autoscaler import ClusterAutoscaler, NodegroupAsgTags, node_template_tags
 from cdk_constructs.encrypted_logs import encrypted_log_group
 from cdk_constructs.node_groups import EfaGpuNodeGroup, SystemNodeGroup, gpu_node_labels
 from cdk_constructs.observability import (
@@ -194,7 +189,7 @@ class ClusterStack(cdk.Stack):
             cluster=self.cluster_ref,
             cluster_name=cluster_settings.name,
             kubernetes_version=cluster_settings.kubernetes_version,
-            chart_version=CHART_VERSION,
+            chart_version=settings.addons.cluster_autoscaler,
         )
         gpu = settings.gpu_nodes
         self.gpu_node_template = NodegroupAsgTags(

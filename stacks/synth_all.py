@@ -18,7 +18,6 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from cdk_constructs.cluster_autoscaler import CHART_VERSION as CLUSTER_AUTOSCALER_CHART
 from config.loader import SettingsError, environment_names, load_settings
 from config.prices import PriceError
 from config.settings import Settings
@@ -87,7 +86,7 @@ def summary_table(results: list[tuple[Settings, EnvironmentStacks]], out_dir: Pa
             f"nvidia-device-plugin {settings.addons.nvidia_device_plugin}\n"
             f"efa-device-plugin {settings.addons.efa_device_plugin}\n"
             f"kuberay-operator {settings.addons.kuberay_operator}\n"
-            f"cluster-autoscaler {CLUSTER_AUTOSCALER_CHART}",
+            f"cluster-autoscaler {settings.addons.cluster_autoscaler}",
             cost_cell(settings),
         )
     return table

@@ -215,7 +215,7 @@ def test_worker_group_matches_the_catalogue(name: str) -> None:
     group = worker_group(name)
     container = worker_container(name)
     limits, requests = container["resources"]["limits"], container["resources"]["requests"]
-    assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == s.gpu_nodes.desired_size
+    assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == s.job.nodes
     assert group["rayStartParams"]["num-gpus"] == str(itype.gpus)
     assert limits["nvidia.com/gpu"] == itype.gpus
     # Guaranteed QoS: requests == limits, sized below what the node can allocate.
@@ -381,7 +381,7 @@ def test_entrypoint_carries_the_job_settings(name: str) -> None:
     assert flags == {
         "--run-name": job.run_name,
         "--storage-path": CHECKPOINT_URI,
-        "--num-workers": str(s.gpu_nodes.desired_size * s.gpu_nodes.instance.gpus),
+        "--num-workers": str(s.job.nodes * s.gpu_nodes.instance.gpus),
         "--address": "auto",
         "--max-failures": str(job.max_failures),
         "--checkpoint-every": str(job.checkpoint_every),
@@ -460,6 +460,8 @@ def test_job_lifecycle(name: str) -> None:
     spec = the(name, "RayJob")["spec"]
     assert spec["submissionMode"] == "K8sJobMode"
     assert spec["activeDeadlineSeconds"] == s.job.active_deadline_seconds
+    # Start-up (GPU nodes from zero, image pull) has its own, shorter budget inside the deadline.
+    assert spec["preRunningDeadlineSeconds"] == s.job.start_timeout_seconds < spec["activeDeadlineSeconds"]
     assert spec["backoffLimit"] == s.job.backoff_limit
     submitter = spec["submitterPodTemplate"]
     assert submitter["spec"]["nodeSelector"] == {"role": "system"}

@@ -65,7 +65,15 @@ def test_environment_files_are_valid_with_defaults() -> None:
             "job.expect_transport",
             "gpu_nodes.efa is false",
         ),
-        ({"gpu_nodes": {"desired_size": 0}}, "gpu_nodes.desired_size", "at least one GPU node"),
+        ({"gpu_nodes": {"desired_size": 2}}, "gpu_nodes.desired_size", "unknown field"),
+        ({"job": {"nodes": 0}}, "job.nodes", "greater than or equal to 1"),
+        ({"job": {"nodes": 3}}, "job.nodes", "more than gpu_nodes.max_size (2)"),
+        ({"job": {"start_timeout_seconds": 60}}, "job.start_timeout_seconds", "greater than or equal to 300"),
+        (
+            {"job": {"start_timeout_seconds": 7200, "active_deadline_seconds": 3600}},
+            "job.start_timeout_seconds",
+            "leaves no time to train",
+        ),
         ({"workload": {"shm_size_gib": 100}}, "workload.shm_size_gib", "more than half"),
         (
             {"workload": {"gpu_node_daemon_cpu_millis": 47000}},
@@ -119,10 +127,10 @@ def test_batch_sizes_must_divide_evenly_over_workers(
 ) -> None:
     itype = CATALOGUE[instance_type]
     data = dev_data(
-        gpu_nodes={"instance_type": instance_type, "efa": itype.efa, "desired_size": nodes, "max_size": 4},
+        gpu_nodes={"instance_type": instance_type, "efa": itype.efa, "max_size": 4},
         # Short sequences, so every micro-batch here fits the GPU's memory (config/memory.py): the
         # subject is divisibility.
-        job={"micro_batch_size": micro, "global_batch_size": global_batch, "seq_len": 256},
+        job={"nodes": nodes, "micro_batch_size": micro, "global_batch_size": global_batch, "seq_len": 256},
     )
     text = json.dumps(data)
     valid = micro <= global_batch and global_batch % (micro * nodes * itype.gpus) == 0

@@ -17,10 +17,12 @@ from ruamel.yaml import YAML
 from cdk_constructs import cluster_autoscaler as ca
 from cdk_constructs.addons import values_file
 from config.catalogue import CATALOGUE
+from config.loader import environment_names, load_settings
 from config.settings import KUBECTL_LAYERS
 
 ENVS = ["dev", "prod", "p5"]
-CHART_FIXTURE = Path(__file__).parent / "fixtures" / "charts" / f"cluster-autoscaler-{ca.CHART_VERSION}"
+CHART_VERSION = load_settings("dev").addons.cluster_autoscaler
+CHART_FIXTURE = Path(__file__).parent / "fixtures" / "charts" / f"cluster-autoscaler-{CHART_VERSION}"
 
 
 def resources(template: dict, type_name: str) -> dict[str, dict]:
@@ -203,7 +205,7 @@ def test_release_pinned_on_system_nodes_after_pod_identity(synthesized, env):
     _, chart = autoscaler_chart(t)
     props = chart["Properties"]
     assert props["Repository"] == "https://kubernetes.github.io/autoscaler"
-    assert props["Version"] == ca.CHART_VERSION
+    assert props["Version"] == s.addons.cluster_autoscaler
     assert props["Namespace"] == "kube-system"
     values = json.loads(props["Values"]) if isinstance(props["Values"], str) else None
     if values is None:  # a Fn::Join when a value is a token
@@ -291,13 +293,19 @@ def test_image_tag_for_every_supported_kubernetes_version():
         assert tag.startswith(f"v{version}.")
 
 
-def test_values_keys_exist_in_the_charts_values_file():
+@pytest.mark.parametrize("env", environment_names())
+def test_values_keys_exist_in_the_charts_values_file(env):
     from tests.test_addons import declared, key_paths
 
-    text = values_file(ca.CHART, ca.CHART_VERSION).read_text()
-    values = ca.chart_values(cluster_name="ray-train-dev", region="us-west-2", kubernetes_version="1.35")
-    for path in key_paths(values):
-        assert declared(text, path), ".".join(path)
+    s = load_settings(env)
+    path = values_file(ca.CHART, s.addons.cluster_autoscaler)
+    assert path.is_file(), f"add the chart's values.yaml for {s.addons.cluster_autoscaler} as {path}"
+    text = path.read_text()
+    values = ca.chart_values(
+        cluster_name=s.cluster.name, region=s.region, kubernetes_version=s.cluster.kubernetes_version
+    )
+    for key_path in key_paths(values):
+        assert declared(text, key_path), ".".join(key_path)
     assert not declared(text, ("autoDiscovery", "clusterNames"))
 
 
@@ -323,7 +331,7 @@ def rendered(tmp_path_factory) -> list[dict]:
     helm = _helm(tmp_path_factory)
     chart = tmp_path_factory.mktemp("chart") / ca.CHART
     shutil.copytree(CHART_FIXTURE, chart, ignore=shutil.ignore_patterns("SOURCE.md"))
-    shutil.copy(values_file(ca.CHART, ca.CHART_VERSION), chart / "values.yaml")
+    shutil.copy(values_file(ca.CHART, CHART_VERSION), chart / "values.yaml")
     values = chart.parent / "ours.json"
     values.write_text(
         json.dumps(

@@ -22,23 +22,23 @@ def with_(settings, **sections):
 # dev by hand (us-west-2, table of 2026-07-20):
 #   control plane                         0.10
 #   1 × m7i.xlarge                        0.2016
-#   1 × 50 GiB gp3 at 250 MiB/s:  (50 × 0.08 + (250 − 125) × 0.04) / 730 = 9 / 730 = 0.0123288
+#   1 × 100 GiB gp3 at 250 MiB/s: (100 × 0.08 + (250 − 125) × 0.04) / 730 = 13 / 730 = 0.0178082
 #   1 NAT gateway                         0.045
 #   3 interface endpoints × 2 AZs × 0.01  0.06
 #   GPU group at 0 nodes                  0
-#   idle                                  0.4189288
+#   idle                                  0.4244082
 #   job: 2 × g6.12xlarge 4.6016 = 9.2032; 2 × (200 × 0.08 + 5) / 730 = 42 / 730 = 0.0575342
-#   running                               9.6796630
-DEV_IDLE = 0.10 + 0.2016 + 9 / 730 + 0.045 + 0.06
+#   running                               9.6851425
+DEV_IDLE = 0.10 + 0.2016 + 13 / 730 + 0.045 + 0.06
 DEV_RUNNING = DEV_IDLE + 9.2032 + 42 / 730
 
 
 def test_dev_idle_and_running_by_hand():
     settings = load_settings("dev")
     est = cost.estimate(settings)
-    assert est.idle_per_hour == pytest.approx(0.4189288, abs=1e-6)
+    assert est.idle_per_hour == pytest.approx(0.4244082, abs=1e-6)
     assert est.idle_per_hour == pytest.approx(DEV_IDLE)
-    assert est.running_per_hour == pytest.approx(9.6796630, abs=1e-6)
+    assert est.running_per_hour == pytest.approx(9.6851425, abs=1e-6)
     assert est.job_nodes == 2
 
 
@@ -50,8 +50,8 @@ def test_prod_by_hand():
     # 3 AZs, 3 NAT gateways, 2 system nodes; GPU group min 0, 2 job nodes of 300 GiB.
     settings = with_(load_settings("prod"), gpu_nodes={"min_size": 0})
     est = cost.estimate(settings)
-    idle = 0.10 + 2 * 0.2016 + 2 * 9 / 730 + 3 * 0.045 + 3 * 3 * 0.01
-    assert idle == pytest.approx(0.7528575, abs=1e-6)
+    idle = 0.10 + 2 * 0.2016 + 2 * 13 / 730 + 3 * 0.045 + 3 * 3 * 0.01
+    assert idle == pytest.approx(0.7638164, abs=1e-6)
     assert est.idle_per_hour == pytest.approx(idle)
     running = idle + 2 * 4.6016 + 2 * (300 * 0.08 + 5) / 730
     assert est.running_per_hour == pytest.approx(running)
@@ -88,11 +88,11 @@ def test_per_billion_tokens_by_hand():
         "options": {"seq_len": 2048},
     }
     result = cost.token_cost(settings, summary)
-    # 9.6796630 $/h / (20,000 tok/s × 3600 s/h) × 1e9 = 134.4398 $ per billion tokens.
-    assert result.per_billion_tokens == pytest.approx(134.4398, abs=1e-3)
-    # End to end: 50 × 16 × 2048 = 1,638,400 tokens in 900 s at 9.6796630 $/h = 2.4199158 $,
-    # = 1477.00 $ per billion tokens.
-    assert result.end_to_end_per_billion_tokens == pytest.approx(1477.00, abs=0.01)
+    # 9.6851425 $/h / (20,000 tok/s × 3600 s/h) × 1e9 = 134.5159 $ per billion tokens.
+    assert result.per_billion_tokens == pytest.approx(134.5159, abs=1e-3)
+    # End to end: 50 × 16 × 2048 = 1,638,400 tokens in 900 s at 9.6851425 $/h = 2.4212856 $,
+    # = 1477.835 $ per billion tokens.
+    assert result.end_to_end_per_billion_tokens == pytest.approx(1477.835, abs=0.01)
 
 
 def test_per_billion_tokens_uses_the_runs_node_count():
@@ -154,8 +154,8 @@ def test_endpoint_count_matches_the_synthesized_network(synthesized):
 def test_command_prints_table(capsys):
     assert main(["cost", "--env", "dev"]) == 0
     out = capsys.readouterr().out
-    assert "idle total" in out and "0.4189" in out
-    assert "running total (2 GPU nodes)" in out and "9.6797" in out
+    assert "idle total" in out and "0.4244" in out
+    assert "running total (2 GPU nodes)" in out and "9.6851" in out
     assert PRICES_AS_OF in out
 
 
@@ -166,7 +166,7 @@ def test_command_json_with_summary(tmp_path, capsys):
     data = json.loads(capsys.readouterr().out)
     assert data["idle_per_hour"] == pytest.approx(DEV_IDLE)
     assert data["running_per_hour"] == pytest.approx(DEV_RUNNING)
-    assert data["tokens"]["per_billion_tokens"] == pytest.approx(134.4398, abs=1e-3)
+    assert data["tokens"]["per_billion_tokens"] == pytest.approx(134.5159, abs=1e-3)
 
 
 @pytest.mark.parametrize(

@@ -63,7 +63,7 @@ def _rayjob(name: str, created: str, status: dict[str, Any], ns: str) -> dict[st
 
 def cluster_routes(settings: Settings) -> dict[str, Any]:
     ns = settings.workload.namespace
-    workers = settings.gpu_nodes.desired_size
+    workers = settings.job.nodes
     jobs = [
         _rayjob(
             OLD_JOB,
@@ -251,7 +251,7 @@ def test_status_shows_the_newest_job_its_cluster_and_pods(
     # Newest first.
     assert text.index(JOB) < text.index(OLD_JOB)
     assert f"RayCluster ray/{CLUSTER}" in text.replace(settings.workload.namespace + "/", "ray/")
-    n = settings.gpu_nodes.desired_size
+    n = settings.job.nodes
     assert f"{n}/{n}" in text
     for role in ("submitter", "head", "worker"):
         assert role in text
@@ -332,7 +332,7 @@ def test_logs_of_head_and_worker_with_follow_and_tail(
     }
     rc, out = _logs(tmp_path, api_server, capsys, "--head")
     assert rc == 0 and "gcs up\ndashboard up\n" in out
-    if settings.gpu_nodes.desired_size < 2:
+    if settings.job.nodes < 2:
         pytest.skip("needs two workers")
     rc, out = _logs(tmp_path, api_server, capsys, "--worker", "1", "--follow", "--tail", "3")
     assert rc == 0, out

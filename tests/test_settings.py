@@ -70,7 +70,11 @@ def test_shipped_environments_are_valid():
             "vpc.availability_zones",
             "not in region",
         ),
-        (lambda d: d["gpu_nodes"].update(min_size=3, max_size=2), "gpu_nodes", "greater than max_size"),
+        (
+            lambda d: d["gpu_nodes"].update(min_size=3, max_size=2),
+            "gpu_nodes.min_size",
+            "greater than max_size",
+        ),
         (
             lambda d: d["cluster"].update(kubernetes_version="1.29"),
             "cluster.kubernetes_version",
@@ -200,16 +204,18 @@ def test_gpu_types_pass_only_with_gpus_and_efa(name):
 
 
 @FAST
-# Desired sizes whose GPU count divides the default global batch (the job cross-checks that).
+# Job node counts whose GPU count divides the default global batch (the job cross-checks that).
 @given(st.integers(0, 20), st.sampled_from([0, 1, 2, 4]), st.integers(1, 20))
-def test_sizes_valid_iff_ordered(min_size, desired, max_size):
+def test_sizes_valid_iff_ordered(min_size, nodes, max_size):
     data = dev_data()
-    data["gpu_nodes"].update(min_size=min_size, desired_size=desired, max_size=max_size)
-    # desired 0 is rejected too: the workload's GPU worker group needs a node to run on.
-    if min_size <= desired <= max_size and desired >= 1:
-        assert parse(data).gpu_nodes.desired_size == desired
+    data["gpu_nodes"].update(min_size=min_size, max_size=max_size)
+    data["job"] = {**data.get("job", {}), "nodes": nodes}
+    # The group scales between min and max; a job needs at least one node, at most max.
+    if min_size <= max_size and 1 <= nodes <= max_size:
+        s = parse(data)
+        assert (s.gpu_nodes.min_size, s.gpu_nodes.max_size, s.job.nodes) == (min_size, max_size, nodes)
     else:
-        assert "gpu_nodes" in error_of(data)
+        assert "gpu_nodes" in error_of(data) or "job.nodes" in error_of(data)
 
 
 @FAST

@@ -114,7 +114,7 @@ def _ray_cluster(
     limits: dict[str, Any] = {"cpu": "44", "memory": "170Gi", "nvidia.com/gpu": gpu.instance.gpus}
     if efa_request and gpu.efa:
         limits["vpc.amazonaws.com/efa"] = gpu.instance.efa_interfaces
-    n = gpu.desired_size
+    n = settings.job.nodes
     return {
         "apiVersion": "ray.io/v1",
         "kind": "RayCluster",
@@ -159,10 +159,10 @@ def _ray_cluster(
     }
 
 
-def healthy_cluster(settings: Settings) -> dict[str, Any]:
-    gpu_names = [
-        f"ip-10-0-1{i}-{20 + i}.us-west-2.compute.internal" for i in range(settings.gpu_nodes.desired_size)
-    ]
+def healthy_cluster(settings: Settings, gpu_nodes: int | None = None) -> dict[str, Any]:
+    """A cluster running a job: the job's GPU nodes (or `gpu_nodes` of them) up and healthy."""
+    count = settings.job.nodes if gpu_nodes is None else gpu_nodes
+    gpu_names = [f"ip-10-0-1{i}-{20 + i}.us-west-2.compute.internal" for i in range(count)]
     nodes = [_node("ip-10-0-0-11.us-west-2.compute.internal", settings, gpu_node=False)]
     nodes += [_node(n, settings, gpu_node=True) for n in gpu_names]
     pods = [_pod(f"nvidia-device-plugin-{i}", n, NVIDIA_LABELS) for i, n in enumerate(gpu_names)]
@@ -200,7 +200,7 @@ def healthy_cluster(settings: Settings) -> dict[str, Any]:
         },
     }
     ns = settings.workload.namespace
-    cluster = _ray_cluster(settings, "qwen25-fsdp2-5f3a9c-raycluster-8kq2x", settings.gpu_nodes.desired_size)
+    cluster = _ray_cluster(settings, "qwen25-fsdp2-5f3a9c-raycluster-8kq2x", settings.job.nodes)
     cluster["metadata"]["ownerReferences"] = [
         {"kind": "RayJob", "name": "qwen25-fsdp2-5f3a9c", "apiVersion": "ray.io/v1", "uid": "u"}
     ]
@@ -327,7 +327,7 @@ def test_healthy_cluster_passes(tmp_path: Path, api_server: FakeApi, settings: S
     assert rc == 0, text
     assert "all checks passed" in text and "FAIL" not in text
     gpu_rows = rows(text, "GPU node ")
-    assert len(gpu_rows) == settings.gpu_nodes.desired_size
+    assert len(gpu_rows) == settings.job.nodes
     assert all("PASS" in r and f"nvidia.com/gpu {settings.gpu_nodes.instance.gpus}" in r for r in gpu_rows)
     assert "kube-system/nvidia-device-plugin " in text  # the plugin, not its MPS helper DaemonSet
     assert "kuberay-system/kuberay-operator" in text
@@ -401,9 +401,7 @@ def test_standing_cluster_and_worker_requests(
     routes = healthy_cluster(settings)
     ns = settings.workload.namespace
     # The standing cluster is missing its EFA request and one worker is not ready.
-    bad = _ray_cluster(
-        settings, verify.STANDING_CLUSTER_NAME, settings.gpu_nodes.desired_size - 1, efa_request=False
-    )
+    bad = _ray_cluster(settings, verify.STANDING_CLUSTER_NAME, settings.job.nodes - 1, efa_request=False)
     routes[f"/apis/ray.io/v1/namespaces/{ns}/rayclusters"]["items"] = [bad]
     routes[f"/apis/ray.io/v1/namespaces/{ns}/rayjobs"]["items"] = []
     api_server.routes = routes
@@ -412,9 +410,7 @@ def test_standing_cluster_and_worker_requests(
     rc = checks[("RayCluster", f"{ns}/{verify.STANDING_CLUSTER_NAME}")]
     assert rc.result == verify.FAIL
     assert "requests no vpc.amazonaws.com/efa" in rc.detail
-    assert (
-        f"{settings.gpu_nodes.desired_size - 1}/{settings.gpu_nodes.desired_size} workers ready" in rc.detail
-    )
+    assert f"{settings.job.nodes - 1}/{settings.job.nodes} workers ready" in rc.detail
     assert checks[("RayJob", f"{ns}/*")].result == verify.INFO
     # Standing mode with no cluster at all is a failure, not a note.
     routes[f"/apis/ray.io/v1/namespaces/{ns}/rayclusters"]["items"] = []
@@ -460,10 +456,9 @@ def test_own_cluster_mode_without_a_job_is_a_note(
 
 
 def test_scaled_to_zero_is_not_a_failure(api_server: FakeApi, settings: Settings, tmp_path: Path) -> None:
-    zero = settings.model_copy(
-        update={"gpu_nodes": settings.gpu_nodes.model_copy(update={"desired_size": 0, "min_size": 0})}
-    )
-    routes = healthy_cluster(zero)
+    """Between jobs the autoscaler leaves no GPU node (min_size 0): a note, not a failure."""
+    zero = settings.model_copy(update={"gpu_nodes": settings.gpu_nodes.model_copy(update={"min_size": 0})})
+    routes = healthy_cluster(zero, gpu_nodes=0)
     ns = zero.workload.namespace
     routes[f"/apis/ray.io/v1/namespaces/{ns}/rayclusters"]["items"] = []
     routes[f"/apis/ray.io/v1/namespaces/{ns}/rayjobs"]["items"] = []
@@ -471,8 +466,16 @@ def test_scaled_to_zero_is_not_a_failure(api_server: FakeApi, settings: Settings
     api = verify.connect(str(api_server.kubeconfig), None, zero)
     checks = verify.verify(api, zero)
     (nodes,) = [c for c in checks if c.name == "GPU nodes"]
-    assert nodes.result == verify.INFO and "desired_size is 0" in nodes.detail
+    assert nodes.result == verify.INFO and "none running (min_size 0)" in nodes.detail
     assert not [c for c in checks if c.result == verify.FAIL]
+
+
+def test_fewer_nodes_than_the_minimum_fail(api_server: FakeApi, settings: Settings, tmp_path: Path) -> None:
+    one = settings.model_copy(update={"gpu_nodes": settings.gpu_nodes.model_copy(update={"min_size": 1})})
+    api_server.routes = healthy_cluster(one, gpu_nodes=0)
+    api = verify.connect(str(api_server.kubeconfig), None, one)
+    (nodes,) = [c for c in verify.verify(api, one) if c.name == "GPU nodes"]
+    assert nodes.result == verify.FAIL and "min_size is 1" in nodes.detail
 
 
 def test_bad_env_prints_the_settings_message(capsys: pytest.CaptureFixture[str]) -> None:

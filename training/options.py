@@ -457,22 +457,12 @@ def _check_model_ref(model: str) -> None:
         )
 
 
-def is_parquet(uri: str) -> bool:
-    return uri.partition("?")[0].endswith(".parquet")
-
-
 def data_files(data: str) -> list[str]:
     """The jsonl/parquet files a --data value names, sorted (the order is part of the data order)."""
     if "://" in data:  # s3://, or any URI pyarrow reads (file:// in tests)
         import pyarrow.fs as pafs
 
-        # Each file keeps the URI's credentials and options (user info, ?endpoint_override=...), so
-        # the tasks that read it on other nodes reach the same store.
-        head, _, query = data.partition("?")
-        scheme, rest = head.split("://", 1)
-        userinfo = rest.split("/", 1)[0].rpartition("@")[0]
-        prefix = f"{scheme}://{userinfo + '@' if userinfo else ''}"
-        suffix = f"?{query}" if query else ""
+        scheme = data.split("://", 1)[0]
         fs, root = pafs.FileSystem.from_uri(data)
         info = fs.get_file_info(root)
         if info.type == pafs.FileType.File:
@@ -482,7 +472,7 @@ def data_files(data: str) -> list[str]:
             paths = [i.path for i in fs.get_file_info(sel) if i.type == pafs.FileType.File]
         else:
             raise OptionError(f"--data: {data} does not exist or cannot be read")
-        return [f"{prefix}{p}{suffix}" for p in sorted(paths) if p.endswith(DATA_SUFFIXES)]
+        return sorted(f"{scheme}://{p}" for p in paths if p.endswith(DATA_SUFFIXES))
     path = Path(data)
     if path.is_file():
         return [str(path.resolve())]
@@ -503,7 +493,7 @@ def _check_data_path(data: str) -> list[str]:
     for f in files:
         if "://" not in f and not os.access(f, os.R_OK):
             raise OptionError(f"--data: {f} is not readable")
-    if len({is_parquet(f) for f in files}) > 1:
+    if len({f.endswith(".parquet") for f in files}) > 1:
         raise OptionError(f"--data: {data} mixes jsonl and parquet files; use one format")
     return files
 
@@ -514,7 +504,7 @@ def check_text_field(first_file: str, field: str) -> None:
 
     fs, path = pafs.FileSystem.from_uri(first_file if "://" in first_file else "file://" + first_file)
     try:
-        if is_parquet(first_file):
+        if first_file.endswith(".parquet"):
             import pyarrow.parquet as pq
 
             with fs.open_input_file(path) as f:

@@ -31,7 +31,7 @@ import numpy as np
 
 from training import shards
 from training.data import ByteTokenizer, load_tokenizer
-from training.options import DATA_SUFFIXES, OptionError, check_text_field, data_files, is_parquet
+from training.options import DATA_SUFFIXES, OptionError, check_text_field, data_files
 
 DEFAULT_SEGMENT_MB = 64
 DOCS_PER_CALL = 512  # documents per tokenizer call: bounds a task's Python objects, not its input
@@ -80,20 +80,8 @@ def list_inputs(data: str) -> list[dict[str, Any]]:
     return out
 
 
-def redact(uri: str) -> str:
-    """A URI without credentials in its user info (s3://KEY:SECRET@bucket/...): for the manifest and
-    the fingerprint, which must not change with, or reveal, the credentials."""
-    scheme, sep, rest = uri.partition("://")
-    netloc, slash, path = rest.partition("/")
-    return f"{scheme}{sep}{netloc.rpartition('@')[2]}{slash}{path}" if sep else uri
-
-
-def _recorded(inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{**i, "uri": redact(i["uri"])} for i in inputs]
-
-
 def fingerprint(inputs: list[dict[str, Any]], tokenizer: dict[str, Any], settings: Settings) -> str:
-    key = {"format": shards.FORMAT, "inputs": _recorded(inputs), "tokenizer": tokenizer,
+    key = {"format": shards.FORMAT, "inputs": inputs, "tokenizer": tokenizer,
            "seq_len": settings.seq_len, "text_field": settings.text_field,
            "segment_bytes": settings.segment_bytes}  # fmt: skip
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode("utf-8")).hexdigest()
@@ -106,7 +94,7 @@ def plan_segments(inputs: list[dict[str, Any]], segment_bytes: int) -> list[Segm
     segments: list[Segment] = []
     for item in inputs:
         uri, size = item["uri"], item["size"]
-        if is_parquet(uri):
+        if uri.endswith(".parquet"):
             fs, path = shards.filesystem(uri)
             with fs.open_input_file(path) as f:
                 meta = pq.read_metadata(f)  # the footer only
@@ -232,20 +220,6 @@ def _check_cluster_can_reach(data: str, out: str) -> None:
         )
 
 
-def _check_input(data: str, text_field: str) -> None:
-    try:
-        files = data_files(data)
-    except OptionError:
-        raise
-    except Exception as exc:
-        raise OptionError(f"--data: cannot list {redact(data)}: {exc}") from None
-    if not files:
-        raise OptionError(f"--data: no {'/'.join(DATA_SUFFIXES)} files under {redact(data)}")
-    if len({is_parquet(f) for f in files}) > 1:
-        raise OptionError(f"--data: {redact(data)} mixes jsonl and parquet files; use one format")
-    check_text_field(files[0], text_field)
-
-
 def prepare(
     data: str,
     out: str,
@@ -263,7 +237,17 @@ def prepare(
     """
     import ray.data
 
-    _check_input(data, text_field)
+    try:
+        files = data_files(data)
+    except OptionError:
+        raise
+    except Exception as exc:
+        raise OptionError(f"--data: cannot list {data}: {exc}") from None
+    if not files:
+        raise OptionError(f"--data: no {'/'.join(DATA_SUFFIXES)} files under {data}")
+    if len({f.endswith(".parquet") for f in files}) > 1:
+        raise OptionError(f"--data: {data} mixes jsonl and parquet files; use one format")
+    check_text_field(files[0], text_field)
     settings = Settings(seq_len, text_field, shape, model, max(1, int(segment_mb * 2**20)))
     try:
         tokenizer = tokenizer_identity(shape, model)
@@ -278,8 +262,7 @@ def prepare(
     except shards.ShardError:
         existing = None
     if existing is not None and existing.get("fingerprint") == fp:
-        blocks = existing["blocks"]
-        log(f"[prepare] {redact(out)}: up to date ({blocks} blocks of {seq_len} tokens); nothing to do")
+        log(f"[prepare] {out}: up to date ({existing['blocks']} blocks of {seq_len} tokens); nothing to do")
         return existing
 
     _check_cluster_can_reach(data, out)
@@ -288,7 +271,7 @@ def prepare(
     shard_dir = f"shards-{fp[:16]}"
     fs, root = shards.filesystem(shards.join(out, shard_dir))
     fs.create_dir(root, recursive=True)
-    log(f"[prepare] {len(inputs)} files, {len(segments)} segments -> {redact(out)}")
+    log(f"[prepare] {len(inputs)} files, {len(segments)} segments -> {out}")
     # One block per segment, so Ray Data runs the segments as parallel tasks on any node's CPUs;
     # the rows are only the segments' coordinates, and what comes back is one row of counts each.
     items = ray.data.from_items([asdict(s) for s in segments], override_num_blocks=len(segments))
@@ -319,7 +302,7 @@ def prepare(
         "tokenizer": tokenizer,
         "text_field": text_field,
         "segment_bytes": settings.segment_bytes,
-        "inputs": _recorded(inputs),
+        "inputs": inputs,
         "documents": sum(int(r["documents"]) for r in counts),
         "blocks": n_blocks,
         "tokens": n_blocks * seq_len,
@@ -331,7 +314,7 @@ def prepare(
     uri = shards.write_manifest(out, manifest)
     log(
         f"[prepare] wrote {n_blocks} blocks ({manifest['tokens']:,} tokens, {manifest['documents']} "
-        f"documents) in {len(shard_rows)} shards; manifest {redact(uri)} ({time.time() - t0:.1f} s)"
+        f"documents) in {len(shard_rows)} shards; manifest {uri} ({time.time() - t0:.1f} s)"
     )
     return manifest
 

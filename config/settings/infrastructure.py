@@ -154,8 +154,9 @@ class GpuNodeSettings(SettingsModel):
     # The single AZ every GPU node lives in: EFA traffic does not cross AZs, and a computed AZ
     # would replace the node group on a later deploy. `raytrain capacity --write` sets it.
     availability_zone: str
+    # The Cluster Autoscaler sizes the group between these: no desired size (a job's node count is
+    # job.nodes). 0 keeps no GPU node between jobs.
     min_size: int = Field(default=0, ge=0)
-    desired_size: int = Field(default=2, ge=0)
     max_size: int = Field(default=2, ge=1)
     capacity_type: CapacityType = CapacityType.ON_DEMAND
     capacity_reservation_id: str | None = None
@@ -172,7 +173,8 @@ class GpuNodeSettings(SettingsModel):
 
     @model_validator(mode="after")
     def _rules(self) -> GpuNodeSettings:
-        _check_sizes(self.min_size, self.desired_size, self.max_size)
+        if self.min_size > self.max_size:
+            raise FieldError(("min_size",), f"{self.min_size} is greater than max_size ({self.max_size})")
         itype = CATALOGUE[self.instance_type]
         if not itype.gpus:
             raise FieldError(("instance_type",), f"{self.instance_type!r} has no GPUs")
@@ -206,6 +208,9 @@ class AddonSettings(SettingsModel):
     nvidia_device_plugin: ChartVersion = "0.20.0"
     efa_device_plugin: ChartVersion = "0.5.30"
     kuberay_operator: ChartVersion = "1.7.0"
+    # kubernetes.github.io/autoscaler; its image follows the cluster's Kubernetes minor
+    # (cdk_constructs/cluster_autoscaler.py).
+    cluster_autoscaler: ChartVersion = "9.59.0"
 
 
 class StorageSettings(SettingsModel):

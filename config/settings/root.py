@@ -154,17 +154,24 @@ class Settings(SettingsModel):
                 ("job", "expect_transport"),
                 "is 'efa' but gpu_nodes.efa is false: the job would fail its transport check",
             )
-        if self.gpu_nodes.desired_size < 1:
+        if job.nodes > self.gpu_nodes.max_size:
             raise FieldError(
-                ("gpu_nodes", "desired_size"),
-                "is 0: the RayJob needs at least one GPU node to run on",
+                ("job", "nodes"),
+                f"{job.nodes} is more than gpu_nodes.max_size ({self.gpu_nodes.max_size}): the "
+                "autoscaler could never start the job's nodes",
+            )
+        if job.start_timeout_seconds >= job.active_deadline_seconds:
+            raise FieldError(
+                ("job", "start_timeout_seconds"),
+                f"{job.start_timeout_seconds} leaves no time to train within active_deadline_seconds "
+                f"({job.active_deadline_seconds})",
             )
         workers = self.num_workers
         if accumulation_steps(job.global_batch_size, job.micro_batch_size, workers) is None:
             raise FieldError(
                 ("job", "global_batch_size"),
                 f"{job.global_batch_size} is not a multiple of micro_batch_size "
-                f"({job.micro_batch_size}) x workers ({workers} = {self.gpu_nodes.desired_size} "
+                f"({job.micro_batch_size}) x workers ({workers} = {job.nodes} "
                 f"nodes x {gpu.gpus} GPUs)",
             )
         return self
@@ -183,8 +190,8 @@ class Settings(SettingsModel):
 
     @property
     def num_workers(self) -> int:
-        """Ray Train workers: one per GPU of every GPU node."""
-        return self.gpu_nodes.desired_size * self.gpu_nodes.instance.gpus
+        """Ray Train workers: one per GPU of every GPU node of the job."""
+        return self.job.nodes * self.gpu_nodes.instance.gpus
 
     @property
     def stack_prefix(self) -> str:

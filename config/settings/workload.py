@@ -205,6 +205,9 @@ class JobSettings(SettingsModel):
     """The RayJob: its cluster, lifecycle, and the arguments of `python -m training`."""
 
     cluster: ClusterMode = ClusterMode.OWN
+    # GPU nodes of the job's Ray cluster: one worker pod per node, one Ray Train worker per GPU.
+    # The Cluster Autoscaler starts them when the pods are pending (at most gpu_nodes.max_size).
+    nodes: int = Field(default=2, ge=1)
     # Checkpoints live under <checkpoint prefix>/<run_name>. The name stays the same across
     # RayJob retries and new RayJobs, so a new job with the same run_name resumes from the
     # latest checkpoint: change it to start a fresh run.
@@ -254,6 +257,11 @@ class JobSettings(SettingsModel):
     ttl_seconds_after_finished: int = Field(default=3600, ge=0)
     # Wall-clock limit of one RayJob attempt, cluster start-up included.
     active_deadline_seconds: int = Field(default=6 * 3600, ge=60)
+    # Start-up budget of one attempt: its Ray cluster must be running (GPU nodes started from
+    # zero by the autoscaler, joined, device plugins up, the ~20 GB image pulled, every pod ready)
+    # and the job submitted within this, or the attempt fails (KubeRay preRunningDeadlineSeconds)
+    # instead of waiting for capacity until active_deadline_seconds.
+    start_timeout_seconds: int = Field(default=1800, ge=300)
     # Whole-RayJob retries, each on a new cluster (own mode); in-job failures use max_failures.
     backoff_limit: int = Field(default=1, ge=0, le=10)
 

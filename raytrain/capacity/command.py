@@ -83,7 +83,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--count",
         type=int,
-        help="nodes wanted in one zone (default: gpu_nodes.desired_size, or max_size when 0)",
+        help="nodes wanted in one zone (default: job.nodes, the GPU nodes one job runs on)",
     )
     parser.add_argument(
         "--probe",
@@ -160,7 +160,7 @@ def _run(args: argparse.Namespace, console: Console, err: Console, api_factory: 
             "gpu_nodes.instance_type in the file first"
         )
     gpu = settings.gpu_nodes
-    count = args.count if args.count is not None else (gpu.desired_size or gpu.max_size)
+    count = args.count if args.count is not None else settings.job.nodes
     if count < 1:
         raise _UsageError(f"--count must be at least 1 (got {count})")
     reservation_id = args.capacity_reservation_id or gpu.capacity_reservation_id

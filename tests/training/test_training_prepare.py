@@ -7,7 +7,7 @@ import json
 import os
 import threading
 import tracemalloc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -152,53 +152,3 @@ def test_driver_memory_stays_bounded_for_a_corpus_larger_than_the_bound(
     total, heap, _ = _peak_during(read_epoch_share)
     print(f"read {total} blocks ({total * 1024 / 2**20:.1f} MiB) with heap peak {heap / 2**20:.2f} MiB")
     assert total * 256 * 4 > bound and heap < bound
-
-
-@pytest.fixture(scope="module")
-def s3_bucket() -> Iterator[str]:
-    """A bucket on moto's S3 server; the URI prefix carries the endpoint and dummy credentials, so
-    Ray's task processes reach the same store with pyarrow's own S3 client."""
-    import socket
-
-    import boto3
-    from moto import server as moto_server
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    srv = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    srv.start()
-    try:
-        boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1",
-                     aws_access_key_id="testing", aws_secret_access_key="testing"
-                     ).create_bucket(Bucket="corpus-bucket")  # fmt: skip
-        yield f"s3://testing:testing@corpus-bucket/{{}}?endpoint_override=127.0.0.1:{port}&scheme=http&region=us-east-1"
-    finally:
-        srv.stop()
-
-
-def test_prepare_and_read_on_s3(ray_session: str, s3_bucket: str, tmp_path: Path) -> None:
-    """Corpus on S3, shards on S3: tasks read byte ranges and write shards through the S3 API, the
-    loop's reader fetches blocks with ranged GETs, and the manifest records no credentials."""
-    import pyarrow.fs as pafs
-
-    docs = _docs()
-    fs, root = pafs.FileSystem.from_uri(s3_bucket.format("text"))
-    for name, part in (("b.jsonl", docs[:9]), ("a.jsonl", docs[9:])):
-        with fs.open_output_stream(f"{root}/{name}") as f:
-            f.write("".join(json.dumps({"text": t}) + "\n" for t in part).encode())
-    lines: list[str] = []
-    kw: dict[str, Any] = dict(seq_len=32, segment_mb=0.003, log=lines.append, **TINY)
-    manifest = prepare(s3_bucket.format("text"), s3_bucket.format("prepared"), **kw)
-    assert len(manifest["shards"]) > 2 and "testing:testing" not in json.dumps(manifest)
-    local = tmp_path / "text"
-    local.mkdir()
-    for name, part in (("b.jsonl", docs[:9]), ("a.jsonl", docs[9:])):
-        (local / name).write_text("".join(json.dumps({"text": t}) + "\n" for t in part))
-    want = _expected(str(local), 32, 0.003)  # the same bytes, segmented the same way
-    blocks = shards.TokenBlocks(s3_bucket.format("prepared"))
-    assert blocks._remote and np.array_equal(blocks.take(range(len(blocks))), want)
-    assert blocks.take([5, 0, 5]).tolist() == want[[5, 0, 5]].tolist()
-    blocks.close()
-    assert prepare(s3_bucket.format("text"), s3_bucket.format("prepared"), **kw) == manifest
-    assert "up to date" in lines[-1] and "testing:testing" not in " ".join(lines)

@@ -151,17 +151,3 @@ def test_options_take_seq_len_from_prepared_data(tmp_path: Path) -> None:
     assert raw.prepared_data == str(tmp_path / "run" / "checkpoints" / "_prepared" / "train")
     remote = parse_args([*base, "--data", str(SAMPLE_DATA), "--storage-path", "s3://b/ckpt"])
     assert remote.prepared_data == "s3://b/ckpt/_prepared/train"
-
-
-def test_credentials_in_a_uri_are_kept_for_reading_and_left_out_of_records(tmp_path: Path) -> None:
-    from training.options import data_files
-    from training.prepare import redact
-
-    (tmp_path / "a.jsonl").write_text('{"text": "x"}\n')
-    assert redact("s3://KEY:SECRET@bucket/corpus/a.jsonl?endpoint_override=h:1") == (
-        "s3://bucket/corpus/a.jsonl?endpoint_override=h:1"
-    )
-    assert redact("/data/a.jsonl") == "/data/a.jsonl" and redact("s3://b/k") == "s3://b/k"
-    # Listing keeps the URI's options on every file (file:// has no user info to keep).
-    assert data_files(f"file://{tmp_path}?x=1") == [f"file://{tmp_path}/a.jsonl?x=1"]
-    assert shards.join("s3://k:s@b/p?q=1", "shards-x", "00000.bin") == "s3://k:s@b/p/shards-x/00000.bin?q=1"
