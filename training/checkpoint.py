@@ -8,14 +8,18 @@ Layout of one checkpoint folder (the ranks' local folders are merged by ray.trai
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.filesystem import FileSystemBase, FileSystemReader
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_state_dict,
@@ -65,10 +69,111 @@ def save(
             json.dump(meta, f)
 
 
-def load(path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+class _CountingStream(io.RawIOBase):
+    """A pyarrow input file as the seekable binary stream DCP reads; counts the bytes read."""
+
+    def __init__(self, f: Any, counter: dict[str, Any], name: str) -> None:
+        self._f, self._counter, self._name = f, counter, name
+        counter["files"].setdefault(name, 0)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        return int(self._f.seek(offset, whence))
+
+    def tell(self) -> int:
+        return int(self._f.tell())
+
+    def read(self, size: int | None = -1) -> bytes:
+        data = self._f.read() if size is None or size < 0 else self._f.read(size)
+        self._counter["bytes"] += len(data)
+        self._counter["files"][self._name] += len(data)
+        return bytes(data)
+
+    def readinto(self, b: Any) -> int:
+        data = self.read(len(b))
+        b[: len(data)] = data
+        return len(data)
+
+
+class ArrowFileSystem(FileSystemBase):
+    """DCP's file-system interface over a pyarrow filesystem (Ray Train's storage: S3 on the
+    cluster, local in tests), read-only. Files are opened for random access, so DCP's reads of
+    a tensor's (offset, length) become ranged reads (S3: ranged GETs): a rank fetches only the
+    bytes its load plan names, not whole files. `read` counts the bytes read, in all and per file.
+    (DCP stores a replicated value once, in one rank's file: small reads of another rank's file
+    for those are expected.)"""
+
+    def __init__(self, fs: Any) -> None:
+        self.fs = fs
+        self.read: dict[str, Any] = {"files": {}, "bytes": 0}  # files: name -> bytes read
+
+    @contextmanager
+    def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[io.IOBase]:
+        if mode != "rb":
+            raise ValueError(f"read-only checkpoint file system: mode {mode!r}")
+        with self.fs.open_input_file(str(path)) as f:
+            yield _CountingStream(f, self.read, os.path.basename(str(path)))
+
+    def concat_path(self, path: str | os.PathLike, suffix: str) -> str:
+        return f"{str(path).rstrip('/')}/{suffix}"
+
+    def rename(self, path: str | os.PathLike, new_path: str | os.PathLike) -> None:
+        raise NotImplementedError("read-only")
+
+    def init_path(self, path: str | os.PathLike) -> str:
+        return str(path)
+
+    def mkdir(self, path: str | os.PathLike) -> None:
+        raise NotImplementedError("read-only")
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
+        return False  # chosen explicitly, never by DCP's inference
+
+    def exists(self, path: str | os.PathLike) -> bool:
+        import pyarrow.fs as pafs
+
+        return bool(self.fs.get_file_info(str(path)).type != pafs.FileType.NotFound)
+
+    def rm_file(self, path: str | os.PathLike) -> None:
+        raise NotImplementedError("read-only")
+
+    def read_bytes(self, path: str) -> bytes:
+        with self.create_stream(path, "rb") as stream:
+            return stream.read()
+
+
+class ArrowCheckpointReader(FileSystemReader):
+    """torch's FileSystemReader reading straight from a pyarrow filesystem."""
+
+    def __init__(self, fs: Any, path: str) -> None:
+        super().__init__(path)
+        self.arrow = ArrowFileSystem(fs)
+        self.fs = self.arrow  # type: ignore[assignment]  # FileSystemReader's own is local-only
+        self.path = self.arrow.init_path(path)
+
+
+def read_state(filesystem: Any, path: str) -> dict[str, Any]:
+    """train_state.json of a checkpoint (Ray: `checkpoint.filesystem`, `checkpoint.path`) alone."""
+    with filesystem.open_input_stream(f"{path.rstrip('/')}/{STATE_FILE}") as f:
+        state: dict[str, Any] = json.loads(f.read())
+    return state
+
+
+def load(
+    path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, filesystem: Any = None
+) -> dict[str, Any]:
     """Collective: load shards for this rank's layout (DCP reshards when the worker count differs).
 
-    Returns train_state.json with the step and data position from the DCP state.
+    Reads from `filesystem` (pyarrow; local when None) directly: the DCP metadata, the byte
+    ranges of the shards this rank's load plan names, this rank's RNG file and the state file,
+    nothing else (no copy of the whole checkpoint on every node). Returns train_state.json with
+    the step and data position from the DCP state, and `read`: the files and bytes this rank read.
     """
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state: dict[str, Any] = {
@@ -76,7 +181,12 @@ def load(path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer) ->
         "optim": optim_sd,
         "train": {"step": torch.tensor(0), "position": torch.tensor(0)},
     }
-    dcp.load(state, checkpoint_id=path)
+    if filesystem is None:
+        import pyarrow.fs as pafs
+
+        filesystem = pafs.LocalFileSystem()
+    reader = ArrowCheckpointReader(filesystem, path)
+    dcp.load(state, storage_reader=reader)
     set_state_dict(
         model,
         optimizer,
@@ -84,16 +194,17 @@ def load(path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer) ->
         optim_state_dict=state["optim"],
         options=StateDictOptions(strict=True),
     )
-    with open(os.path.join(path, STATE_FILE)) as f:
-        meta: dict[str, Any] = json.load(f)
+    files = reader.arrow
+    meta: dict[str, Any] = json.loads(files.read_bytes(files.concat_path(path, STATE_FILE)))
     meta["step"] = int(state["train"]["step"])
     meta["position"] = int(state["train"]["position"])
-    rng_file = os.path.join(path, f"rng-rank{dist.get_rank()}.pt")
-    if meta.get("world_size") == dist.get_world_size() and os.path.exists(rng_file):
-        set_rng_state(torch.load(rng_file, weights_only=False))
+    rng_file = files.concat_path(path, f"rng-rank{dist.get_rank()}.pt")
+    if meta.get("world_size") == dist.get_world_size() and files.exists(rng_file):
+        set_rng_state(torch.load(io.BytesIO(files.read_bytes(rng_file)), weights_only=False))
         meta["rng_restored"] = True
     else:
         meta["rng_restored"] = False
+    meta["read"] = {"files": dict(sorted(files.read["files"].items())), "bytes": files.read["bytes"]}
     return meta
 
 

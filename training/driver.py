@@ -194,10 +194,11 @@ def run(opts: TrainOptions) -> dict[str, Any]:
         raise TransportGateFailed(message)
     if result.checkpoint is None:
         raise RuntimeError("the run ended without a checkpoint")
-    from training.checkpoint import STATE_FILE
+    from training.checkpoint import read_state
 
-    with result.checkpoint.as_directory() as ckpt_dir:
-        meta = json.loads(Path(ckpt_dir, STATE_FILE).read_text())
+    # Only the small state file, from the storage itself: as_directory() would first download the
+    # whole checkpoint (model and optimizer shards, ~20 GB for Qwen2.5-1.5B) into the head pod.
+    meta = read_state(result.checkpoint.filesystem, result.checkpoint.path)
     summ = summary_mod.summarize(meta, opts.to_dict(), time.time() - t0)
     summ["checkpoint"] = result.checkpoint.path
     for written in summary_mod.write(summ, opts.output_dir, opts.storage_path):

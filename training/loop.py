@@ -242,8 +242,8 @@ class _Trainer:
             )
             self.float8_layers = apply_float8(model, all_gather=opts.float8_all_gather)
 
-    def resume(self, ckpt_dir: str) -> None:
-        meta = checkpoint.load(ckpt_dir, self.model, self.optimizer)
+    def resume(self, ckpt_dir: str, filesystem: Any = None) -> None:
+        meta = checkpoint.load(ckpt_dir, self.model, self.optimizer, filesystem=filesystem)
         self.step, self.position = meta["step"], meta["position"]
         saved = meta.get("data_fingerprint")
         if self.rank == 0 and saved != self.data_fingerprint:
@@ -251,7 +251,14 @@ class _Trainer:
         self.history = [h for h in meta.get("history", []) if h["step"] <= self.step]
         self.resumes = [
             *meta.get("resumes", []),
-            {"from_step": self.step, "world_size": self.world, "rng_restored": meta["rng_restored"]},
+            {
+                "from_step": self.step,
+                "world_size": self.world,
+                "rng_restored": meta["rng_restored"],
+                # What this rank read of the checkpoint (rank 0's record is the one kept).
+                "read_bytes": meta["read"]["bytes"],
+                "read_files": meta["read"]["files"],
+            },
         ]
         if self.rank == 0:
             _say(f"[train] resumed from step {self.step} (data position {self.position})")
@@ -346,8 +353,9 @@ def train_loop(config: dict[str, Any]) -> None:
     tr = _Trainer(opts, config.get("data"))
     ckpt = ray.train.get_checkpoint()
     if ckpt is not None:
-        with ckpt.as_directory() as ckpt_dir:
-            tr.resume(ckpt_dir)
+        # Straight from the storage (S3 on the cluster): each rank reads the byte ranges of the
+        # shards its load plan names, not a local copy of the whole checkpoint (as_directory()).
+        tr.resume(ckpt.path, filesystem=ckpt.filesystem)
 
     # Every rank, after the process group is up and before the first step: fail before training
     # when inter-node traffic is not on the expected transport.

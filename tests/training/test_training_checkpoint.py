@@ -58,6 +58,7 @@ def _load_worker(rank: int, world: int, init_file: str, ckpt: str, out: str) -> 
     full = _full(model, opt)
     if rank == 0:
         torch.save({"full": full, "meta": meta}, os.path.join(out, "loaded.pt"))
+    torch.save(meta["read"], os.path.join(out, f"read-rank{rank}.pt"))
     dist.destroy_process_group()
 
 
@@ -117,3 +118,40 @@ def test_round_trip_bitwise(saved: tuple[Path, dict[str, Any]], world: int, tmp_
 def test_full_model_state_without_process_group(saved: tuple[Path, dict[str, Any]]) -> None:
     ckpt, ref = saved
     _assert_same(ref["model"], checkpoint.full_model_state(str(ckpt)))
+
+
+def test_each_rank_reads_only_its_own_shards_on_resume(
+    saved: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    """Same worker count: a rank reads the DCP metadata, its own shard file, its RNG file and the
+    state file, and of its shard only the byte ranges its load plan names; never the other rank's."""
+    ckpt, _ = saved
+    mp.spawn(_load_worker, args=(2, str(tmp_path / "init"), str(ckpt), str(tmp_path)), nprocs=2, join=True)
+    total = sum(p.stat().st_size for p in ckpt.iterdir())
+    for rank in (0, 1):
+        read = torch.load(tmp_path / f"read-rank{rank}.pt", weights_only=False)
+        files = read["files"]
+        own, other = f"__{rank}_0.distcp", f"__{1 - rank}_0.distcp"
+        assert {".metadata", own, f"rng-rank{rank}.pt", checkpoint.STATE_FILE} <= set(files), read
+        assert f"rng-rank{1 - rank}.pt" not in files
+        # Of the other rank's shards, at most the few replicated values DCP stored there once.
+        assert files.get(other, 0) < 0.05 * (ckpt / other).stat().st_size, read
+        assert files[own] > 0.9 * (ckpt / own).stat().st_size
+        assert read["bytes"] == sum(files.values()) < 0.6 * total, (read, total)
+
+
+def test_driver_reads_the_state_file_alone(saved: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    """The summary needs train_state.json only; the shards may be unreadable to the driver."""
+    import shutil
+
+    import pyarrow.fs as pafs
+
+    ckpt, _ = saved
+    copy = tmp_path / "ckpt"
+    shutil.copytree(ckpt, copy)
+    for f in copy.iterdir():
+        if f.name != checkpoint.STATE_FILE:
+            f.write_bytes(b"")  # nothing to read there: a download of them would be noticed as empty
+            f.chmod(0)
+    state = checkpoint.read_state(pafs.LocalFileSystem(), str(copy))
+    assert (state["step"], state["position"], state["world_size"]) == (STEP, POSITION, 2)
