@@ -133,6 +133,14 @@ def test_sigkill_worker_resumes_bitwise(
     assert committed <= resumed["from_step"] < STEPS
     assert resumed["from_step"] % EVERY == 0
     assert resumed["world_size"] == 2 and resumed["rng_restored"] is True
+    # Rank 0 read its part of the checkpoint from the storage, not the whole of it.
+    sizes = [
+        sum(f.stat().st_size for f in d.iterdir())
+        for d in (tmp_path / "storage" / "killed").glob("checkpoint_*")
+        if d.is_dir()
+    ]
+    assert resumed["read_bytes"] < 0.6 * max(sizes), (resumed["read_files"], sizes)
+    assert "rng-rank1.pt" not in resumed["read_files"] and "rng-rank0.pt" in resumed["read_files"]
     _assert_same_run(summary, reference_text)
 
 
