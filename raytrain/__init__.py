@@ -1,1 +1,1 @@
-"""`raytrain`: the operator command (capacity finder, post-deploy verification)."""
+"""`raytrain`: the operator command (capacity, verify, review, job, plan, cost; see `raytrain --help`)."""
