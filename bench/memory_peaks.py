@@ -146,7 +146,17 @@ def main(argv: list[str] | None = None) -> int:
     return rc
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def _spawn_ranks(args: argparse.Namespace) -> int:
+    # A free port, not a fixed one: other process groups may run on the machine.
+    os.environ.setdefault("MASTER_PORT", str(_free_port()))
     if args.gpus == 1:
         _rank_main(0, args)
         return 0
@@ -161,7 +171,6 @@ def _rank_main(rank: int, args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29512")
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(args.gpus), LOCAL_RANK=str(rank))
     on_gpu = args.device == "cuda"
     if on_gpu:
