@@ -403,6 +403,31 @@ def test_signals_are_held_until_the_block_ends() -> None:
     assert reached_end_of_block
 
 
+def test_signals_are_held_while_other_threads_run() -> None:
+    """A process-directed signal may be delivered to any thread that does not block it; the hold
+    must not depend on which one (this failed with a main-thread-only signal mask)."""
+    import threading
+    import time
+
+    stop = threading.Event()
+    others = [threading.Thread(target=stop.wait) for _ in range(4)]
+    for t in others:
+        t.start()
+    reached_end_of_block = False
+    try:
+        with pytest.raises(KeyboardInterrupt), probe._signals_deferred():
+            for _ in range(5):
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.01)  # let the interpreter run any handler it was going to run
+            reached_end_of_block = True
+    finally:
+        stop.set()
+        for t in others:
+            t.join()
+    assert reached_end_of_block
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 def test_cli_maps_interrupt_to_130(world, envdir, monkeypatch, capsys) -> None:
     world.applied_quotas["us-west-2"] = {"L-DB2E81BA": 192}
     world.after_create = lambda rid: os.kill(os.getpid(), signal.SIGINT)

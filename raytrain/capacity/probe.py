@@ -49,17 +49,33 @@ def _signals_deferred() -> Iterator[None]:
     """Hold SIGINT/SIGTERM back while a reservation id is in flight.
 
     A signal that lands between the create call returning and the id being stored would otherwise
-    unwind past the only reference to a live reservation. Blocked signals stay pending and are
-    raised as soon as the block ends, i.e. once the id is stored (or the cancel is done).
+    unwind past the only reference to a live reservation. While the block runs, both signals are
+    only recorded; when it ends (the id stored, or the cancel done), the original handlers are put
+    back and each recorded signal is raised again, so Ctrl-C still interrupts, just later.
+
+    A Python-level handler, not pthread_sigmask: Python runs signal handlers in the main thread
+    whichever thread the kernel delivers a process-directed signal to, and blocking the signal in
+    the main thread alone lets it reach any other thread (botocore's, a test runner's) and come
+    back as an immediate KeyboardInterrupt. Handlers can only be set from the main thread.
     """
-    if not hasattr(signal, "pthread_sigmask") or (threading.current_thread() is not threading.main_thread()):
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    pending: list[int] = []
+
+    def hold(signum: int, frame: FrameType | None) -> None:
+        pending.append(signum)
+
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = {sig: signal.signal(sig, hold) for sig in held}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        for sig, handler in previous.items():
+            # None: a handler not installed from Python; the default is the closest we can restore.
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        for signum in dict.fromkeys(pending):
+            signal.raise_signal(signum)
 
 
 @dataclass(frozen=True)
