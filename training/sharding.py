@@ -9,7 +9,8 @@ def mesh_shape(sharding: str, world: int, local_world: int) -> tuple[int, ...]:
 
     auto picks HSDP with more than one node: the per-layer all-gathers and reduce-scatters then stay
     on the node's NVLink and only one gradient all-reduce per step crosses the slower inter-node
-    network (DESIGN.md: at 5 GB/s full sharding needs >= 1.62 s/step of traffic, HSDP >= 0.62 s).
+    network (for Qwen2.5-1.5B at 5 GB/s: >= 1.62 s/step of traffic with full sharding, >= 0.62 s
+    with HSDP; with one GPU per node the two move the same bytes, BENCHMARKS.md).
     """
     nodes = world // local_world if local_world and world % local_world == 0 else 1
     if sharding == "hsdp" or (sharding == "auto" and nodes > 1):
