@@ -222,8 +222,8 @@ def apply_fsdp(
     """fully_shard each decoder layer, then the root (bf16 compute, fp32 master and reduction).
 
     `reshard_after_forward=False` keeps every layer's gathered bf16 parameters from the forward to
-    the backward: one all-gather per layer per step instead of two, for 2 bytes x parameters / shard
-    group of memory."""
+    the backward: one all-gather per layer per step instead of two, for the gathered (unsharded)
+    bf16 copies of every layer's parameters: 2 bytes x the layers' parameters of memory."""
     try:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     except ImportError:  # torch < 2.6 kept FSDP2 under _composable
