@@ -68,6 +68,11 @@ class Image:
     def ray_version(self) -> str:
         return self.packages["ray"]
 
+    def has(self, name: str) -> bool:
+        """Whether a job in this image can import the package: installed in it, or shipped in the
+        code asset."""
+        return normalize(name) in self.packages or normalize(name) in self.job_packages
+
     @property
     def ref(self) -> str:
         return f"{self.uri}@{self.digest}" if self.digest else self.uri

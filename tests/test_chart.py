@@ -428,13 +428,17 @@ def test_entrypoint_switches_and_quoting() -> None:
 
 
 def test_float8_setting_reaches_the_entrypoint_and_is_refused_without_fp8_tensor_cores() -> None:
-    on = variant("dev", job={"float8": True})  # dev's g6.12xlarge: L4, FP8 tensor cores
+    # The DLC has no torchao and the code asset does not ship it: float8 needs an image with it.
+    with pytest.raises(ValueError, match=r"has no torchao.*workload\.image.*job\.float8: false"):
+        variant("dev", job={"float8": True})
+    custom = {"image": "111122223333.dkr.ecr.us-west-2.amazonaws.com/ray-train:torchao"}
+    on = variant("dev", job={"float8": True}, workload=custom)  # dev's g6.12xlarge: L4, FP8 cores
     _, _, switches = parsed_entrypoint(next(o for o in render(on) if o["kind"] == "RayJob"))
     assert "--float8" in switches
     _, _, switches = parsed_entrypoint(next(o for o in render(variant("dev")) if o["kind"] == "RayJob"))
     assert "--float8" not in switches
     with pytest.raises(ValueError, match=r"g5\.48xlarge's A10G GPUs have no FP8.*job\.float8: false"):
-        variant("dev", job={"float8": True}, gpu_nodes={"instance_type": "g5.48xlarge"})
+        variant("dev", job={"float8": True}, workload=custom, gpu_nodes={"instance_type": "g5.48xlarge"})
 
 
 def test_tokens_are_embedded_not_parsed_and_not_hashed() -> None:

@@ -19,7 +19,7 @@ from config.settings.infrastructure import (
 )
 from config.settings.observability import ObservabilitySettings
 from config.settings.pipeline import PipelineSettings
-from config.settings.workload import JobSettings, Transport, WorkloadSettings
+from config.settings.workload import IMAGE, JobSettings, Transport, WorkloadSettings
 from training.batch import accumulation_steps
 
 _ACCOUNT_RE = re.compile(r"^\d{12}$")
@@ -148,6 +148,13 @@ class Settings(SettingsModel):
                 ("job", "float8"),
                 f"is true but {gpu.name}'s {gpu.gpu_model} GPUs have no FP8 tensor cores; float8 "
                 "needs L4, L40S, H100 or H200 (g6, g6e, p5 types): set job.float8: false",
+            )
+        if job.float8 and self.workload.image == IMAGE.uri and not IMAGE.has("torchao"):
+            raise FieldError(
+                ("job", "float8"),
+                f"is true but {IMAGE.uri} has no torchao and the code asset does not ship it "
+                "(config/image.toml [job_packages]); use an image that has torchao "
+                "(workload.image) or set job.float8: false",
             )
         if job.expect_transport is Transport.EFA and not self.gpu_nodes.efa:
             raise FieldError(

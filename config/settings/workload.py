@@ -247,7 +247,8 @@ class JobSettings(SettingsModel):
     liger: bool = True
     # torchao float8 GEMMs for the large linears: 1.55x the original recipe against bf16's 1.31x on
     # an H200, but its loss trailed bf16's in a 200-step test (BENCHMARKS.md), so off by default.
-    # Needs FP8 tensor cores (L4, L40S, H100, H200): refused on other GPU types.
+    # Needs FP8 tensor cores (L4, L40S, H100, H200): refused on other GPU types; and torchao in the
+    # pods, which the DLC lacks: refused with the DLC of config/image.toml.
     float8: bool = False
     output_dir: str | None = None
     expect_transport: Transport = Transport.AUTO
