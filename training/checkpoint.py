@@ -123,13 +123,13 @@ class ArrowFileSystem(FileSystemBase):
         return f"{str(path).rstrip('/')}/{suffix}"
 
     def rename(self, path: str | os.PathLike, new_path: str | os.PathLike) -> None:
-        raise NotImplementedError("read-only")
+        raise PermissionError("read-only checkpoint file system: reads only")
 
     def init_path(self, path: str | os.PathLike) -> str:
         return str(path)
 
     def mkdir(self, path: str | os.PathLike) -> None:
-        raise NotImplementedError("read-only")
+        raise PermissionError("read-only checkpoint file system: reads only")
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
@@ -141,7 +141,7 @@ class ArrowFileSystem(FileSystemBase):
         return bool(self.fs.get_file_info(str(path)).type != pafs.FileType.NotFound)
 
     def rm_file(self, path: str | os.PathLike) -> None:
-        raise NotImplementedError("read-only")
+        raise PermissionError("read-only checkpoint file system: reads only")
 
     def read_bytes(self, path: str) -> bytes:
         with self.create_stream(path, "rb") as stream:
