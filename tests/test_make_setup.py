@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -22,8 +23,17 @@ def dry_run(tmp_path: Path, target: str) -> str:
     make = shutil.which("make")
     if make is None:
         pytest.skip("GNU make is not installed")
+    # Under `make test` this runs inside make: the inherited MAKELEVEL/MAKEFLAGS would make the
+    # inner make print "Entering directory" lines (and pass on the outer flags).
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
     result = subprocess.run(
-        [make, "-n", target], cwd=tmp_path, capture_output=True, text=True, check=True, timeout=60
+        [make, "--no-print-directory", "-n", target],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
     )
     return result.stdout
 
