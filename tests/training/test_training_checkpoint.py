@@ -25,6 +25,13 @@ def _setup(rank: int, world: int, init_file: str) -> tuple[Any, torch.optim.Opti
     return model, opt
 
 
+def _teardown() -> None:
+    # Both ranks leave together: a rank that tears gloo down while its peer still holds the pair
+    # open can make the peer abort (SIGABRT seen once in CI's image stage, under load).
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def _train_once(model: Any, opt: torch.optim.Optimizer, rank: int) -> None:
     ids = torch.randint(0, 257, (2, 32), generator=torch.Generator().manual_seed(rank))
     model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
@@ -49,7 +56,7 @@ def _save_worker(rank: int, world: int, init_file: str, out: str) -> None:
     full = _full(model, opt)
     if rank == 0:
         torch.save(full, os.path.join(out, "reference.pt"))
-    dist.destroy_process_group()
+    _teardown()
 
 
 def _load_worker(rank: int, world: int, init_file: str, ckpt: str, out: str) -> None:
@@ -59,7 +66,7 @@ def _load_worker(rank: int, world: int, init_file: str, ckpt: str, out: str) -> 
     if rank == 0:
         torch.save({"full": full, "meta": meta}, os.path.join(out, "loaded.pt"))
     torch.save(meta["read"], os.path.join(out, f"read-rank{rank}.pt"))
-    dist.destroy_process_group()
+    _teardown()
 
 
 def _merge(src: Path, dst: Path) -> None:
