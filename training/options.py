@@ -327,7 +327,7 @@ def parse_args(argv: list[str]) -> TrainOptions:
     manifest = _check_prepared(d)
     _check_training(d)
     if d["data"] != "random" and manifest is None:
-        check_text_field(_check_data_path(d["data"])[0], d["text_field"])
+        check_text_field(check_data_path(d["data"])[0], d["text_field"])
     if d["init"] == "pretrained" or (d["prepared_data"] is not None and d["shape"] != "tiny"):
         _check_model_ref(d["model"])
     return TrainOptions(**d)
@@ -481,7 +481,7 @@ def data_files(data: str) -> list[str]:
     raise OptionError(f"--data: {data} does not exist ('random', a file, a folder or s3://…)")
 
 
-def _check_data_path(data: str) -> list[str]:
+def check_data_path(data: str) -> list[str]:
     try:
         files = data_files(data)
     except OptionError:

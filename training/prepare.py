@@ -31,7 +31,7 @@ import numpy as np
 
 from training import shards
 from training.data import ByteTokenizer, load_tokenizer
-from training.options import DATA_SUFFIXES, OptionError, check_text_field, data_files
+from training.options import OptionError, check_data_path, check_text_field, data_files
 
 DEFAULT_SEGMENT_MB = 64
 DOCS_PER_CALL = 512  # documents per tokenizer call: bounds a task's Python objects, not its input
@@ -237,16 +237,7 @@ def prepare(
     """
     import ray.data
 
-    try:
-        files = data_files(data)
-    except OptionError:
-        raise
-    except Exception as exc:
-        raise OptionError(f"--data: cannot list {data}: {exc}") from None
-    if not files:
-        raise OptionError(f"--data: no {'/'.join(DATA_SUFFIXES)} files under {data}")
-    if len({f.endswith(".parquet") for f in files}) > 1:
-        raise OptionError(f"--data: {data} mixes jsonl and parquet files; use one format")
+    files = check_data_path(data)
     check_text_field(files[0], text_field)
     settings = Settings(seq_len, text_field, shape, model, max(1, int(segment_mb * 2**20)))
     try:
