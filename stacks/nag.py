@@ -17,6 +17,7 @@ from constructs import IConstruct
 
 from cdk_constructs.nag import acknowledge, managed_policy_finding
 from stacks.cluster_stack import ClusterStack
+from stacks.common import partition
 from stacks.workload_stack import WorkloadStack
 
 NODE_ROLE_POLICIES = (
@@ -105,3 +106,12 @@ def acknowledge_workload_findings(workload: WorkloadStack) -> None:
         "Ray Train writes one file per rank and checkpoint under the run's prefix; the names are "
         "not known in advance, so the object wildcard is limited to the checkpoints/ prefix.",
     )
+    for location in workload.inputs:
+        for arn in location.object_arns(partition(workload.region)):
+            if arn.endswith("*"):
+                acknowledge(
+                    workload.role.node.find_child("DefaultPolicy"),
+                    f"AwsSolutions-IAM5[Resource::{arn}]",
+                    f"{location.setting} is a folder of files (text or token shards, or model "
+                    "files) read by name; read-only, limited to that prefix.",
+                )

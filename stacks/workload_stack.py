@@ -25,7 +25,7 @@ from config.names import SERVICE_ACCOUNT
 from config.settings import Settings
 from k8s.chart import build_workload_chart
 from stacks import code_asset
-from stacks.common import removal_policy
+from stacks.common import partition, removal_policy
 
 TRAINING_DIR = Path(__file__).resolve().parents[1] / "training"
 CHECKPOINT_PREFIX = "checkpoints"
@@ -53,6 +53,34 @@ def stage_training_code() -> Path:
     atexit.register(shutil.rmtree, stage, True)
     code_asset.stage(stage / "job")
     return stage
+
+
+@dataclass(frozen=True)
+class S3Input:
+    """An s3:// location the job only reads: `job.data` or `job.model` outside the checkpoint prefix."""
+
+    setting: str
+    bucket: str
+    prefix: str  # without a trailing "/"; "" for the whole bucket
+
+    def object_arns(self, partition: str) -> list[str]:
+        base = f"arn:{partition}:s3:::{self.bucket}"
+        if not self.prefix:
+            return [f"{base}/*"]
+        # The key itself too: pyarrow's GetFileInfo on a folder first HEADs the key without "/".
+        return [f"{base}/{self.prefix}", f"{base}/{self.prefix}/*"]
+
+
+def s3_inputs(settings: Settings) -> list[S3Input]:
+    """The job's read-only S3 inputs, from settings (the same values the RayJob passes as
+    --data and --model)."""
+    found = []
+    for field in ("data", "model"):
+        value = getattr(settings.job, field)
+        if value.startswith("s3://"):
+            bucket, _, prefix = value.removeprefix("s3://").partition("/")
+            found.append(S3Input(f"job.{field}", bucket, prefix.strip("/")))
+    return found
 
 
 def checkpoint_bucket_name(settings: Settings) -> str:
@@ -128,6 +156,28 @@ class WorkloadStack(cdk.Stack):
         self.role.add_to_policy(
             iam.PolicyStatement(actions=["s3:ListBucket"], resources=[self.bucket.bucket_arn])
         )
+        # job.data / job.model in S3: read only. GetObject on the prefix (and the key itself), and
+        # s3:ListBucket on the bucket without a prefix condition: pyarrow's GetFileInfo on a folder
+        # HEADs the key first and lists only after a 404, and S3 answers a missing key with 404
+        # only to callers that have s3:ListBucket on the bucket, 403 otherwise (S3 API reference,
+        # HeadObject/GetObject "Permissions"); that request carries no s3:prefix, so a
+        # prefix-conditioned grant would not count. The role can list the bucket's key names,
+        # read nothing outside the prefix, and write nothing there (tests/test_workload_iam.py).
+        # A bucket encrypted with a customer-managed KMS key also needs kms:Decrypt for this role
+        # in that key's policy.
+        self.inputs = s3_inputs(settings)
+        arn_partition = partition(settings.region)
+        for location in self.inputs:
+            self.role.add_to_policy(
+                iam.PolicyStatement(actions=["s3:GetObject"], resources=location.object_arns(arn_partition))
+            )
+        for bucket in sorted({location.bucket for location in self.inputs}):
+            self.role.add_to_policy(
+                iam.PolicyStatement(
+                    actions=["s3:ListBucket"],
+                    resources=[f"arn:{arn_partition}:s3:::{bucket}"],
+                )
+            )
         namespace = settings.workload.namespace
         self.association = eks_l1.CfnPodIdentityAssociation(
             self,

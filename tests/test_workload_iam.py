@@ -20,6 +20,10 @@ What moto 5.2's evaluator does not do, and how it is covered here (moto/iam/acce
   the resource "*" only. The KMS actions S3 needs on the caller's behalf are taken from botocore's
   S3 model (PutObject, GetObject, CreateMultipartUpload, UploadPart) and evaluated with moto's policy
   evaluator against the key's ARN; the key policy must delegate to IAM (account root), as CDK's does.
+- A missing key: S3 answers GetObject/HeadObject with 404 only to a caller with s3:ListBucket on
+  the bucket, 403 otherwise (S3 API reference, HeadObject; read from botocore's model); moto always
+  answers 404. pyarrow's GetFileInfo on a folder HEADs the key first and lists only after a 404, so
+  the difference decides whether a job can read a data folder: the test applies the rule.
 - Resource-based policies (the buckets' TLS-only deny) are not evaluated; test_workload_stack checks
   them. The requests here are plain HTTP to a local server.
 """
@@ -96,8 +100,10 @@ def _role_policy(template: dict[str, Any]) -> tuple[dict[str, Any], str, str]:
 class Aws:
     """moto server state for one environment: buckets, key, role credentials."""
 
-    def __init__(self, endpoint: str, settings: Any, template: dict[str, Any], code_key: str) -> None:
-        self.endpoint = endpoint
+    def __init__(
+        self, endpoint: str, settings: Any, template: dict[str, Any], code_key: str, role: str = "ray-pods"
+    ) -> None:
+        self.endpoint, self.role = endpoint, role
         self.bucket = template["Resources"][_role_policy(template)[1]]["Properties"]["BucketName"]
         self.code_bucket, self.code_key = code_key.split("/", 1)
         admin = {"region_name": REGION, "endpoint_url": endpoint}
@@ -137,9 +143,9 @@ class Aws:
                 }
             ],
         }
-        role = iam.create_role(RoleName="ray-pods", AssumeRolePolicyDocument=json.dumps(trust))["Role"]
+        role = iam.create_role(RoleName=self.role, AssumeRolePolicyDocument=json.dumps(trust))["Role"]
         iam.put_role_policy(
-            RoleName="ray-pods", PolicyName="synthesized", PolicyDocument=json.dumps(self.policy)
+            RoleName=self.role, PolicyName="synthesized", PolicyDocument=json.dumps(self.policy)
         )
         creds = boto3.client("sts", **admin, **admin_creds).assume_role(
             RoleArn=role["Arn"], RoleSessionName="eks-ray-pod"
@@ -167,8 +173,7 @@ class Aws:
         )
 
 
-@pytest.fixture(scope="module")
-def moto_endpoint() -> Iterator[str]:
+def _moto_server() -> Iterator[str]:
     port = _free_port()
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
@@ -176,6 +181,11 @@ def moto_endpoint() -> Iterator[str]:
         yield f"http://127.0.0.1:{port}"
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def moto_endpoint() -> Iterator[str]:
+    yield from _moto_server()
 
 
 @pytest.fixture
@@ -201,7 +211,20 @@ def enforced(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
             return
         authorize(self, bucket_name=bucket_name, key_name=key_name)
 
-    monkeypatch.setattr(s3_responses.S3Response, "_authenticate_and_authorize_s3_action", per_key)
+    # A missing key is 404 only to a caller with s3:ListBucket on the bucket (S3 API reference).
+    assert any("403" in s for s in _doc_sentences("s3", "HeadObject", "s3:ListBucket"))
+
+    def missing_key_rule(self: Any, bucket_name: str | None = None, key_name: str | None = None) -> None:
+        per_key(self, bucket_name=bucket_name, key_name=key_name)
+        action = self.data.get("Action")
+        if key_name and action == "GetObject" and self.backend.get_object(bucket_name, key_name) is None:
+            self.data["Action"] = "ListBucket"
+            try:
+                authorize(self, bucket_name=bucket_name)
+            finally:
+                self.data["Action"] = action
+
+    monkeypatch.setattr(s3_responses.S3Response, "_authenticate_and_authorize_s3_action", missing_key_rule)
     monkeypatch.setattr(moto.settings, "INITIAL_NO_AUTH_ACTION_COUNT", 0)
     monkeypatch.setattr(ActionAuthenticatorMixin, "request_count", 0)
     yield
@@ -305,3 +328,152 @@ def test_kms_actions_s3_needs_for_sse_kms_are_granted_on_the_key(aws: Aws, synth
         st["Effect"] == "Allow" and st["Action"] == "kms:*" and "root" in json.dumps(st["Principal"])
         for st in statements
     )
+
+
+# --- job.data (and job.model) in a bucket of their own: read-only ---
+
+DATA_BUCKET = "corpus-111122223333-us-west-2"
+DATA = f"s3://{DATA_BUCKET}/text/en"
+MODEL = f"s3://{DATA_BUCKET}/models/qwen"
+
+
+@pytest.fixture(scope="module")
+def data_aws(moto_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> Aws:
+    """dev with its text data and model in another bucket, synthesized (cdk-nag included) and
+    loaded into the same moto server; the data bucket holds the corpus, model files and a key
+    outside both prefixes."""
+    from config.loader import load_settings
+    from stacks.synth_all import synthesize
+
+    dev = load_settings("dev")
+    settings = dev.model_copy(
+        update={
+            "name": "dev-data",
+            "cluster": dev.cluster.model_copy(update={"name": "ray-train-dev-data"}),
+            "job": dev.job.model_copy(update={"data": DATA, "model": MODEL}),
+        }
+    )
+    out = tmp_path_factory.mktemp("cdk-out-data")
+    synthesize(settings, out)
+    template = json.loads((out / "dev-data" / f"{settings.stack_prefix}-Workload.template.json").read_text())
+    aws = Aws(moto_endpoint, settings, template, f"{DATA_BUCKET}-assets/code.zip", role="ray-pods-data")
+    s3 = boto3.client(
+        "s3",
+        region_name=REGION,
+        endpoint_url=moto_endpoint,
+        aws_access_key_id="AKIAADMIN0000000000",
+        aws_secret_access_key="x",
+    )
+    s3.create_bucket(Bucket=DATA_BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
+    s3.put_object(Bucket=DATA_BUCKET, Key="text/en/part-0.jsonl", Body=b'{"text": "hello"}\n')
+    s3.put_object(Bucket=DATA_BUCKET, Key="text/en/more/part-1.jsonl", Body=b'{"text": "world"}\n')
+    s3.put_object(Bucket=DATA_BUCKET, Key="models/qwen/config.json", Body=b"{}")
+    s3.put_object(Bucket=DATA_BUCKET, Key="private/other.jsonl", Body=b'{"text": "not the job\'s"}\n')
+    return aws
+
+
+@pytest.fixture
+def as_ray_pod(data_aws: Aws, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The role's credentials and the moto endpoint in the environment, where pyarrow's
+    FileSystem.from_uri (the training code's way in) and boto3 take them from."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", data_aws.endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", data_aws.creds["AccessKeyId"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", data_aws.creds["SecretAccessKey"])
+    monkeypatch.setenv("AWS_SESSION_TOKEN", data_aws.creds["SessionToken"])
+    monkeypatch.setenv("AWS_REGION", REGION)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+
+
+def test_data_and_model_buckets_get_read_only_grants(data_aws: Aws) -> None:
+    from stacks.workload_stack import S3Input
+
+    def listed(value: Any) -> list[str]:
+        return [value] if isinstance(value, str) else list(value)
+
+    # (action, resource) pairs on the data bucket (CDK merges statements with equal actions).
+    pairs = {
+        (action, resource)
+        for st in data_aws.policy["Statement"]
+        for action in listed(st["Action"])
+        for resource in listed(st["Resource"])
+        if f":::{DATA_BUCKET}" in resource
+    }
+    assert all("Condition" not in st and st["Effect"] == "Allow" for st in data_aws.policy["Statement"])
+    assert {a for a, _ in pairs} == {"s3:GetObject", "s3:ListBucket"}
+    assert {r for a, r in pairs if a == "s3:ListBucket"} == {f"arn:aws:s3:::{DATA_BUCKET}"}
+    resources = {r for a, r in pairs if a == "s3:GetObject"}
+    assert resources == {
+        *S3Input("job.data", DATA_BUCKET, "text/en").object_arns("aws"),
+        *S3Input("job.model", DATA_BUCKET, "models/qwen").object_arns("aws"),
+    }
+
+
+def test_job_reads_its_data_and_model_through_the_training_code(
+    data_aws: Aws, enforced: None, as_ray_pod: None, tmp_path: Any
+) -> None:
+    """The training code's own calls (pyarrow from the s3:// URI): the folder's files, the first
+    record's fields, sizes for the fingerprint, and the model prefix copied to a node."""
+    from training.model import fetch_s3_dir
+    from training.options import check_data_path, check_text_field
+    from training.prepare import list_inputs
+
+    files = check_data_path(DATA)
+    assert files == [f"{DATA}/more/part-1.jsonl", f"{DATA}/part-0.jsonl"]
+    check_text_field(files[0], "text")
+    assert [i["size"] for i in list_inputs(DATA)] == [18, 18]
+    fetch_s3_dir(MODEL, str(tmp_path / "model"))
+    assert (tmp_path / "model" / "config.json").read_bytes() == b"{}"
+
+
+def test_job_cannot_write_to_its_data_or_read_beside_it(data_aws: Aws, enforced: None) -> None:
+    fs = data_aws.pyarrow_fs()
+    with (
+        pytest.raises(OSError, match=DENIED),
+        fs.open_output_stream(f"{DATA_BUCKET}/text/en/new.jsonl") as out,
+    ):
+        out.write(b"x")
+    with pytest.raises(OSError, match=DENIED):
+        fs.delete_file(f"{DATA_BUCKET}/text/en/part-0.jsonl")
+    with pytest.raises(OSError, match=DENIED):
+        fs.open_input_file(f"{DATA_BUCKET}/private/other.jsonl").read()
+    with pytest.raises(OSError, match=DENIED):
+        fs.open_input_file(f"{DATA_BUCKET}/text/english.jsonl").read()  # shares the prefix's letters
+
+
+def test_missing_key_is_access_denied_without_list_bucket(data_aws: Aws, enforced: None) -> None:
+    """The 404/403 rule applied above is in force: a key under the prefix that does not exist is
+    404 with the role's s3:ListBucket (pyarrow then lists the folder) and 403 without it."""
+    fs = data_aws.pyarrow_fs()
+    assert fs.get_file_info(f"{DATA_BUCKET}/text/en").type == pafs.FileType.Directory
+    s3 = data_aws.boto3_s3()
+
+    def head_missing() -> str:
+        try:
+            s3.head_object(Bucket=DATA_BUCKET, Key="text/en/missing.jsonl")
+        except s3.exceptions.ClientError as exc:
+            return str(exc.response["Error"]["Code"])
+        return "200"
+
+    assert head_missing() == "404"
+    statements = [st for st in data_aws.policy["Statement"] if st["Action"] != "s3:ListBucket"]
+    admin = {"region_name": REGION, "endpoint_url": data_aws.endpoint,
+             "aws_access_key_id": "AKIAADMIN0000000000", "aws_secret_access_key": "x"}  # fmt: skip
+    iam = boto3.client("iam", **admin)
+
+    def put(policy: dict[str, Any]) -> None:  # as the admin: access control off for this call
+        import moto.settings
+
+        enforced_count = moto.settings.INITIAL_NO_AUTH_ACTION_COUNT
+        moto.settings.INITIAL_NO_AUTH_ACTION_COUNT = 10**9
+        try:
+            iam.put_role_policy(
+                RoleName=data_aws.role, PolicyName="synthesized", PolicyDocument=json.dumps(policy)
+            )
+        finally:
+            moto.settings.INITIAL_NO_AUTH_ACTION_COUNT = enforced_count
+
+    put({**data_aws.policy, "Statement": statements})
+    try:
+        assert head_missing() == "403"
+    finally:
+        put(data_aws.policy)
