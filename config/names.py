@@ -3,10 +3,12 @@
 The node groups (cdk_constructs), the Helm add-ons, the cdk8s chart (k8s), the stacks and the
 operator commands (raytrain) all refer to these: a node label the node group sets is the one the
 device plugins and the Ray pods select, the release the cluster stack installs is the Deployment
-`raytrain verify` looks for. A plain module, importing nothing, so every side can use it.
+`raytrain verify` looks for. A plain module (standard library only), so every side can use it.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 # --- Nodes ----------------------------------------------------------------------------------------
 
@@ -49,3 +51,57 @@ PART_OF_LABEL = "app.kubernetes.io/part-of"
 PART_OF = "ray-train"
 # The standing RayCluster's name (job.cluster: standing).
 STANDING_CLUSTER_NAME = "ray-train"
+
+# --- The pipeline's in-VPC verification -----------------------------------------------------------
+
+
+def arn_partition(region: str) -> str:
+    """The ARN partition of a region (ARNs built from settings, across accounts)."""
+    if region.startswith("cn-"):
+        return "aws-cn"
+    if region.startswith("us-gov-"):
+        return "aws-us-gov"
+    return "aws"
+
+
+@dataclass(frozen=True)
+class VerifyBuild:
+    """The in-VPC verification of one environment: what its PipelineAccess stack creates
+    (stacks/pipeline/access.py) and what the pipeline's step in another account drives
+    (`raytrain pipeline-verify`). Physical names, so neither side needs the other's outputs."""
+
+    account: str
+    region: str
+    stack_prefix: str
+
+    # The checkout is uploaded to one key of a versioned bucket; the build names the version.
+    SOURCE_KEY = "source/checkout.zip"
+
+    @property
+    def partition(self) -> str:
+        return arn_partition(self.region)
+
+    @property
+    def project(self) -> str:
+        return f"{self.stack_prefix}-verify"
+
+    @property
+    def project_arn(self) -> str:
+        return f"arn:{self.partition}:codebuild:{self.region}:{self.account}:project/{self.project}"
+
+    @property
+    def log_group(self) -> str:
+        return f"/aws/codebuild/{self.project}"
+
+    @property
+    def bucket(self) -> str:
+        # At most 62 characters: a stack prefix of 29 (RayTrain- and a 20-character environment).
+        return f"{self.stack_prefix}-vsrc-{self.account}-{self.region}".lower()
+
+    @property
+    def starter_role(self) -> str:
+        return f"{self.stack_prefix}-pipeline-verify-starter"
+
+    @property
+    def starter_role_arn(self) -> str:
+        return f"arn:{self.partition}:iam::{self.account}:role/{self.starter_role}"

@@ -18,6 +18,7 @@ COMMAND_MODULES: list[str] = [
     "raytrain.job",
     "raytrain.cost",
     "raytrain.plan",
+    "raytrain.pipeline_verify",
 ]
 
 

@@ -47,6 +47,14 @@ def kubectl_layer(scope: Construct, version: str) -> Any:
     return layer_class(scope, "KubectlLayer")
 
 
+def control_plane_security_group_export(settings: Settings) -> str:
+    """Export name of the control plane's security group: the pipeline's PipelineAccess stack adds
+    its in-VPC build's HTTPS rule to it. Exported by name in the standalone app as well, so a
+    manual deploy and the pipeline write the same Cluster stack (and neither removes the export
+    the other's stack imports)."""
+    return f"{settings.stack_prefix}-ControlPlaneSecurityGroupId"
+
+
 class ClusterStack(cdk.Stack):
     def __init__(
         self,
@@ -207,6 +215,19 @@ class ClusterStack(cdk.Stack):
 
         self._observability(settings, pod_identity)
 
+        # The security group CDK creates for the cluster (eks_v2 `ControlPlaneSecurityGroup`), which
+        # EKS attaches to the control plane's network interfaces only (ResourcesVpcConfig
+        # SecurityGroupIds), not to nodes: the API server's HTTPS rules go here.
+        self.control_plane_security_group = cast(
+            "ec2.SecurityGroup", self.cluster.node.find_child("ControlPlaneSecurityGroup")
+        )
+        cdk.CfnOutput(
+            self,
+            "ControlPlaneSecurityGroupId",
+            value=self.control_plane_security_group.security_group_id,
+            export_name=control_plane_security_group_export(settings),
+            description="Security group of the EKS control plane's network interfaces",
+        )
         cdk.CfnOutput(
             self,
             "UpdateKubeconfig",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import aws_cdk as cdk
 from aws_cdk import aws_logs as logs
 
+from config.names import arn_partition
 from config.settings import RemovalPolicy, Settings
 
 
@@ -17,11 +18,7 @@ def removal_policy(settings: Settings) -> cdk.RemovalPolicy:
 
 def partition(region: str) -> str:
     """The ARN partition of a region (ARNs are built from settings, across accounts)."""
-    if region.startswith("cn-"):
-        return "aws-cn"
-    if region.startswith("us-gov-"):
-        return "aws-us-gov"
-    return "aws"
+    return arn_partition(region)
 
 
 def log_retention(days: int) -> logs.RetentionDays:

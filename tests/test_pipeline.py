@@ -72,29 +72,69 @@ def test_dev_deploys_without_approval(synthesized):
 
 
 @pytest.mark.parametrize("env", ["dev", "prod"])
-def test_verify_runs_after_the_stage_with_the_environment_role(synthesized, env):
+def test_verify_step_starts_the_in_vpc_build_and_runs_no_kubectl_itself(synthesized, env):
+    """The pipeline's step (pipeline account, no VPC) only drives the environment's in-VPC build."""
     actions = _stage(synthesized, f"Deploy-{env}")
     order = _by_order(actions)
     verify = next(a for a in actions if a["Name"] == f"Verify-{env}")
     assert order[f"Verify-{env}"] == max(order.values())
-    spec = json.loads(_buildspec(synthesized, verify))
+    commands = json.loads(_buildspec(synthesized, verify))["phases"]["build"]["commands"]
+    assert commands == [f".venv/bin/raytrain pipeline-verify --env {env} --source ."]
+    t = synthesized[HOST].template("Pipeline")
+    project = t["Resources"][verify["Configuration"]["ProjectName"]["Ref"]]["Properties"]
+    assert "VpcConfig" not in project
+    text = json.dumps(project)
+    assert "kubectl" not in text and "update-kubeconfig" not in text
+
+
+def test_steps_role_may_assume_only_the_starter_roles(synthesized):
+    t = synthesized[HOST].template("Pipeline")
+    name = f"RayTrain-{HOST}-pipeline-steps"
+    (role_id,) = [
+        k for k, r in t["Resources"].items()
+        if r["Type"] == "AWS::IAM::Role" and r["Properties"].get("RoleName") == name
+    ]  # fmt: skip
+    assumed = [
+        arn
+        for r in t["Resources"].values()
+        if r["Type"] == "AWS::IAM::Policy" and {"Ref": role_id} in r["Properties"]["Roles"]
+        for st in r["Properties"]["PolicyDocument"]["Statement"]
+        if st["Action"] == "sts:AssumeRole"
+        for arn in ([st["Resource"]] if isinstance(st["Resource"], str) else st["Resource"])
+    ]
+    envs = synthesized[HOST].settings.pipeline.environments
+    assert sorted(assumed) == sorted(synthesized[e].settings.verify_build.starter_role_arn for e in envs)
+
+
+@pytest.mark.parametrize("env", ["dev", "prod"])
+def test_in_vpc_build_runs_the_checks_with_the_environment_settings(synthesized, env):
+    access = _stage_templates(synthesized, env)[f"RayTrain-{env}-PipelineAccess"]
+    spec = json.loads(_project(access)["Source"]["BuildSpec"])
+    assert spec["phases"]["install"]["commands"] == ["make setup-cdk"]
     commands = spec["phases"]["build"]["commands"]
     s = synthesized[env].settings
-    role = f"arn:aws:iam::{s.account}:role/RayTrain-{env}-pipeline-verify"
-    assert f"aws configure set profile.target.role_arn {role}" in commands
-    assert f"aws eks update-kubeconfig --region {s.region} --name {s.cluster.name}" in commands
-    assert f".venv/bin/raytrain verify --env {env}" in commands
+    assert commands[:2] == [
+        f"aws eks update-kubeconfig --region {s.region} --name {s.cluster.name}",
+        f".venv/bin/raytrain verify --env {env}",
+    ]
+    # No role to assume: the build's own role has the access entry.
+    assert not [c for c in commands if "profile" in c or "role_arn" in c]
     smoke = any("rayjob" in c for c in commands)
     assert smoke == (env in synthesized[HOST].settings.pipeline.smoke_job)
 
 
+def _project(access: dict) -> dict:
+    (project,) = [r for r in access["Resources"].values() if r["Type"] == "AWS::CodeBuild::Project"]
+    return dict(project["Properties"])
+
+
 def test_smoke_waits_for_the_rayjob_this_deploy_applied(synthesized):
-    """The RayJob's name hashes its spec and code; the smoke step must name the one the stage's
+    """The RayJob's name hashes its spec and code; the in-VPC build must name the one the stage's
     Workload stack applies."""
-    verify = next(a for a in _stage(synthesized, "Deploy-dev") if a["Name"] == "Verify-dev")
-    commands = json.loads(_buildspec(synthesized, verify))["phases"]["build"]["commands"]
-    (script,) = [c for c in commands if "get rayjob" in c]
-    workload = _stage_templates(synthesized, "dev")["RayTrain-dev-Workload"]
+    templates = _stage_templates(synthesized, "dev")
+    commands = json.loads(_project(templates["RayTrain-dev-PipelineAccess"])["Source"]["BuildSpec"])
+    (script,) = [c for c in commands["phases"]["build"]["commands"] if "get rayjob" in c]
+    workload = templates["RayTrain-dev-Workload"]
     manifests = [
         r["Properties"]["Manifest"]
         for r in workload["Resources"].values()
@@ -150,19 +190,168 @@ def _path_neutral(resource: dict) -> str:
     return re.sub(r"\(RayTrain-[a-z0-9-]+-Pipeline/Deploy-[a-z0-9-]+/", "(", text)
 
 
-def test_pipeline_access_gives_the_steps_role_read_only_cluster_access(synthesized):
+def _by_type(template: dict, kind: str) -> dict[str, dict]:
+    return {k: r for k, r in template["Resources"].items() if r["Type"] == kind}
+
+
+@pytest.mark.parametrize("env", ["dev", "prod"])
+def test_verify_project_runs_in_the_private_subnets_with_its_own_group(synthesized, env):
+    stage = _stage_templates(synthesized, env)
+    access = stage[f"RayTrain-{env}-PipelineAccess"]
+    network = stage[f"RayTrain-{env}-Network"]
+    vpc = _project(access)["VpcConfig"]
+    private = {
+        k for k, r in _by_type(network, "AWS::EC2::Subnet").items()
+        if {"Key": "aws-cdk:subnet-type", "Value": "Private"} in r["Properties"]["Tags"]
+    }  # fmt: skip
+    assert len(private) == len(synthesized[env].settings.vpc.availability_zones)
+    imported = {json.dumps(i) for i in vpc["Subnets"]}
+    assert all(any(f"Ref{k}" in i for k in private) for i in imported), imported
+    assert len(imported) == len(private)
+    assert "RefVpc" in json.dumps(vpc["VpcId"])
+    (sg_id,) = _by_type(access, "AWS::EC2::SecurityGroup")
+    assert vpc["SecurityGroupIds"] == [{"Fn::GetAtt": [sg_id, "GroupId"]}]
+    egress = _by_type(access, "AWS::EC2::SecurityGroup")[sg_id]["Properties"]["SecurityGroupEgress"]
+    assert [(e["IpProtocol"], e["FromPort"], e["ToPort"]) for e in egress] == [("tcp", 443, 443)]
+
+
+@pytest.mark.parametrize("env", ["dev", "prod"])
+def test_cluster_security_group_admits_the_verify_build_on_443(synthesized, env):
+    stage = _stage_templates(synthesized, env)
+    access = stage[f"RayTrain-{env}-PipelineAccess"]
+    cluster = stage[f"RayTrain-{env}-Cluster"]
+    (sg_id,) = _by_type(access, "AWS::EC2::SecurityGroup")
+    (rule,) = _by_type(access, "AWS::EC2::SecurityGroupIngress").values()
+    p = rule["Properties"]
+    assert (p["IpProtocol"], p["FromPort"], p["ToPort"]) == ("tcp", 443, 443)
+    assert p["SourceSecurityGroupId"] == {"Fn::GetAtt": [sg_id, "GroupId"]}
+    # The group it adds to is the one on the control plane's interfaces, exported by name.
+    (export,) = [
+        o
+        for o in cluster["Outputs"].values()
+        if o.get("Export", {}).get("Name") == p["GroupId"]["Fn::ImportValue"]
+    ]
+    (eks,) = _by_type(cluster, "AWS::EKS::Cluster").values()
+    assert eks["Properties"]["ResourcesVpcConfig"]["SecurityGroupIds"] == [export["Value"]]
+    # The project is created after the rule and its access entry (its first build can connect).
+    (project,) = _by_type(access, "AWS::CodeBuild::Project").values()
+    (rule_id,) = _by_type(access, "AWS::EC2::SecurityGroupIngress")
+    (entry_id,) = _by_type(access, "AWS::EKS::AccessEntry")
+    assert {rule_id, entry_id} <= set(project["DependsOn"])
+
+
+def test_verify_build_role_has_read_only_cluster_access(synthesized):
     access = _stage_templates(synthesized, "dev")["RayTrain-dev-PipelineAccess"]
-    resources = access["Resources"]
-    (role,) = [r for r in resources.values() if r["Type"] == "AWS::IAM::Role"]
-    (entry,) = [r for r in resources.values() if r["Type"] == "AWS::EKS::AccessEntry"]
-    assert role["Properties"]["RoleName"] == "RayTrain-dev-pipeline-verify"
-    principal = role["Properties"]["AssumeRolePolicyDocument"]["Statement"][0]["Principal"]["AWS"]
-    host = synthesized[HOST].settings
-    assert principal == f"arn:aws:iam::{host.account}:role/RayTrain-{HOST}-pipeline-steps"
+    (project,) = _by_type(access, "AWS::CodeBuild::Project").values()
+    role_id = project["Properties"]["ServiceRole"]["Fn::GetAtt"][0]
+    (entry,) = _by_type(access, "AWS::EKS::AccessEntry").values()
+    assert entry["Properties"]["PrincipalArn"] == {"Fn::GetAtt": [role_id, "Arn"]}
     assert entry["Properties"]["ClusterName"] == synthesized["dev"].settings.cluster.name
     (policy,) = entry["Properties"]["AccessPolicies"]
     assert policy["AccessScope"] == {"Type": "cluster"}
     assert "AmazonEKSAdminViewPolicy" in json.dumps(policy["PolicyArn"])
+
+
+def test_starter_role_is_scoped_to_the_one_project_object_and_log_group(synthesized):
+    access = _stage_templates(synthesized, "dev")["RayTrain-dev-PipelineAccess"]
+    names = synthesized["dev"].settings.verify_build
+    roles = {
+        k: r
+        for k, r in _by_type(access, "AWS::IAM::Role").items()
+        if r["Properties"].get("RoleName") == names.starter_role
+    }
+    ((role_id, role),) = roles.items()
+    principal = role["Properties"]["AssumeRolePolicyDocument"]["Statement"][0]["Principal"]["AWS"]
+    host = synthesized[HOST].settings
+    assert principal == f"arn:aws:iam::{host.account}:role/RayTrain-{HOST}-pipeline-steps"
+    (doc,) = [
+        r["Properties"]["PolicyDocument"] for r in _by_type(access, "AWS::IAM::Policy").values()
+        if {"Ref": role_id} in r["Properties"]["Roles"]
+    ]  # fmt: skip
+    grants = {json.dumps(st["Action"]): st["Resource"] for st in doc["Statement"] if st["Effect"] == "Allow"}
+    (project_id,) = _by_type(access, "AWS::CodeBuild::Project")
+    (bucket_id,) = [
+        k
+        for k, r in _by_type(access, "AWS::S3::Bucket").items()
+        if r["Properties"].get("BucketName") == names.bucket
+    ]
+    (key_id,) = [k for k in _by_type(access, "AWS::KMS::Key") if k.startswith("SourceKey")]
+    assert grants == {
+        '"s3:PutObject"': {"Fn::Join": ["", [{"Fn::GetAtt": [bucket_id, "Arn"]}, f"/{names.SOURCE_KEY}"]]},
+        '"kms:GenerateDataKey"': {"Fn::GetAtt": [key_id, "Arn"]},
+        '["codebuild:BatchGetBuilds", "codebuild:StartBuild", "codebuild:StopBuild"]': {
+            "Fn::GetAtt": [project_id, "Arn"]
+        },
+        '"logs:GetLogEvents"': (
+            f"arn:aws:logs:us-west-2:111122223333:log-group:{names.log_group}:log-stream:*"
+        ),
+    }
+    # The project reads that object, by the name the driver uses.
+    source = _project(access)["Source"]
+    assert source["Type"] == "S3"
+    assert source["Location"] == {"Fn::Join": ["", [{"Ref": bucket_id}, f"/{names.SOURCE_KEY}"]]}
+    bucket = _by_type(access, "AWS::S3::Bucket")[bucket_id]["Properties"]
+    assert bucket["VersioningConfiguration"] == {"Status": "Enabled"}
+
+
+@pytest.mark.parametrize("access", ["private", "public_and_private"])
+def test_every_endpoint_mode_lets_the_in_vpc_build_reach_the_private_endpoint(access):
+    """Private access is on in both modes the settings allow (no public-only mode exists), so the
+    build reaches the API server from the VPC and public_access_cidrs need not list the pipeline."""
+    from config.settings import EndpointAccess
+
+    assert {m.value for m in EndpointAccess} == {"private", "public_and_private"}
+    cidrs = "" if access == "private" else "\n  public_access_cidrs: [198.51.100.0/24]"
+    text = PIPELINE_BASE.replace("endpoint_access: private", f"endpoint_access: {access}{cidrs}").split(
+        "pipeline:"
+    )[0]
+    settings = parse_settings(text, name="x", source="x.yaml")
+    assert settings.cluster.endpoint_access.value == access
+
+
+def test_public_only_endpoint_is_refused_naming_the_field():
+    text = PIPELINE_BASE.replace("endpoint_access: private", "endpoint_access: public").split("pipeline:")[0]
+    with pytest.raises(SettingsError, match=r"cluster\.endpoint_access"):
+        parse_settings(text, name="x", source="x.yaml")
+
+
+@pytest.mark.parametrize("env", ["dev", "prod"])
+def test_cluster_endpoint_has_private_access(synthesized, env):
+    (eks,) = _by_type(synthesized[env].template("Cluster"), "AWS::EKS::Cluster").values()
+    assert eks["Properties"]["ResourcesVpcConfig"]["EndpointPrivateAccess"] is True
+
+
+def test_cdk_nag_gates_the_pipeline_access_stack(tmp_path):
+    """The pipeline builds its stages itself (no validation plugin runs on them there), so the
+    stage is synthesized alone here, with the AwsSolutions pack: its acknowledgements cover every
+    finding, and a new one fails."""
+    from aws_cdk import aws_sqs as sqs
+
+    from config.loader import load_settings
+    from stacks.environment import new_app
+    from stacks.pipeline.stage import EnvironmentStage
+
+    settings = load_settings("dev")
+    app = new_app(settings, outdir=str(tmp_path / "ok"))
+    EnvironmentStage(
+        app,
+        "Deploy-dev",
+        settings=settings,
+        pipeline_principal="arn:aws:iam::111122223333:role/p",
+        smoke=True,
+    )
+    app.synth()
+    app = new_app(settings, outdir=str(tmp_path / "bad"))
+    stage = EnvironmentStage(
+        app,
+        "Deploy-dev",
+        settings=settings,
+        pipeline_principal="arn:aws:iam::111122223333:role/p",
+        smoke=True,
+    )
+    sqs.Queue(stage.access, "UnencryptedQueueWithoutDlq")
+    with pytest.raises(RuntimeError, match="AwsSolutions-SQS4"):
+        app.synth()
 
 
 def test_standalone_environments_have_no_pipeline(synthesized):

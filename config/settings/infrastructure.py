@@ -61,6 +61,10 @@ ChartVersion = Annotated[str, AfterValidator(_chart_version)]
 
 
 class EndpointAccess(StrEnum):
+    # Both keep the private endpoint on: requests from inside the VPC (nodes, the pipeline's
+    # in-VPC verification build) use it (EKS API reference, VpcConfigRequest endpointPrivateAccess).
+    # No public-only mode: the pipeline's build would then leave through the NAT and need the NAT's
+    # addresses in public_access_cidrs.
     PRIVATE = "private"
     PUBLIC_AND_PRIVATE = "public_and_private"
 
@@ -125,7 +129,8 @@ class ClusterSettings(SettingsModel):
         if self.endpoint_access is EndpointAccess.PUBLIC_AND_PRIVATE and not self.public_access_cidrs:
             raise ValueError(
                 "public_access_cidrs is required when endpoint_access is 'public_and_private' "
-                "(list the CIDRs of your operators or pipeline; use 'private' to close it)"
+                "(list your operators' CIDRs; the pipeline verifies from inside the VPC; "
+                "use 'private' to close it)"
             )
         return self
 

@@ -8,6 +8,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from config.catalogue import CATALOGUE
 from config.memory import fit_problem
+from config.names import VerifyBuild
 from config.settings.base import AZ_RE, FieldError, SettingsModel
 from config.settings.infrastructure import (
     AddonSettings,
@@ -203,3 +204,8 @@ class Settings(SettingsModel):
     @property
     def stack_prefix(self) -> str:
         return f"RayTrain-{self.name}"
+
+    @property
+    def verify_build(self) -> VerifyBuild:
+        """The pipeline's in-VPC verification of this environment (names both sides use)."""
+        return VerifyBuild(account=self.account, region=self.region, stack_prefix=self.stack_prefix)

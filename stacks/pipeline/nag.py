@@ -6,6 +6,7 @@ from __future__ import annotations
 import aws_cdk as cdk
 from aws_cdk import aws_codebuild as codebuild
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
 from aws_cdk import pipelines
 from constructs import IConstruct
@@ -132,3 +133,51 @@ def find(scope: IConstruct, path: str) -> IConstruct:
     for part in path.split("/"):
         node = node.node.find_child(part)
     return node
+
+
+def acknowledge_access_findings(stack: cdk.Stack, *, project: codebuild.Project, starter: iam.Policy) -> None:
+    """The PipelineAccess stack's findings: CDK's CodeBuild grants to the in-VPC project's role
+    (its S3 source, its encryption key, its logs and reports, its VPC network interfaces), and the
+    log streams the starter role reads."""
+    logical = stack.get_logical_id(project.node.default_child)  # type: ignore[arg-type]
+    prefix = f"arn:{partition(stack.region)}"
+    role_policy = project.role.node.find_child("DefaultPolicy")  # type: ignore[union-attr]
+    for action in ("s3:GetBucket*", "s3:GetObject*", "s3:List*"):
+        acknowledge(
+            role_policy,
+            f"AwsSolutions-IAM5[Action::{action}]",
+            "CodeBuild's S3 source grants read of the source bucket (Source.s3 -> bucket.grantRead): "
+            "that bucket holds only the pipeline's checkouts for this project.",
+        )
+    for action in ("kms:GenerateDataKey*", "kms:ReEncrypt*"):
+        acknowledge(
+            role_policy,
+            f"AwsSolutions-IAM5[Action::{action}]",
+            "The project's encryption key (the source bucket's key): CodeBuild encrypts its build "
+            "output and reads the source with it; the grant names that one key.",
+        )
+    for finding in (
+        f"{prefix}:logs:{stack.region}:{stack.account}:log-group:/aws/codebuild/<{logical}>:*",
+        f"{prefix}:codebuild:{stack.region}:{stack.account}:report-group/<{logical}>-*",
+    ):
+        acknowledge(role_policy, f"AwsSolutions-IAM5[Resource::{finding}]", _CODEBUILD_LOGS)
+    vpc_reason = (
+        "A VPC build: CodeBuild creates and deletes the build's network interface with the "
+        "project's role (ec2:Describe* have no resource level; CreateNetworkInterfacePermission is "
+        "conditioned on this project's subnets and the CodeBuild service). CDK writes these grants."
+    )
+    acknowledge(
+        role_policy,
+        "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:ec2:<AWS::Region>:<AWS::AccountId>:network-interface/*]",
+        vpc_reason,
+    )
+    acknowledge(project.node.find_child("PolicyDocument"), "AwsSolutions-IAM5[Resource::*]", vpc_reason)
+    names = [c for c in stack.node.find_all() if isinstance(c, logs.LogGroup)]
+    for group in names:
+        name = group.node.default_child.log_group_name  # type: ignore[union-attr]
+        acknowledge(
+            starter,
+            f"AwsSolutions-IAM5[Resource::{prefix}:logs:{stack.region}:{stack.account}:log-group:{name}:log-stream:*]",
+            "The pipeline's step prints the build's log: one stream per build, named after the build "
+            "ID, in this project's log group only.",
+        )

@@ -17,14 +17,17 @@ from cdk_constructs.buckets import kms_bucket_with_access_logs
 from config.loader import load_settings
 from config.settings import PipelineSettings, Settings
 from stacks.common import partition, removal_policy
-from stacks.pipeline.access import pipeline_verify_role_name, verify_role_arn
+from stacks.pipeline.access import pipeline_verify_role_name
 from stacks.pipeline.nag import acknowledge_pipeline_findings, find
 from stacks.pipeline.stage import EnvironmentStage
-from stacks.pipeline.steps import check_smoke_environment, step_timeout, verify_commands
-
-BUILD_IMAGE = codebuild.LinuxBuildImage.STANDARD_7_0
-# Runtimes the Makefile needs (pyproject: Python 3.11-3.12; ENVIRONMENT: Node 20 for the CDK CLI).
-RUNTIME_VERSIONS = {"python": "3.11", "nodejs": "20"}
+from stacks.pipeline.steps import (
+    BUILD_IMAGE,
+    RUNTIME_VERSIONS,
+    SETUP_COMMANDS,
+    check_smoke_environment,
+    start_commands,
+    start_timeout,
+)
 
 
 def _source(scope: Construct, p: PipelineSettings) -> pipelines.CodePipelineSource:
@@ -77,7 +80,7 @@ class PipelineStack(cdk.Stack):
             "StepsRole",
             role_name=pipeline_verify_role_name(settings),
             assumed_by=iam.ServicePrincipal("codebuild.amazonaws.com"),
-            description="Pipeline post-deploy checks: assumes each environment's verify role",
+            description="Pipeline post-deploy checks: assumes each environment's verification starter role",
         )
         self.pipeline = pipelines.CodePipeline(
             self,
@@ -106,7 +109,7 @@ class PipelineStack(cdk.Stack):
             if smoke:
                 check_smoke_environment(env_settings)
             stage = EnvironmentStage(
-                self, f"Deploy-{name}", settings=env_settings, pipeline_principal=principal
+                self, f"Deploy-{name}", settings=env_settings, pipeline_principal=principal, smoke=smoke
             )
             self.stages[name] = stage
             approve = name in p.manual_approval
@@ -132,19 +135,18 @@ class PipelineStack(cdk.Stack):
             self.steps_role.add_to_policy(
                 iam.PolicyStatement(
                     actions=["sts:AssumeRole"],
-                    resources=[verify_role_arn(env_settings)],
+                    resources=[env_settings.verify_build.starter_role_arn],
                 )
             )
+            # Outside any VPC: it only calls AWS APIs (S3, CodeBuild, CloudWatch Logs) as the
+            # environment's starter role; the checks themselves run in the environment's VPC.
             verify = pipelines.CodeBuildStep(
                 f"Verify-{name}",
                 input=source,
-                install_commands=["make setup-cdk"],
-                commands=verify_commands(
-                    env_settings,
-                    smoke_code_hash=stage.stacks.workload.review.code_hash if smoke else None,
-                ),
+                install_commands=SETUP_COMMANDS,
+                commands=start_commands(env_settings),
                 role=self.steps_role,
-                timeout=step_timeout(env_settings, smoke=smoke),
+                timeout=start_timeout(env_settings, smoke=smoke),
             )
             self.pipeline.add_stage(stage, pre=pre, post=[verify], stack_steps=stack_steps)
         # Build now (not lazily at synthesis) so the generated roles exist to be acknowledged.

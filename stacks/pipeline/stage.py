@@ -11,6 +11,7 @@ from config.settings import Settings
 from stacks.environment import build_environment
 from stacks.pipeline.access import PipelineAccessStack
 from stacks.pipeline.logical_ids import restore_standalone_logical_ids
+from stacks.pipeline.steps import verify_commands
 
 
 class EnvironmentStage(cdk.Stage):
@@ -19,7 +20,13 @@ class EnvironmentStage(cdk.Stage):
     PipelineAccess stack."""
 
     def __init__(
-        self, scope: Construct, construct_id: str, *, settings: Settings, pipeline_principal: str
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        settings: Settings,
+        pipeline_principal: str,
+        smoke: bool,
     ) -> None:
         super().__init__(
             scope, construct_id, env=cdk.Environment(account=settings.account, region=settings.region)
@@ -32,10 +39,17 @@ class EnvironmentStage(cdk.Stage):
             f"{settings.stack_prefix}-PipelineAccess",
             stack_name=f"{settings.stack_prefix}-PipelineAccess",
             settings=self.settings,
+            vpc=self.stacks.network.vpc,
             pipeline_principal=pipeline_principal,
+            # The smoke wait names the RayJob this stage's Workload stack applies.
+            verify_commands=verify_commands(
+                self.settings,
+                smoke_code_hash=self.stacks.workload.review.code_hash if smoke else None,
+            ),
+            smoke=smoke,
             env=cdk.Environment(account=settings.account, region=settings.region),
             termination_protection=settings.termination_protection,
-            description=f"Ray Train on EKS ({settings.name}): pipeline verification access",
+            description=f"Ray Train on EKS ({settings.name}): the pipeline's in-VPC verification",
         )
         self.access.add_stack_dependency(self.stacks.cluster)
         cdk.Aspects.of(self).add(

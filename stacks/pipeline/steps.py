@@ -1,29 +1,32 @@
-"""Shell commands of the pipeline's CodeBuild steps: post-deploy verification and the smoke job."""
+"""Commands of the pipeline's post-deploy verification: the in-VPC build's (verification and the
+smoke job, run by the environment's PipelineAccess stack's CodeBuild project) and the pipeline step's
+(which starts that build from the pipeline's account and follows it)."""
 
 from __future__ import annotations
 
 import shlex
 
 import aws_cdk as cdk
+from aws_cdk import aws_codebuild as codebuild
 
 from config.names import SERVICE_ACCOUNT
 from config.settings import Settings, Transport
 from k8s.chart import rayjob_name
-from stacks.pipeline.access import verify_role_arn
 
 SMOKE_POLL_SECONDS = 30
+BUILD_IMAGE = codebuild.LinuxBuildImage.STANDARD_7_0
+# Runtimes the Makefile needs (pyproject: Python 3.11-3.12; ENVIRONMENT: Node 20 for the CDK CLI).
+RUNTIME_VERSIONS = {"python": "3.11", "nodejs": "20"}
+# The checkout's own setup (the README's), in both builds: the CDK side only, no torch or Ray.
+SETUP_COMMANDS = ["make setup-cdk"]
 
 
 def verify_commands(settings: Settings, *, smoke_code_hash: str | None = None) -> list[str]:
-    """Shell commands of the post-deploy step of one environment (CodeBuild, source checkout).
+    """Build commands of the in-VPC verification of one environment (its PipelineAccess stack's
+    CodeBuild project, source: the pipeline's checkout). The build's own role has the read-only
+    EKS access entry, and inside the VPC the endpoint's name resolves to its private addresses.
     With `smoke_code_hash` (the training code's asset hash), also wait for the deployed RayJob."""
-    role_arn = verify_role_arn(settings)
     commands = [
-        # A profile that assumes the environment's verify role from CodeBuild's own credentials;
-        # kubectl's exec plugin and the kubernetes client inherit AWS_PROFILE.
-        f"aws configure set profile.target.role_arn {role_arn}",
-        "aws configure set profile.target.credential_source EcsContainer",
-        "export AWS_PROFILE=target",
         f"aws eks update-kubeconfig --region {settings.region} --name {settings.cluster.name}",
         f".venv/bin/raytrain verify --env {settings.name}",
     ]
@@ -58,6 +61,12 @@ def smoke_commands(settings: Settings, *, code_hash: str) -> list[str]:
     ]
 
 
+def start_commands(settings: Settings) -> list[str]:
+    """The pipeline step's commands (in the pipeline's account, outside any VPC): upload the
+    checkout, start the environment's in-VPC build, follow its log, fail unless it succeeded."""
+    return [f".venv/bin/raytrain pipeline-verify --env {settings.name} --source ."]
+
+
 def check_smoke_environment(settings: Settings) -> None:
     """The smoke step proves EFA only where the job expects EFA between nodes."""
     if settings.job.transport(settings.gpu_nodes.efa) is not Transport.EFA:
@@ -68,9 +77,22 @@ def check_smoke_environment(settings: Settings) -> None:
         )
 
 
+# The longest build CodeBuild allows (8 hours; the pipeline step is a build too).
+MAX_BUILD_MINUTES = 480
+# The pipeline step outlives the build it follows: its own setup, the upload, the build's queue.
+START_MARGIN_MINUTES = 30
+QUEUE_MINUTES = 20
+
+
 def step_timeout(settings: Settings, *, smoke: bool) -> cdk.Duration:
+    """The in-VPC build's time limit; the pipeline step that waits for it gets `start_timeout`."""
     if not smoke:
         return cdk.Duration.minutes(30)
     attempts = settings.job.backoff_limit + 1
     minutes = settings.job.active_deadline_seconds * attempts // 60 + 30
-    return cdk.Duration.minutes(min(minutes, 480))  # CodeBuild's limit
+    return cdk.Duration.minutes(min(minutes, MAX_BUILD_MINUTES - START_MARGIN_MINUTES))
+
+
+def start_timeout(settings: Settings, *, smoke: bool) -> cdk.Duration:
+    build = step_timeout(settings, smoke=smoke).to_minutes()
+    return cdk.Duration.minutes(build + START_MARGIN_MINUTES)
