@@ -1,1 +1,2 @@
-"""`raytrain`: the operator command (capacity, verify, review, job, plan, cost; see `raytrain --help`)."""
+"""`raytrain`: the operator command (capacity, verify, review, job, plan, cost, pipeline-verify;
+see `raytrain --help`)."""

@@ -46,6 +46,8 @@ EXCLUDED_DIRS = frozenset(
     }
 )
 DONE = {"SUCCEEDED", "FAILED", "FAULT", "TIMED_OUT", "STOPPED"}
+# The longest session a chained AssumeRole may ask for.
+ROLE_CHAINING_SECONDS = 3600
 
 
 class VerifyError(Exception):
@@ -79,28 +81,48 @@ def _code(exc: Exception) -> str:
 
 
 def starter_session(settings: Any, base: Any) -> Any:
-    """A boto3 session as the environment's starter role, from the step's own credentials."""
+    """A boto3 session as the environment's starter role, from the step's own credentials.
+
+    The step's credentials are themselves a role session (CodeBuild's), so this is role chaining,
+    which IAM limits to one hour per session (IAM user guide, "Role chaining"), while a smoke build
+    runs for hours: the credentials are refreshable, assumed again before they expire."""
     import boto3
     import botocore.exceptions as bce
+    import botocore.session
+    from botocore.credentials import RefreshableCredentials
 
     names = settings.verify_build
-    try:
-        creds = base.client("sts", region_name=settings.region).assume_role(
-            RoleArn=names.starter_role_arn, RoleSessionName=f"pipeline-verify-{settings.name}"
-        )["Credentials"]
-    except bce.NoCredentialsError:
-        raise VerifyError("no AWS credentials: run this in the pipeline's step (or with a profile)") from None
-    except bce.ClientError as exc:
-        raise VerifyError(
-            f"cannot assume {names.starter_role_arn} ({_code(exc)}): is the stage's "
-            f"{settings.stack_prefix}-PipelineAccess stack deployed, trusting this step's role?"
-        ) from None
-    return boto3.Session(
-        aws_access_key_id=creds["AccessKeyId"],
-        aws_secret_access_key=creds["SecretAccessKey"],
-        aws_session_token=creds["SessionToken"],
-        region_name=settings.region,
+    sts = base.client("sts", region_name=settings.region)
+
+    def assume() -> dict[str, str]:
+        try:
+            creds = sts.assume_role(
+                RoleArn=names.starter_role_arn,
+                RoleSessionName=f"pipeline-verify-{settings.name}",
+                DurationSeconds=ROLE_CHAINING_SECONDS,
+            )["Credentials"]
+        except bce.NoCredentialsError:
+            raise VerifyError("no AWS credentials: run it in the pipeline step, or with a profile") from None
+        except bce.ClientError as exc:
+            raise VerifyError(
+                f"cannot assume {names.starter_role_arn} ({_code(exc)}): is the stage's "
+                f"{settings.stack_prefix}-PipelineAccess stack deployed, trusting this step's role?"
+            ) from None
+        return {
+            "access_key": creds["AccessKeyId"],
+            "secret_key": creds["SecretAccessKey"],
+            "token": creds["SessionToken"],
+            "expiry_time": creds["Expiration"].isoformat(),
+        }
+
+    credentials = RefreshableCredentials.create_from_metadata(
+        metadata=assume(), refresh_using=assume, method="sts-assume-role"
     )
+    core = botocore.session.get_session()
+    # botocore has no public setter for a session's credentials; get_credentials() returns this.
+    core._credentials = credentials
+    core.set_config_variable("region", settings.region)
+    return boto3.Session(botocore_session=core)
 
 
 def upload(session: Any, settings: Any, body: bytes) -> str:

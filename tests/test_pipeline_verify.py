@@ -446,3 +446,20 @@ def test_source_must_be_the_checkout(tmp_path: Path) -> None:
 
     with pytest.raises(VerifyError, match="no Makefile"):
         checkout_zip(tmp_path)
+
+
+def test_starter_credentials_are_assumed_again_before_they_expire(env: Env, enforced: None) -> None:
+    """Role chaining caps the session at one hour; a smoke build runs longer."""
+    import datetime
+
+    from raytrain.pipeline_verify import ROLE_CHAINING_SECONDS, starter_session
+
+    assert ROLE_CHAINING_SECONDS == 3600
+    session = starter_session(env.settings, env.step_session)
+    credentials = session._session.get_credentials()
+    first = credentials.get_frozen_credentials().access_key
+    # As if the hour had nearly passed: botocore refreshes inside its mandatory window.
+    credentials._expiry_time = datetime.datetime.now(datetime.UTC) + datetime.timedelta(minutes=1)
+    second = credentials.get_frozen_credentials().access_key
+    assert second != first
+    session.client("codebuild").batch_get_builds(ids=[f"{env.names.project}:none"])  # still allowed

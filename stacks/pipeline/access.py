@@ -200,7 +200,9 @@ class PipelineAccessStack(cdk.Stack):
             role_name=names.starter_role,
             assumed_by=iam.ArnPrincipal(pipeline_principal),
             description=f"Pipeline: upload the checkout and run the in-VPC verification of {cluster_name}",
-            max_session_duration=cdk.Duration.hours(12),
+            # Assumed from CodeBuild's own role session (role chaining: one hour at most); the
+            # driver assumes it again before its session expires.
+            max_session_duration=cdk.Duration.hours(1),
         )
         starter_policy = iam.Policy(
             self,
@@ -222,7 +224,8 @@ class PipelineAccessStack(cdk.Stack):
                     resources=[self.project.project_arn],
                 ),
                 # The build's log: GetLogEvents is authorised on the log stream's ARN
-                # (log-group:NAME:log-stream:STREAM; CloudWatch Logs permissions reference).
+                # (resource type log-stream, log-group:NAME:log-stream:STREAM; Service Authorization
+                # Reference, CloudWatch Logs).
                 iam.PolicyStatement(
                     actions=["logs:GetLogEvents"],
                     resources=[
