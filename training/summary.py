@@ -20,7 +20,8 @@ def steady_window(history: list[dict[str, Any]], resumes: list[dict[str, Any]]) 
     resume: process start, compile) and everything before it: step end times are read on one
     process's clock, so a window never spans a restart.
     """
-    first = 1 + max([0, *(r["from_step"] + 1 for r in resumes)])
+    # A fresh run starts at step 1, a resumed process at from_step + 1: its start-up step.
+    first = 2 + max([0, *(r["from_step"] for r in resumes)])
     for i, h in enumerate(history):
         if h["step"] >= first:
             return i

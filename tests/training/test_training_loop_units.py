@@ -81,6 +81,25 @@ def test_summary_and_plot(tmp_path: Path) -> None:
     assert len(written) == (2 if HAS_MATPLOTLIB else 1)
 
 
+def test_summary_window_of_a_fresh_run_leaves_out_its_first_step() -> None:
+    # No resume: step 1 holds process start-up and compilation (4 s here) and must not count.
+    # Seen on the GPU: with step 1 in the window, summary.json reported 34.5k tok/s for a run
+    # whose steps 2-30 ran at 47.5k.
+    ends = [4.0, 4.5, 5.0, 5.5]
+    times = [4.0, 0.5, 0.5, 0.5]
+    history = [
+        {"step": s, "loss": 1.0, "step_time_s": times[s - 1], "end_s": ends[s - 1],
+         "data_wait_s": 0.01 if s == 1 else 0.005, "peak_mem_gib": 1.0}
+        for s in range(1, 5)
+    ]  # fmt: skip
+    meta = {"step": 4, "history": history, "global_batch_size": 2}
+    summ = summarize(meta, {"run_name": "r", "seq_len": 8}, wall_s=6.0)
+    assert summ["window"]["steps"] == 3
+    assert summ["tokens_per_s"] == pytest.approx(3 * 16 / 1.5)
+    assert summ["step_time_s"] == pytest.approx(0.5)
+    assert summ["data_wait_fraction"] == pytest.approx(0.01)
+
+
 def test_summary_without_matplotlib_still_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The image has no matplotlib: a finished run must still write its numbers, and no plot.
     for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
