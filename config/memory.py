@@ -29,8 +29,9 @@ def plan_options(job: JobSettings, gpu: Instance, nodes: int) -> dict[str, Any]:
         shape=str(job.shape),
         seq_len=job.seq_len,
         shard=mesh[-1],
-        # The world group, and with an HSDP mesh its shard and replicate sub-groups.
-        communicators=1 if len(mesh) == 1 else 3,
+        # The world group, and with an HSDP mesh its shard and replicate sub-groups; a single rank's
+        # communicator has no peers (its few bytes are in the CUDA context term).
+        communicators=0 if world == 1 else 1 if len(mesh) == 1 else 3,
         compile=job.compile,
         activation_checkpointing=job.activation_checkpointing,
         liger=job.liger,

@@ -40,9 +40,10 @@ def _bench_points() -> list[dict[str, Any]]:
 @pytest.mark.parametrize("point", _bench_points() or [None])
 def test_plan_within_ten_percent_of_each_bench_point(point: dict[str, Any] | None) -> None:
     """The lines of bench/memory_peaks.py as printed on the GPU machine: one H200, 2026-11-30
-    (BENCHMARKS.md, "Peak memory per rank"). The allocated peak within 10 %; what the plan says the
-    rank needs of the device covers what the process used there, without overshooting by more than
-    a quarter."""
+    (BENCHMARKS.md, "Peak memory per rank"). The allocated peak within 10 %. What the plan says the
+    rank needs of the device covers what the rank cannot do without (its allocated peak and what the
+    process held outside the allocator: context, NCCL) and overshoots what the process used on an
+    unconstrained GPU, the allocator's free cache included, by at most a quarter."""
     if point is None:
         pytest.skip("no bench/memory_peaks.py results recorded yet")
     memory = plan(
@@ -56,10 +57,13 @@ def test_plan_within_ten_percent_of_each_bench_point(point: dict[str, Any] | Non
         liger=point["liger"],
         float8=point["float8"],
         reshard_after_forward=point.get("reshard_after_forward", True),
+        communicators=0 if point["world"] == 1 else 1,
     )
     assert memory.allocated_bytes / GIB == pytest.approx(point["peak_allocated_gib"], rel=0.10), point
     used = point["device_used_gib"]
-    assert used <= memory.device_bytes / GIB <= 1.25 * used, point
+    outside_allocator = used - point["peak_reserved_all_steps_gib"]
+    floor = point["peak_allocated_gib"] + outside_allocator
+    assert floor <= memory.device_bytes / GIB <= 1.25 * used, point
 
 
 def test_importing_the_plan_loads_no_torch() -> None:

@@ -70,18 +70,23 @@ GIB = 2**30
 # Bytes per element.
 FP32, BF16 = 4, 2
 
-# What CUDA/torch hold beyond the allocated bytes, from bench/memory_peaks.py on one H200
+# What CUDA/torch hold beyond the allocated bytes, from bench/memory_peaks.py on H200s
 # (tests/fixtures/memory_peaks_h200.jsonl, BENCHMARKS.md):
-# - the caching allocator reserved 14-26 % more than it allocated at its peak (micro-batch 1: 28.18
-#   against 23.94 GiB, 4: 36.76 against 29.37, float8 36.97 / 29.33, 8: 48.56 / 40.44, 16: 71.15 /
-#   62.60); the largest excess is taken: under pressure it frees unused cached blocks before
-#   failing, so this errs on the safe side
-# - the process used 0.82 GiB of the device beyond what the allocator reserved at every point
-#   (CUDA context, kernels, cuBLAS/cuDNN workspaces, a one-rank NCCL communicator)
+# - the caching allocator reserved 10-41 % more than it allocated at its peak (one rank: micro-batch
+#   1: 28.18 against 23.94 GiB, 4: 36.76 / 29.37, 8: 48.56 / 40.44, 16: 71.15 / 62.60; activation
+#   checkpointing 9-15 %; two ranks: micro-batch 1: 17.99 / 12.77, the outlier, 8: 38.04 / 31.94).
+#   Cached blocks that are free are not lost: on a failed cudaMalloc the allocator releases them and
+#   retries before raising OOM (c10/cuda/CUDACachingAllocator.cpp, release_cached_blocks), so the
+#   slack is a margin for fragmentation, not memory the rank must have; 26 % covers every one-rank
+#   point and keeps the plan within a quarter of what the process used at micro-batch 16
+# - one rank used 0.82 GiB of the device beyond what the allocator reserved at every point (CUDA
+#   context, kernels, cuBLAS/cuDNN workspaces, a one-rank NCCL communicator)
 ALLOCATOR_SLACK = 0.26
 CUDA_CONTEXT_GIB = 0.82
-# Not measured (one GPU): each further NCCL communicator's buffers (NCCL_BUFFSIZE 4 MiB x channels
-# x peers, send and receive), an estimate.
+# Each NCCL communicator with peers: its buffers grow with the channels NCCL opens (buffer size x
+# protocols x peers x channels). Two ranks on one H200 host (NVLink, NCCL 2.28, many channels) used
+# 0.75 GiB more beyond the reserved bytes than one rank did (1.57 against 0.82 GiB at every point);
+# the plan serves the L4s of g6 (PCIe, a few channels), where it is an estimate, not measured.
 NCCL_GIB = 0.15
 
 # How many all-gathered layers are alive at once: the one computing and the prefetched next one.
@@ -235,14 +240,15 @@ def plan(
     """The memory of one rank of `python -m training` with these options.
 
     `shard` is S, the ranks a parameter is sharded over; `accum` the micro-batches per optimizer
-    step; `communicators` the NCCL communicators the rank holds (1 for the world; HSDP adds the
-    shard and the replicate group). `liger_layers` defaults as in the loop: only when the layers
-    are not compiled. `float8` (torchao float8 linears, tensorwise scales, all-gather in bf16)
-    changes no term: the layers keep what the compiled bf16 layers keep (62.4 GiB against
-    62.6 GiB at micro-batch 16 on an H200, BENCHMARKS.md). `reshard_after_forward=False` keeps every
-    layer's all-gathered bf16 parameters from its forward to its backward: 2 B x the layers'
-    parameters, unsharded, at the backward's start. `master_bf16` models the AWS sample's
-    original recipe (the whole model, its gradients and AdamW state in bf16), for comparison.
+    step; `communicators` the NCCL communicators with peers the rank holds (0 for a single rank,
+    1 for the world; HSDP adds the shard and the replicate group). `liger_layers` defaults as in
+    the loop: only when the layers are not compiled. `float8` (torchao float8 linears, tensorwise
+    scales, all-gather in bf16) changes no term: the layers keep what the compiled bf16 layers keep
+    (62.4 GiB against 62.6 GiB at micro-batch 16 on an H200, BENCHMARKS.md).
+    `reshard_after_forward=False` keeps every layer's all-gathered bf16 parameters from its
+    forward to its backward: 2 B x the layers' parameters, unsharded, at the backward's start.
+    `master_bf16` models the AWS sample's original recipe (the whole model, its gradients and
+    AdamW state in bf16), for comparison.
     """
     dims = shape if isinstance(shape, Dims) else Dims.of(shape)
     for name, value in (("seq_len", seq_len), ("micro_batch", micro_batch), ("accum", accum)):
