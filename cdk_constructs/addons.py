@@ -63,6 +63,13 @@ def efa_device_plugin_values() -> dict[str, Any]:
     }
 
 
+# Operator feature gates the workload relies on, pinned rather than left to a default:
+# RayJobDeletionPolicy lets a RayJob carry deletionStrategy (k8s/job.py: its GPU workers go when the
+# job ends, the head later); without it KubeRay rejects the RayJob ("RayJobDeletionPolicy feature
+# gate must be enabled to use DeletionStrategy", utils/validation.go, v1.7.0).
+KUBERAY_FEATURE_GATES = {"RayJobDeletionPolicy": True}
+
+
 def kuberay_operator_values(ray_namespace: str) -> dict[str, Any]:
     return {
         "nodeSelector": dict(SYSTEM_NODE_LABELS),
@@ -70,6 +77,11 @@ def kuberay_operator_values(ray_namespace: str) -> dict[str, Any]:
         # elsewhere in the cluster.
         "singleNamespaceInstall": True,
         "watchNamespace": [ray_namespace],
+        # The chart turns this list into `--feature-gates=NAME=BOOL,...` (templates/_helpers.tpl,
+        # "kuberay.featureGates"). Helm replaces a list value whole, so the gates not named here
+        # take the operator's built-in defaults, which in 1.7.0 are the chart's own list
+        # (ray-operator/pkg/features/features.go).
+        "featureGates": [{"name": name, "enabled": on} for name, on in KUBERAY_FEATURE_GATES.items()],
     }
 
 

@@ -72,6 +72,15 @@ NODE_TEMPLATE = "k8s.io/cluster-autoscaler/node-template"
 # cluster going away (5m + drain + EC2 shutdown), and a short job does not hold its nodes for 10m.
 SCALE_DOWN_UNNEEDED = "5m"
 SCALE_DOWN_DELAY_AFTER_ADD = "5m"
+# Allowance for the drain and the EC2 shutdown once a node is found unneeded (an estimate, not a
+# setting): with it, how long a GPU node stays after its worker pod went (raytrain cost).
+DRAIN_AND_SHUTDOWN_MINUTES = 5
+
+
+def empty_gpu_node_minutes() -> int:
+    """At most how long a GPU node is billed after its last GPU pod is deleted."""
+    assert SCALE_DOWN_UNNEEDED.endswith("m")
+    return int(SCALE_DOWN_UNNEEDED[:-1]) + DRAIN_AND_SHUTDOWN_MINUTES
 
 
 def node_template_tags(instance: Instance, *, efa: bool, labels: dict[str, str]) -> dict[str, str]:

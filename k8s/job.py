@@ -177,6 +177,49 @@ def prepare_job_spec(
     )
 
 
+# KubeRay 1.7 deletion rules (RayJob spec.deletionStrategy.deletionRules; feature gate
+# RayJobDeletionPolicy, on in cdk_constructs/addons.py). Each rule fires `ttlSeconds` after the job's
+# end time when its condition matches the RayJob's final status (rayjob_controller.go
+# handleDeletionRules, isDeletionRuleMatched). DeleteWorkers sets `suspend` on every worker group,
+# and the RayCluster controller then deletes that group's pods (raycluster_controller.go); the head
+# pod, its dashboard and logs stay until DeleteCluster. No DeleteSelf: the RayJob itself (and the
+# submitter's driver log) stays until CloudFormation replaces or deletes it.
+#
+# Conditions: jobStatus SUCCEEDED, and jobDeploymentStatus Failed. The latter covers an application
+# failure (jobStatus FAILED always ends in deployment status Failed, reason AppFailed) and the
+# failures where the Ray job never reached a terminal status: activeDeadlineSeconds or
+# preRunningDeadlineSeconds exceeded, submission failed (KubeRay #4233 and #4262; rules keyed on
+# jobStatus alone leak the cluster then, #5184). A failed attempt that KubeRay retries
+# (backoffLimit) is never seen here: it goes to Retrying, which deletes the cluster itself.
+# A job stopped from Ray (`ray job stop`) ends STOPPED with deployment status Complete, which no
+# rule can name in 1.7 (the CRD's enums: jobStatus SUCCEEDED|FAILED, jobDeploymentStatus Failed):
+# delete that RayJob to release its cluster (README).
+#
+# KubeRay's validation (utils/validation.go, validateDeletionConfiguration and
+# validateDeletionRules, v1.7.0): rules exclude shutdownAfterJobFinishes, ttlSecondsAfterFinished > 0
+# and the legacy onSuccess/onFailure; DeleteWorkers needs Ray autoscaling off (it is: k8s/cluster.py);
+# one rule per (condition, policy); per condition, the DeleteWorkers TTL <= the DeleteCluster TTL.
+_TERMINAL_CONDITIONS: tuple[dict[str, Any], ...] = (
+    {"job_status": rj.RayJobSpecDeletionStrategyDeletionRulesConditionJobStatus.SUCCEEDED},
+    {"job_deployment_status": rj.RayJobSpecDeletionStrategyDeletionRulesConditionJobDeploymentStatus.FAILED},
+)
+
+
+def deletion_strategy(head_seconds: int) -> rj.RayJobSpecDeletionStrategy:
+    """Rules for a job's own cluster: its GPU workers go as soon as the job ends, successful or not;
+    the head stays `head_seconds` more for inspection (logs, dashboard), then the cluster goes."""
+    policy = rj.RayJobSpecDeletionStrategyDeletionRulesPolicy
+    rules = [
+        rj.RayJobSpecDeletionStrategyDeletionRules(
+            condition=rj.RayJobSpecDeletionStrategyDeletionRulesCondition(**condition, ttl_seconds=ttl),
+            policy=action,
+        )
+        for condition in _TERMINAL_CONDITIONS
+        for action, ttl in ((policy.DELETE_WORKERS, 0), (policy.DELETE_CLUSTER, head_seconds))
+    ]
+    return rj.RayJobSpecDeletionStrategy(deletion_rules=rules)
+
+
 def _spec(settings: Settings, entry: str, *, code_uri: str, service_account_name: str) -> rj.RayJobSpec:
     job = settings.job
     own = job.cluster is ClusterMode.OWN
@@ -185,10 +228,11 @@ def _spec(settings: Settings, entry: str, *, code_uri: str, service_account_name
         runtime_env_yaml=runtime_env_yaml(code_uri),
         submission_mode="K8sJobMode",  # a Kubernetes Job runs `ray job submit` and follows it
         submitter_pod_template=_submitter(settings),
-        # Own cluster: removed when the job ends (TTL after), so idle GPUs are not held.
-        # Standing cluster: selected by name and left running; KubeRay allows no TTL then.
-        shutdown_after_job_finishes=True if own else None,
-        ttl_seconds_after_finished=job.ttl_seconds_after_finished if own else None,
+        # Own cluster: deletion rules release the GPU workers when the job ends and the head after
+        # the inspection time (deletion_strategy). KubeRay refuses shutdownAfterJobFinishes and
+        # ttlSecondsAfterFinished beside deletion rules, so neither is set.
+        # Standing cluster: selected by name and left running; no deletion at all.
+        deletion_strategy=deletion_strategy(job.ttl_seconds_after_finished) if own else None,
         cluster_selector=None if own else {"ray.io/cluster": STANDING_CLUSTER_NAME},
         ray_cluster_spec=ray_cluster_spec(
             settings, service_account_name=service_account_name, types=RAYJOB_CLUSTER_TYPES

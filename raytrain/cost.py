@@ -3,6 +3,9 @@
 Idle: what runs between jobs (EKS control plane, system nodes and their root volumes, NAT
 gateways, interface endpoints, and the GPU group at its minimum size, zero unless the settings say
 otherwise). Running: idle plus the GPU nodes of one job (`job.nodes`) and their root volumes.
+After a job: its GPU workers are deleted when it ends (k8s/job.py), and the Cluster Autoscaler
+removes the empty nodes within minutes; those minutes are billed once per job. The Ray head stays
+`job.ttl_seconds_after_finished` for inspection on a system node, which idle already counts.
 Prices come from the pinned, dated table in config/prices.py (On-Demand; no network needed).
 Given a run's summary.json, the cost per billion training tokens at the run's throughput.
 
@@ -51,6 +54,8 @@ class CostEstimate:
     # One GPU node with its root volume, and how many the group keeps at idle (its minimum).
     gpu_node_per_hour: float
     gpu_min_nodes: int
+    # At most how long the job's added GPU nodes stay after it ends (autoscaler scale-down).
+    after_job_minutes: int
 
     @property
     def idle_per_hour(self) -> float:
@@ -64,6 +69,12 @@ class CostEstimate:
         """Running cost with `nodes` GPU nodes up (those kept at idle count once)."""
         return self.idle_per_hour + max(0, nodes - self.gpu_min_nodes) * self.gpu_node_per_hour
 
+    @property
+    def after_job(self) -> float:
+        """$ per job for the GPU nodes the job added, from its end until the autoscaler removes them."""
+        added = max(0, self.job_nodes - self.gpu_min_nodes)
+        return added * self.gpu_node_per_hour * self.after_job_minutes / 60
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "env": self.env,
@@ -75,6 +86,8 @@ class CostEstimate:
             "gpu_node_per_hour": self.gpu_node_per_hour,
             "idle_per_hour": self.idle_per_hour,
             "running_per_hour": self.running_per_hour,
+            "after_job_minutes": self.after_job_minutes,
+            "after_job": self.after_job,
         }
 
 
@@ -92,6 +105,7 @@ def job_nodes(settings: Settings) -> int:
 
 def estimate(settings: Settings) -> CostEstimate:
     # Imported here: they pull in aws_cdk, which `raytrain --help` does not need.
+    from cdk_constructs.cluster_autoscaler import empty_gpu_node_minutes
     from cdk_constructs.node_groups import ROOT_THROUGHPUT_MIBPS
     from stacks.network_stack import INTERFACE_ENDPOINTS
 
@@ -147,6 +161,7 @@ def estimate(settings: Settings) -> CostEstimate:
         job_nodes=nodes,
         gpu_node_per_hour=gpu_rate + gpu_root,
         gpu_min_nodes=gpu.min_size,
+        after_job_minutes=empty_gpu_node_minutes(),
     )
 
 
@@ -245,6 +260,12 @@ def run(args: argparse.Namespace) -> int:
         f"[bold]{result.running_per_hour:.4f}[/]",
     )
     console.print(table)
+    if result.job_nodes > result.gpu_min_nodes:
+        console.print(
+            f"after each job: its GPU nodes until the autoscaler removes them (at most "
+            f"{result.after_job_minutes} min) = [bold]${result.after_job:.2f} per job[/]; the Ray head "
+            f"stays {settings.job.ttl_seconds_after_finished} s on a system node, counted in idle"
+        )
     if tokens is not None:
         console.print(
             f"{args.summary}: {tokens.tokens_per_s:,.0f} tokens/s on {tokens.nodes} node(s) at "

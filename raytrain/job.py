@@ -376,9 +376,12 @@ def status_tables(target: Target) -> list[Table]:
                 f"{c.get('type')}={c.get('status')}" for c in st.get("conditions") or [] if c.get("type")
             )
             head = st.get("head") or {}
+            workers = f"{st.get('readyWorkerReplicas', 0)}/{desired if desired is not None else '?'}"
+            if verify.workers_released(target.cluster):
+                workers = "released (job ended; head kept for inspection)"
             cl.add_row(
                 _styled(st.get("state")),
-                f"{st.get('readyWorkerReplicas', 0)}/{desired if desired is not None else '?'}",
+                workers,
                 escape(str(head.get("podName") or head.get("podIP") or "-")),
                 escape(conds) or "-",
             )

@@ -451,10 +451,28 @@ def check_ray(api: Api, settings: Settings, checks: list[Check]) -> None:
         checks.append(Check("RayJob", f"{ns}/*", INFO, "none"))
 
 
+def workers_released(cluster: dict[str, Any]) -> bool:
+    """Every worker group is suspended: the job's deletion rule has deleted the GPU workers and
+    the head stays for inspection (k8s/job.py). KubeRay sets `suspend` on worker groups only for a
+    RayJob's DeleteWorkers ("not a user-facing API and is only used by RayJob DeletionStrategy",
+    RayCluster CRD, v1.7.0)."""
+    groups = _worker_groups(cluster)
+    return bool(groups) and all(g.get("suspend") is True for g in groups)
+
+
 def _check_cluster(cluster: dict[str, Any], ns: str, settings: Settings, want_gpus: int) -> Check:
     gpu = settings.gpu_nodes
     status = cluster.get("status") or {}
     groups = _worker_groups(cluster)
+    if workers_released(cluster):
+        head = "head pod ready" if _condition(cluster, "HeadPodReady") == "True" else "head pod not ready"
+        return Check(
+            "RayCluster",
+            f"{ns}/{_name(cluster)}",
+            INFO,
+            f"its job has ended: GPU workers released, {head}; the cluster goes after "
+            f"job.ttl_seconds_after_finished ({settings.job.ttl_seconds_after_finished} s)",
+        )
     replicas = sum(int(g.get("replicas") or 0) for g in groups)
     ready_workers = int(status.get("readyWorkerReplicas") or 0)
     problems: list[str] = []

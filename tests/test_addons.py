@@ -9,6 +9,7 @@ import pytest
 from ruamel.yaml import YAML
 
 from cdk_constructs.addons import (
+    KUBERAY_FEATURE_GATES,
     efa_device_plugin_values,
     kuberay_operator_values,
     nvidia_device_plugin_values,
@@ -101,3 +102,16 @@ def test_mofed_off_and_gpu_taint_tolerated():
     kuberay = kuberay_operator_values("ray")
     assert kuberay["nodeSelector"] == {"role": "system"}
     assert kuberay["watchNamespace"] == ["ray"] and kuberay["singleNamespaceInstall"] is True
+
+
+def test_kuberay_operator_runs_with_the_rayjob_deletion_policy_gate_on():
+    """The RayJob's deletionStrategy (k8s/job.py) needs the gate; it is pinned on, by a name the
+    pinned chart's own featureGates list knows (a misspelt gate would be an operator start error)."""
+    gates = {g["name"]: g["enabled"] for g in kuberay_operator_values("ray")["featureGates"]}
+    assert gates["RayJobDeletionPolicy"] is True
+    assert gates == KUBERAY_FEATURE_GATES
+    for env in environment_names():
+        version = load_settings(env).addons.kuberay_operator
+        chart = YAML(typ="safe", pure=True).load(values_file("kuberay-operator", version))
+        known = {g["name"] for g in chart["featureGates"]}
+        assert set(gates) <= known, f"kuberay-operator {version}: unknown gates {set(gates) - known}"

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import cdk8s
+import celpy
 import jsonschema
 import kubernetes_validate
 import pytest
@@ -128,13 +129,56 @@ def crd_validator(kind: str) -> jsonschema.protocols.Validator:
     return jsonschema.Draft7Validator(schema)
 
 
+@cache
+def _crd_schema(kind: str) -> dict[str, Any]:
+    return crd_validator(kind).schema  # type: ignore[no-any-return]
+
+
+@cache
+def _cel_program(rule: str) -> Any:
+    env = celpy.Environment()
+    return env.program(env.compile(rule))
+
+
+def cel_errors(schema: dict[str, Any], value: Any, path: str = "") -> list[str]:
+    """The CRD's x-kubernetes-validations (CEL) rules that `value` breaks, at every level of the
+    schema: the API server evaluates them with `self` bound to the value at that level, and
+    jsonschema skips them. Transition rules (those naming `oldSelf`) run only on updates
+    (Kubernetes, "Validation rules" in Extend the Kubernetes API with CustomResourceDefinitions)."""
+    errors = []
+    for rule in schema.get("x-kubernetes-validations", []):
+        if "oldSelf" in rule["rule"]:
+            continue
+        result = _cel_program(rule["rule"]).evaluate({"self": celpy.json_to_cel(value)})
+        if result is not True and result != celpy.celtypes.BoolType(True):
+            errors.append(f"{path or '.'}: {rule.get('message', rule['rule'])}")
+    if isinstance(value, dict):
+        props = schema.get("properties", {})
+        extra = schema.get("additionalProperties")
+        for key, item in value.items():
+            sub = props.get(key, extra if isinstance(extra, dict) else None)
+            if sub is not None:
+                errors += cel_errors(sub, item, f"{path}.{key}")
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for i, item in enumerate(value):
+            errors += cel_errors(schema["items"], item, f"{path}[{i}]")
+    return errors
+
+
+def crd_errors(obj: dict[str, Any]) -> list[str]:
+    """Everything the API server's CRD validation would refuse in `obj`: the openAPIV3Schema
+    (jsonschema) and its CEL rules."""
+    errors = [e.message for e in crd_validator(obj["kind"]).iter_errors(obj)]
+    return errors + cel_errors(_crd_schema(obj["kind"]), obj)
+
+
 @pytest.mark.parametrize("name", ALL)
 def test_ray_objects_match_the_crd_schema(name: str) -> None:
     ray_objects = [o for o in rendered(name) if o["apiVersion"].startswith("ray.io/")]
     assert {o["kind"] for o in ray_objects} >= {"RayJob"}
     for obj in ray_objects:
         assert obj["apiVersion"] == "ray.io/v1"
-        errors = [e.message for e in crd_validator(obj["kind"]).iter_errors(obj)]
+        errors = crd_errors(obj)
         assert not errors, f"{obj['kind']}: {errors[:5]}"
 
 
@@ -144,6 +188,21 @@ def test_the_crd_check_catches_a_bad_field() -> None:
     job["spec"]["backoffLimit"] = "1"
     errors = list(crd_validator("RayJob").iter_errors(job))
     assert len(errors) == 2
+
+
+def test_the_crd_check_evaluates_its_cel_rules() -> None:
+    job = copy.deepcopy(the("dev", "RayJob"))
+    strategy = job["spec"]["deletionStrategy"]
+    strategy["onSuccess"] = {"policy": "DeleteCluster"}  # legacy beside rules
+    strategy["deletionRules"][0]["condition"]["jobDeploymentStatus"] = "Failed"  # both conditions
+    del strategy["deletionRules"][1]["condition"]["jobStatus"]  # no condition at all
+    assert [e.split(": ", 1)[0] for e in crd_errors(job)] == [
+        ".spec.deletionStrategy",
+        ".spec.deletionStrategy.deletionRules[0].condition",
+        ".spec.deletionStrategy.deletionRules[1].condition",
+    ]
+    job["spec"]["managedBy"] = "someone-else"
+    assert crd_errors(job)[-1].startswith(".spec.managedBy: the managedBy field value must be")
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -472,16 +531,17 @@ def test_job_lifecycle(name: str) -> None:
     submitter = spec["submitterPodTemplate"]
     assert submitter["spec"]["nodeSelector"] == {"role": "system"}
     assert submitter["metadata"]["labels"][pods.COMPONENT] == pods.SUBMITTER
+    # Neither mode uses shutdownAfterJobFinishes or its TTL: an own cluster goes by deletion rules
+    # (tests/test_job_deletion.py), which KubeRay refuses beside them; a standing one never goes.
+    assert "shutdownAfterJobFinishes" not in spec
+    assert "ttlSecondsAfterFinished" not in spec
     if s.job.cluster == "own":
-        assert spec["shutdownAfterJobFinishes"] is True
-        assert spec["ttlSecondsAfterFinished"] == s.job.ttl_seconds_after_finished
+        assert spec["deletionStrategy"]["deletionRules"]
         assert "clusterSelector" not in spec
         assert "upgradeStrategy" not in spec["rayClusterSpec"]
         assert not objects(name, "RayCluster")
     else:
-        # KubeRay: a TTL needs shutdownAfterJobFinishes, which must not stop a standing cluster.
-        assert "shutdownAfterJobFinishes" not in spec
-        assert "ttlSecondsAfterFinished" not in spec
+        assert "deletionStrategy" not in spec
         assert "rayClusterSpec" not in spec
         cluster = the(name, "RayCluster")
         assert spec["clusterSelector"] == {"ray.io/cluster": cluster["metadata"]["name"]}

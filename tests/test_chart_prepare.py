@@ -9,7 +9,7 @@ import shlex
 from typing import Any
 
 import pytest
-from test_chart import CHECKPOINT_URI, crd_validator, render, variant
+from test_chart import CHECKPOINT_URI, crd_errors, render, variant
 
 from config.loader import ENVIRONMENTS_DIR, SettingsError, environment_names, load_settings, parse_settings
 from k8s.job import PREPARED_DIR
@@ -40,7 +40,7 @@ def test_preparation_job_agrees_with_the_training_job(cluster: str) -> None:
     assert set(jobs) == {"train", "prepare-data"}
     prep, train = jobs["prepare-data"], jobs["train"]
     for obj in (prep, train):
-        errors = [e.message for e in crd_validator("RayJob").iter_errors(obj)]
+        errors = crd_errors(obj)
         assert not errors, errors[:5]
     p = prepare_parser().parse_args(_argv(prep, "training.prepare"))
     t = training_parser().parse_args(_argv(train, "training"))
@@ -54,6 +54,7 @@ def test_preparation_job_agrees_with_the_training_job(cluster: str) -> None:
     # The same cluster (a copy, or the standing one) and lifecycle; no extra packages to install.
     assert prep["spec"].get("rayClusterSpec") == train["spec"].get("rayClusterSpec")
     assert prep["spec"].get("clusterSelector") == train["spec"].get("clusterSelector")
+    assert prep["spec"].get("deletionStrategy") == train["spec"].get("deletionStrategy")
     assert "pip" not in prep["spec"]["runtimeEnvYAML"]
     name = prep["metadata"]["name"]
     assert name.startswith("rj-prep-") and len(name) <= 47 and name != train["metadata"]["name"]

@@ -56,6 +56,12 @@ def test_environment_files_are_valid_with_defaults() -> None:
         ({"job": {"run_name": "Run_1"}}, "job.run_name", "is not a run name"),
         ({"job": {"output_dir": "relative/dir"}}, "job.output_dir", "absolute path"),
         ({"job": {"cluster": "standing"}}, "job.ttl_seconds_after_finished", "must be 0"),
+        ({"job": {"ttl_seconds_after_finished": -1}}, "job.ttl_seconds_after_finished", "greater than or"),
+        (
+            {"job": {"ttl_seconds_after_finished": 2**31}},
+            "job.ttl_seconds_after_finished",
+            "less than or equal to 2147483647",
+        ),
         ({"job": {"cluster": "shared"}}, "job.cluster", "'own' or 'standing'"),
         ({"job": {"backoff_limit": -1}}, "job.backoff_limit", "greater than or equal to 0"),
         ({"job": {"active_deadline_seconds": 0}}, "job.active_deadline_seconds", "greater than"),

@@ -42,6 +42,21 @@ def test_dev_idle_and_running_by_hand():
     assert est.job_nodes == 2
 
 
+def test_after_a_job_only_the_autoscalers_scale_down_is_billed_by_hand():
+    """dev: 2 added g6.12xlarge with their roots, 9.2032 + 42/730 $/h, for at most 5 min unneeded
+    + 5 min drain and shutdown = 10 min: 1.6142 $ per job. The head's inspection time (600 s in
+    dev) runs on the system node and adds nothing; a GPU group kept at 2 nodes adds nothing either."""
+    dev = load_settings("dev")
+    est = cost.estimate(dev)
+    assert est.after_job_minutes == 10
+    assert est.after_job == pytest.approx((9.2032 + 42 / 730) * 10 / 60)
+    assert est.after_job == pytest.approx(1.5435, abs=1e-4)
+    # Independent of how long the head stays for inspection.
+    longer = cost.estimate(with_(dev, job={"ttl_seconds_after_finished": 86_400}))
+    assert longer.after_job == est.after_job and longer.idle_per_hour == est.idle_per_hour
+    assert cost.estimate(with_(dev, gpu_nodes={"min_size": 2})).after_job == 0
+
+
 def test_dev_idle_meets_the_goal():
     assert cost.estimate(load_settings("dev")).idle_per_hour <= 0.45
 
@@ -156,6 +171,8 @@ def test_command_prints_table(capsys):
     out = capsys.readouterr().out
     assert "idle total" in out and "0.4244" in out
     assert "running total (2 GPU nodes)" in out and "9.6851" in out
+    flat = " ".join(out.split())  # the console wraps long lines
+    assert "after each job" in flat and "$1.54 per job" in flat and "600 s on a system node" in flat
     assert PRICES_AS_OF in out
 
 
@@ -166,6 +183,7 @@ def test_command_json_with_summary(tmp_path, capsys):
     data = json.loads(capsys.readouterr().out)
     assert data["idle_per_hour"] == pytest.approx(DEV_IDLE)
     assert data["running_per_hour"] == pytest.approx(DEV_RUNNING)
+    assert data["after_job"] == pytest.approx((DEV_RUNNING - DEV_IDLE) / 6)
     assert data["tokens"]["per_billion_tokens"] == pytest.approx(134.5159, abs=1e-3)
 
 
@@ -188,3 +206,19 @@ def test_command_rejects_non_json_summary(tmp_path, capsys):
     bad.write_text("{not json")
     assert main(["cost", "--env", "dev", "--summary", str(bad)]) == 2
     assert "not a readable JSON summary" in capsys.readouterr().err
+
+
+def test_readme_cost_section_states_what_a_job_leaves_billed():
+    """The README's figures for after a prod job are the estimate's."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("### What an environment costs: `raytrain cost`", 1)[1].split("\n### ", 1)[0]
+    section = " ".join(section.split())
+    prod = load_settings("prod")
+    est = cost.estimate(prod)
+    assert f"at most {est.after_job_minutes} minutes" in section
+    assert f"about ${est.after_job:.2f}" in section
+    # What the same job left billed before: both GPU nodes for the head's whole inspection time.
+    held = est.job_nodes * est.gpu_node_per_hour * prod.job.ttl_seconds_after_finished / 3600
+    assert f"about ${held:.2f}" in section

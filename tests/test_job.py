@@ -519,3 +519,23 @@ def test_default_job_is_the_newest_unfinished_one() -> None:
     finished = _rayjob("rj-old", "2026-11-29T10:00:00Z", {"jobDeploymentStatus": "Failed"}, ns)
     assert job.select_job([finished, done], None, ns) is done  # all finished: the newest
     assert job.select_job([], None, ns) is None
+
+
+def test_status_of_an_ended_job_shows_its_workers_released(
+    tmp_path: Path, api_server: FakeApi, settings: Settings
+) -> None:
+    routes = cluster_routes(settings)
+    ns = settings.workload.namespace
+    newest = routes[f"/apis/ray.io/v1/namespaces/{ns}/rayjobs"]["items"][1]
+    newest["status"] |= {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"}
+    cluster = routes[f"/apis/ray.io/v1/namespaces/{ns}/rayclusters/{CLUSTER}"]
+    # The job's DeleteWorkers rule: KubeRay suspends the worker group and deletes its pods.
+    cluster["spec"]["workerGroupSpecs"] = [{"groupName": "gpu", "replicas": 2, "suspend": True}]
+    cluster["status"] |= {"readyWorkerReplicas": 0, "desiredWorkerReplicas": 0}
+    pods = routes[f"/api/v1/namespaces/{ns}/pods"]["items"]
+    routes[f"/api/v1/namespaces/{ns}/pods"]["items"] = [p for p in pods if "-gpu-worker-" not in str(p)]
+    api_server.routes = routes
+    rc, text = run(tmp_path, api_server, "status")
+    assert rc == 0, text
+    assert "released (job ended; head kept for inspection)" in text
+    assert "-head-" in text and "-gpu-worker-" not in text

@@ -519,3 +519,27 @@ def test_forbidden(tmp_path: Path, api_server: FakeApi, capsys: pytest.CaptureFi
     rc, text = run_verify(tmp_path, api_server)
     assert rc == 2
     assert "refused" in text and "access entry" in text
+
+
+def test_cluster_whose_job_ended_is_a_note(api_server: FakeApi, settings: Settings, tmp_path: Path) -> None:
+    """After a job ends its deletion rule suspends the worker groups (pods deleted, GPU nodes left
+    to the autoscaler) and the head stays for inspection: not a failure."""
+    zero = settings.model_copy(update={"gpu_nodes": settings.gpu_nodes.model_copy(update={"min_size": 0})})
+    routes = healthy_cluster(zero, gpu_nodes=0)  # the autoscaler has removed the empty GPU nodes
+    ns = zero.workload.namespace
+    (cluster,) = routes[f"/apis/ray.io/v1/namespaces/{ns}/rayclusters"]["items"]
+    for group in cluster["spec"]["workerGroupSpecs"]:
+        group["suspend"] = True
+    cluster["status"] |= {"readyWorkerReplicas": 0, "desiredWorkerReplicas": 0}
+    job = routes[f"/apis/ray.io/v1/namespaces/{ns}/rayjobs"]["items"][0]
+    job["status"] = {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"}
+    api_server.routes = routes
+    api = verify.connect(str(api_server.kubeconfig), None, zero)
+    checks = verify.verify(api, zero)
+    assert not [c for c in checks if c.result == verify.FAIL], checks
+    (rc,) = [c for c in checks if c.name == "RayCluster"]
+    assert rc.result == verify.INFO and "GPU workers released" in rc.detail
+    # One group still running is a cluster like any other: checked, and failing when short.
+    cluster["spec"]["workerGroupSpecs"][0]["suspend"] = False
+    (rc,) = [c for c in verify.verify(api, zero) if c.name == "RayCluster"]
+    assert rc.result == verify.FAIL

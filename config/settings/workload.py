@@ -252,10 +252,12 @@ class JobSettings(SettingsModel):
     float8: bool = False
     output_dir: str | None = None
     expect_transport: Transport = Transport.AUTO
-    # Lifecycle. TTL: how long a finished job (and, in "own" mode, its cluster's record) stays
-    # for inspection; must be 0 in "standing" mode (KubeRay allows it only with
-    # shutdownAfterJobFinishes, which a job must not do to a cluster it does not own).
-    ttl_seconds_after_finished: int = Field(default=3600, ge=0)
+    # Lifecycle, "own" mode: when the job ends (succeeded or failed) its GPU workers are deleted
+    # at once, and its Ray head (dashboard, logs) stays this long for inspection before the whole
+    # cluster goes (KubeRay deletion rules, k8s/job.py). The head runs on a system node, so this
+    # time costs no GPU node. Must be 0 in "standing" mode: the job never deletes that cluster.
+    # At most 2^31 - 1: the rules' ttlSeconds is an int32 in the CRD.
+    ttl_seconds_after_finished: int = Field(default=3600, ge=0, le=2**31 - 1)
     # Wall-clock limit of one RayJob attempt, cluster start-up included.
     active_deadline_seconds: int = Field(default=6 * 3600, ge=60)
     # Start-up budget of one attempt: its Ray cluster must be running (GPU nodes started from
@@ -328,8 +330,8 @@ class JobSettings(SettingsModel):
         if self.cluster is ClusterMode.STANDING and self.ttl_seconds_after_finished:
             raise FieldError(
                 ("ttl_seconds_after_finished",),
-                "must be 0 when cluster is 'standing': KubeRay allows a TTL only for jobs that "
-                "shut their own cluster down",
+                "must be 0 when cluster is 'standing': it is how long a job's own cluster keeps "
+                "its head after the job ends, and a job never deletes the standing cluster",
             )
         return self
 
