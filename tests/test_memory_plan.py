@@ -163,6 +163,7 @@ def run(rank):
         )
         with open({str(tmp_path / "out.json")!r}, "w") as f:
             json.dump(out, f)
+    dist.barrier()  # neither rank tears gloo down while its peer still uses the pair
     dist.destroy_process_group()
 
 if __name__ == "__main__":
@@ -171,7 +172,10 @@ if __name__ == "__main__":
     path = tmp_path / "accum.py"
     path.write_text(script)
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    subprocess.run([sys.executable, str(path)], check=True, timeout=300, env=env, capture_output=True)
+    done = subprocess.run(
+        [sys.executable, str(path)], check=False, timeout=300, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads((tmp_path / "out.json").read_text())
     assert out["kept_dtypes"] == ["torch.float32"] and out["kept"] == out["n"]
     assert out["shard_dtypes"] == ["torch.float32"] and out["shards"] == out["n"] // 2

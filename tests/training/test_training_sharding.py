@@ -104,6 +104,7 @@ def _hsdp_step(rank: int, world: int, port: int, out: str) -> None:
         opt.step()
         state = {n: p.full_tensor().detach().clone() for n, p in model.named_parameters()}
         torch.save({"mesh": tuple(mesh.shape), "state": state}, f"{out}/rank{rank}.pt")
+        dist.barrier()  # both ranks leave together (a gloo peer torn down early can abort the other)
     finally:
         dist.destroy_process_group()
 
