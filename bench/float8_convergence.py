@@ -1,22 +1,27 @@
-"""Does float8 training follow bf16's loss? Same model, data and seed; one GPU; one process.
+"""Does float8 training follow bf16's loss? Same model, data and initial weights; one GPU; one process.
 
     python bench/float8_convergence.py [--steps 250] [--micro-batch 4] [--seq-len 2048]
-                                       [--configs bf16,bf16-order2,float8] [--out FILE]
+                                       [--configs bf16,float8] [--orders 0,1,2] [--out FILE]
 
 Learnable data, fixed and offline: the text of this Python installation's standard library
 (sorted .py files, UTF-8 bytes as token ids, documents separated by byte 0), packed into blocks
 of --seq-len with the training package's own `pack`. Each configuration runs the loop's own
 `_Trainer` (the same model, FSDP2, compile, Liger loss and optimizer as `python -m training`)
-on a one-rank process group, with the same LR schedule, for --steps steps:
+on a one-rank process group, with the same LR schedule, for --steps steps, once per data order
+(--orders: the seeds of the loop's deterministic shuffle; the initial weights are always seed 0):
 
 - bf16: the GPU defaults with --no-float8;
-- bf16-order2: the same with another data order: the run-to-run noise of this setup;
-- float8: --float8 (torchao tensorwise float8 linears).
+- float8: --float8 (torchao tensorwise float8 linears);
+- float8-ag: --float8 --float8-all-gather;
+- bf16-order2: bf16 with data order 1 whatever --orders says (the command of the first run in
+  BENCHMARKS.md).
 
-Prints one JSON line per configuration (losses every step, step times) and a final comparison:
-the mean absolute loss difference over the last --tail steps of float8 against bf16, and of the
-bf16 order-2 run against bf16 (the noise). float8 "follows bf16 within noise" when its
-difference is no larger than the noise.
+Prints one JSON line per run (losses every step, step times) and a final comparison over the
+last --tail steps. The noise is what the data order alone does to bf16: the standard deviation of
+bf16's tail means across orders. Each float8 variant is compared with bf16 on the same orders
+(paired): the mean of its per-order differences, their spread, and a verdict: it follows bf16
+within noise when the mean difference is no larger than the noise. With one order there is no
+noise estimate and no verdict.
 """
 
 from __future__ import annotations
@@ -35,12 +40,13 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-CONFIGS: dict[str, tuple[list[str], int]] = {  # options over the GPU defaults, data-order seed
-    "bf16": (["--no-float8"], 0),
-    "bf16-order2": (["--no-float8"], 1),
-    "float8": (["--float8"], 0),
-    "float8-ag": (["--float8", "--float8-all-gather"], 0),
+CONFIGS: dict[str, list[str]] = {  # options over the GPU defaults
+    "bf16": ["--no-float8"],
+    "float8": ["--float8"],
+    "float8-ag": ["--float8", "--float8-all-gather"],
 }
+# Older name: bf16 on data order 1.
+ALIASES: dict[str, tuple[str, int]] = {"bf16-order2": ("bf16", 1)}
 
 
 def stdlib_corpus(seq_len: int, max_bytes: int) -> Any:
@@ -66,13 +72,13 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run(name: str, blocks: Any, args: argparse.Namespace) -> dict[str, Any]:
+def run(name: str, order_seed: int, blocks: Any, args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from training.loop import _Trainer
     from training.options import parse_args
 
-    extra, order_seed = CONFIGS[name]
+    extra = CONFIGS[name]
     opts = parse_args(
         ["--init", "random", "--shape", args.shape, "--data", "random", "--seq-len", str(args.seq_len),
          "--micro-batch-size", str(args.micro_batch), "--steps", str(args.steps), "--lr", str(args.lr),
@@ -88,6 +94,7 @@ def run(name: str, blocks: Any, args: argparse.Namespace) -> dict[str, Any]:
         times.append(m["step_time_s"])
     row = {
         "config": name,
+        "order": order_seed,
         "float8_layers": len(tr.float8_layers),
         "final_loss_mean": statistics.fmean(losses[-args.tail :]),
         "step_time_s": statistics.fmean(times[5:]),
@@ -106,11 +113,67 @@ def mean_abs_diff(a: list[float], b: list[float], tail: int) -> float:
     return statistics.fmean(abs(x - y) for x, y in zip(a[-tail:], b[-tail:], strict=True))
 
 
+def compare(rows: dict[tuple[str, int], dict[str, Any]], tail: int) -> dict[str, Any]:
+    """The comparison line from the runs' rows, keyed (config, data order).
+
+    noise: the sample standard deviation of bf16's tail means across its orders. For each float8
+    variant, paired with bf16 on the orders both ran: the per-order differences of the tail means,
+    their mean, and `within_noise` = |mean difference| <= noise (None without two bf16 orders).
+    Also, for order 0 and 1 of bf16 and each variant's order 0, the mean absolute step-by-step
+    difference to bf16's order 0 (the first run's measure)."""
+
+    def tail_mean(key: tuple[str, int]) -> float:
+        return statistics.fmean(rows[key]["losses"][-tail:])
+
+    bf16 = sorted(order for name, order in rows if name == "bf16")
+    out: dict[str, Any] = {"tail_steps": tail, "bf16_orders": bf16}
+    noise = statistics.stdev([tail_mean(("bf16", o)) for o in bf16]) if len(bf16) >= 2 else None
+    out["noise_stdev"] = noise
+    if ("bf16", 0) in rows and ("bf16", 1) in rows:
+        out["noise_mean_abs_diff"] = mean_abs_diff(
+            rows[("bf16", 1)]["losses"], rows[("bf16", 0)]["losses"], tail
+        )
+    for name in sorted({n for n, _ in rows if n != "bf16"}):
+        paired = sorted(o for n, o in rows if n == name and ("bf16", o) in rows)
+        if not paired:
+            continue
+        diffs = [tail_mean((name, o)) - tail_mean(("bf16", o)) for o in paired]
+        mean = statistics.fmean(diffs)
+        out[name] = {
+            "orders": paired,
+            "tail_minus_bf16": diffs,
+            "mean_difference": mean,
+            "difference_stdev": statistics.stdev(diffs) if len(diffs) >= 2 else None,
+            "within_noise": None if noise is None else abs(mean) <= noise,
+        }
+        if (name, 0) in rows and ("bf16", 0) in rows:
+            out[name]["mean_abs_diff_order0"] = mean_abs_diff(
+                rows[(name, 0)]["losses"], rows[("bf16", 0)]["losses"], tail
+            )
+    return out
+
+
+def planned_runs(config: str, orders: list[int]) -> list[tuple[str, int]]:
+    """(configuration, data order) pairs one --configs entry asks for."""
+    return [ALIASES[config]] if config in ALIASES else [(config, o) for o in orders]
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        values = []
+    if not values or values[0] < 0:
+        raise argparse.ArgumentTypeError(f"one or more non-negative integers, e.g. 0,1,2; got {text!r}")
+    return values
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--configs", default="bf16,bf16-order2,float8")
+    parser.add_argument("--configs", default="bf16,float8", help=f"any of {', '.join([*CONFIGS, *ALIASES])}")
+    parser.add_argument("--orders", type=_int_list, default=[0, 1, 2], help="data-order seeds, e.g. 0,1,2")
     parser.add_argument("--shape", default="qwen2.5-1.5b")
     parser.add_argument("--steps", type=int, default=250)
     parser.add_argument("--tail", type=int, default=50, help="steps compared at the end")
@@ -120,9 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="also write the JSON lines to this file")
     args = parser.parse_args(argv)
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
-    unknown = [c for c in configs if c not in CONFIGS]
+    unknown = [c for c in configs if c not in CONFIGS and c not in ALIASES]
     if unknown or not configs:
-        parser.error(f"--configs: any of {', '.join(CONFIGS)}; unknown: {unknown}")
+        parser.error(f"--configs: any of {', '.join([*CONFIGS, *ALIASES])}; unknown: {unknown}")
     if not 1 <= args.tail <= args.steps:
         parser.error("--tail: between 1 and --steps")
 
@@ -140,24 +203,13 @@ def main(argv: list[str] | None = None) -> int:
                          "seq_len": args.seq_len, "lr": args.lr}}
     ]  # fmt: skip
     print(json.dumps(lines[0]), flush=True)
-    rows = {}
-    for name in configs:
-        rows[name] = run(name, blocks, args)
-        lines.append(rows[name])
-        print(json.dumps(rows[name]), flush=True)
-    if "bf16" not in rows:  # compare later with a bf16 run's lines (same seed, same data)
-        _write(args.out, lines)
-        dist.destroy_process_group()
-        return 0
-    base = rows["bf16"]["losses"]
-    verdict: dict[str, Any] = {"tail_steps": args.tail}
-    if "bf16-order2" in rows:
-        verdict["noise_mean_abs_diff"] = mean_abs_diff(rows["bf16-order2"]["losses"], base, args.tail)
-    for name in configs:
-        if name.startswith("float8"):
-            verdict[f"{name}_mean_abs_diff"] = mean_abs_diff(rows[name]["losses"], base, args.tail)
-            final = rows[name]["final_loss_mean"] - rows["bf16"]["final_loss_mean"]
-            verdict[f"{name}_final_minus_bf16"] = final
+    runs = [run_ for c in configs for run_ in planned_runs(c, args.orders)]
+    rows: dict[tuple[str, int], dict[str, Any]] = {}
+    for name, order in dict.fromkeys(runs):  # each (config, order) once, in the order asked
+        rows[(name, order)] = run(name, order, blocks, args)
+        lines.append(rows[(name, order)])
+        print(json.dumps(rows[(name, order)]), flush=True)
+    verdict = compare(rows, args.tail)
     lines.append({"comparison": verdict})
     print(json.dumps({"comparison": verdict}), flush=True)
     _write(args.out, lines)

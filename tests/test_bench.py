@@ -55,3 +55,56 @@ def test_attention_flops_formula() -> None:
     attn = _load("attention_backends")
     # causal forward = half of 4·B·H·S²·D; forward + backward = 3.5x that
     assert attn.attention_flops(1, 1, 4, 2) == 4 * 16 * 2 / 2 * 3.5
+
+
+convergence = _load("float8_convergence")
+
+
+def _losses(tail_value: float, steps: int = 10) -> dict[str, list[float]]:
+    return {"losses": [5.0] * (steps - 4) + [tail_value] * 4}
+
+
+def test_float8_comparison_pairs_orders_and_judges_against_the_bf16_spread() -> None:
+    rows = {
+        ("bf16", 0): _losses(2.00),
+        ("bf16", 1): _losses(1.95),
+        ("bf16", 2): _losses(2.05),
+        ("float8", 0): _losses(2.08),
+        ("float8", 1): _losses(2.03),
+        ("float8", 2): _losses(2.13),
+        ("float8-ag", 0): _losses(2.01),
+        ("float8-ag", 1): _losses(1.97),
+    }
+    out = convergence.compare(rows, tail=4)
+    assert out["bf16_orders"] == [0, 1, 2]
+    assert out["noise_stdev"] == pytest.approx(0.05)  # stdev of 2.00, 1.95, 2.05
+    assert out["noise_mean_abs_diff"] == pytest.approx(0.05)
+    f8 = out["float8"]
+    # A consistent +0.08 on every order: larger than the order-to-order spread of bf16.
+    assert f8["orders"] == [0, 1, 2] and f8["tail_minus_bf16"] == pytest.approx([0.08] * 3)
+    assert f8["mean_difference"] == pytest.approx(0.08) and f8["within_noise"] is False
+    assert f8["mean_abs_diff_order0"] == pytest.approx(0.08)
+    ag = out["float8-ag"]  # +0.01 and +0.02 on the two orders it ran: within noise
+    assert ag["orders"] == [0, 1] and ag["mean_difference"] == pytest.approx(0.015)
+    assert ag["within_noise"] is True
+
+
+def test_float8_comparison_without_a_second_bf16_order_gives_no_verdict() -> None:
+    out = convergence.compare({("bf16", 0): _losses(2.0), ("float8", 0): _losses(2.1)}, tail=4)
+    assert out["noise_stdev"] is None and out["float8"]["within_noise"] is None
+    assert out["float8"]["difference_stdev"] is None
+
+
+def test_float8_runs_planned_per_order_and_the_old_alias() -> None:
+    assert convergence.planned_runs("float8", [0, 2]) == [("float8", 0), ("float8", 2)]
+    assert convergence.planned_runs("bf16-order2", [0, 1, 2]) == [("bf16", 1)]
+    for bad in ("", "a", "-1", "1,-2"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            convergence._int_list(bad)
+
+
+def test_float8_bench_refuses_unknown_configs(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        convergence.main(["--configs", "bf16,fp4"])
+    assert exc.value.code == 2
+    assert "unknown: ['fp4']" in capsys.readouterr().err
