@@ -439,6 +439,7 @@ def check_ray(api: Api, settings: Settings, checks: list[Check]) -> None:
     want_gpus = settings.num_workers
     for cluster in sorted(clusters, key=_name):
         checks.append(_check_cluster(cluster, ns, settings, want_gpus))
+    by_name = {_name(c): c for c in clusters}
     for job in sorted(jobs or [], key=_name):
         status = job.get("status") or {}
         deploy, state = status.get("jobDeploymentStatus"), status.get("jobStatus")
@@ -446,6 +447,16 @@ def check_ray(api: Api, settings: Settings, checks: list[Check]) -> None:
         detail = f"deployment {deploy or '-'}, job {state or '-'}"
         if status.get("message"):
             detail += f": {status['message']}"
+        held = by_name.get(status.get("rayClusterName") or "")
+        if state == "STOPPED" and not standing and held is not None and not workers_released(held):
+            # Stopped from Ray (`ray job stop`, the dashboard): KubeRay 1.7's deletion rules can name
+            # only SUCCEEDED, FAILED and deployment Failed (RayJob CRD), so nothing frees this
+            # job's cluster: its GPU nodes stay until the RayJob is deleted.
+            failed = True
+            detail += (
+                f"; stopped from Ray, its cluster {_name(held)} still holds its GPU workers (no "
+                f"deletion rule fires for STOPPED): kubectl -n {ns} delete rayjob {_name(job)}"
+            )
         checks.append(Check("RayJob", f"{ns}/{_name(job)}", FAIL if failed else INFO, detail))
     if jobs is not None and not jobs:
         checks.append(Check("RayJob", f"{ns}/*", INFO, "none"))

@@ -437,3 +437,24 @@ def test_smoke_script_passes_only_on_success(tmp_path, monkeypatch, states, rc):
         ["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30, check=False
     )
     assert result.returncode == rc, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("env", ["dev", "prod"])
+def test_pipeline_access_is_deletable_and_leaves_nothing_behind(synthesized, env):
+    # Destroy deletes it first (it imports the Cluster stack's export): never termination-protected,
+    # and its named bucket, log group and keys go with it, or the next deploy would collide with them.
+    (assembly,) = synthesized[HOST].directory.glob(f"assembly-*-Deploy-{env}")
+    manifest = json.loads((assembly / "manifest.json").read_text())
+    (artifact,) = [
+        a for a in manifest["artifacts"].values()
+        if a["type"] == "aws:cloudformation:stack" and a["displayName"].endswith("-PipelineAccess")
+    ]  # fmt: skip
+    assert not artifact["properties"].get("terminationProtection")
+    access = _stage_templates(synthesized, env)[f"RayTrain-{env}-PipelineAccess"]
+    kept = {
+        k: r["Type"]
+        for k, r in access["Resources"].items()
+        if r["Type"] in ("AWS::S3::Bucket", "AWS::Logs::LogGroup", "AWS::KMS::Key")
+        and r.get("DeletionPolicy", "Delete") != "Delete"
+    }
+    assert kept == {}

@@ -543,3 +543,36 @@ def test_cluster_whose_job_ended_is_a_note(api_server: FakeApi, settings: Settin
     cluster["spec"]["workerGroupSpecs"][0]["suspend"] = False
     (rc,) = [c for c in verify.verify(api, zero) if c.name == "RayCluster"]
     assert rc.result == verify.FAIL
+
+
+def test_stopped_job_still_holding_its_workers_fails(
+    api_server: FakeApi, settings: Settings, tmp_path: Path
+) -> None:
+    """`ray job stop` ends a RayJob STOPPED (deployment Complete), which no KubeRay 1.7 deletion rule
+    names: its cluster keeps the GPU workers until someone deletes the RayJob. verify says so."""
+    if settings.job.cluster is not ClusterMode.OWN:
+        settings = settings.model_copy(
+            update={"job": settings.job.model_copy(update={"cluster": ClusterMode.OWN})}
+        )
+    routes = healthy_cluster(settings)
+    ns = settings.workload.namespace
+    (cluster,) = routes[f"/apis/ray.io/v1/namespaces/{ns}/rayclusters"]["items"]
+    job = routes[f"/apis/ray.io/v1/namespaces/{ns}/rayjobs"]["items"][0]
+    job["status"] = {
+        "jobDeploymentStatus": "Complete",
+        "jobStatus": "STOPPED",
+        "rayClusterName": cluster["metadata"]["name"],
+    }
+    api_server.routes = routes
+    api = verify.connect(str(api_server.kubeconfig), None, settings)
+    (row,) = [c for c in verify.verify(api, settings) if c.name == "RayJob"]
+    assert row.result == verify.FAIL
+    assert (
+        "still holds its GPU workers" in row.detail
+        and f"delete rayjob {job['metadata']['name']}" in row.detail
+    )
+    # Once its workers are gone (deleted by hand, or suspended) it is only a note.
+    for group in cluster["spec"]["workerGroupSpecs"]:
+        group["suspend"] = True
+    (row,) = [c for c in verify.verify(api, settings) if c.name == "RayJob"]
+    assert row.result == verify.INFO

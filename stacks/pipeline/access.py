@@ -33,7 +33,7 @@ from cdk_constructs.encrypted_logs import encrypted_log_group
 from config.names import VerifyBuild
 from config.settings import Settings
 from stacks.cluster_stack import control_plane_security_group_export
-from stacks.common import log_retention, removal_policy
+from stacks.common import log_retention
 from stacks.pipeline.nag import acknowledge_access_findings
 from stacks.pipeline.steps import (
     BUILD_IMAGE,
@@ -80,7 +80,9 @@ class PipelineAccessStack(cdk.Stack):
             ids=("SourceKey", "SourceAccessLogs", "Source"),
             key_description=f"Pipeline checkouts for the verification of {cluster_name}",
             log_prefix="source/",
-            removal_policy=removal_policy(settings),
+            # Uploaded checkouts and build logs only, under fixed names: kept after a destroy they
+            # would block the next deploy ("already exists"), so they go in every environment.
+            removal_policy=cdk.RemovalPolicy.DESTROY,
             bucket_name=names.bucket,
             # The build names the object version it runs (StartBuild sourceVersion: "For Amazon S3:
             # the version ID of the object that represents the build input ZIP file").
@@ -126,7 +128,7 @@ class PipelineAccessStack(cdk.Stack):
             description=f"Pipeline verification builds of {cluster_name}",
             log_group_name=names.log_group,
             retention=log_retention(90),
-            removal_policy=removal_policy(settings),
+            removal_policy=cdk.RemovalPolicy.DESTROY,
         )
         self.log_group = logs
         build_spec = codebuild.BuildSpec.from_object(

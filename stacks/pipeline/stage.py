@@ -48,7 +48,9 @@ class EnvironmentStage(cdk.Stage):
             ),
             smoke=smoke,
             env=cdk.Environment(account=settings.account, region=settings.region),
-            termination_protection=settings.termination_protection,
+            # No state here (checkouts and build logs): it is the first stack to delete on destroy
+            # (it imports the Cluster stack's export), so it is never protected.
+            termination_protection=False,
             description=f"Ray Train on EKS ({settings.name}): the pipeline's in-VPC verification",
         )
         self.access.add_stack_dependency(self.stacks.cluster)
