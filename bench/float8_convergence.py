@@ -40,6 +40,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.args import int_list  # noqa: E402  (after the path: run as a script)
+
 CONFIGS: dict[str, list[str]] = {  # options over the GPU defaults
     "bf16": ["--no-float8"],
     "float8": ["--float8"],
@@ -159,13 +161,7 @@ def planned_runs(config: str, orders: list[int]) -> list[tuple[str, int]]:
 
 
 def _int_list(text: str) -> list[int]:
-    try:
-        values = sorted({int(x) for x in text.split(",") if x.strip()})
-    except ValueError:
-        values = []
-    if not values or values[0] < 0:
-        raise argparse.ArgumentTypeError(f"one or more non-negative integers, e.g. 0,1,2; got {text!r}")
-    return values
+    return sorted(set(int_list(text, minimum=0, example="0,1,2")))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -44,6 +44,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.args import int_list  # noqa: E402  (after the path: run as a script)
+
 VARIANT_FLAGS = {"compile": "compile", "ac": "activation_checkpointing", "float8": "float8"}
 BASE_VARIANTS = ("compile", "eager", "compile-ac", "eager-ac")
 
@@ -64,13 +66,7 @@ def parse_variant(name: str) -> dict[str, bool]:
 
 
 def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        values = []
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"one or more positive integers, e.g. 1,4,8; got {text!r}")
-    return values
+    return int_list(text, minimum=1, example="1,4,8")
 
 
 def float8_available() -> bool:

@@ -36,6 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.args import int_list  # noqa: E402  (after the path: run as a script)
+
 # Variants of our loop: options layered over the GPU defaults of `python -m training`.
 OURS: dict[str, list[str]] = {
     "ours": [],  # the GPU defaults of `python -m training`
@@ -198,15 +200,7 @@ def _transport_brief(t: dict[str, Any]) -> dict[str, Any]:
 
 
 def _worker_counts(text: str | None) -> list[int] | None:
-    if not text:
-        return None
-    try:
-        counts = sorted({int(x) for x in text.split(",") if x.strip()})
-    except ValueError:
-        counts = []
-    if not counts or counts[0] < 1:
-        raise argparse.ArgumentTypeError(f"one or more positive integers, e.g. 1,2; got {text!r}")
-    return counts
+    return sorted(set(int_list(text, minimum=1, example="1,2"))) if text else None
 
 
 def build_parser() -> argparse.ArgumentParser:
