@@ -37,6 +37,7 @@ boto3 = pytest.importorskip("boto3")
 moto_server = pytest.importorskip("moto.server")
 
 from config.names import VerifyBuild  # noqa: E402
+from tests.cfn_intrinsics import resolve  # noqa: E402
 
 HOST = "prod"
 ENV = "dev"
@@ -56,25 +57,6 @@ def _access_template(synthesized: Any) -> dict[str, Any]:
     (assembly,) = synthesized[HOST].directory.glob(f"assembly-*-Deploy-{ENV}")
     (path,) = assembly.glob("*PipelineAccess*.template.json")
     return dict(json.loads(path.read_text()))
-
-
-def _resolve(value: Any, refs: dict[str, str]) -> Any:
-    if isinstance(value, list):
-        return [_resolve(v, refs) for v in value]
-    if isinstance(value, str):
-        return value.replace(SYNTH_ACCOUNT, ACCOUNT)
-    if not isinstance(value, dict):
-        return value
-    if "Fn::GetAtt" in value:
-        logical_id, attribute = value["Fn::GetAtt"]
-        assert attribute == "Arn", value
-        return refs[logical_id]
-    if "Fn::Join" in value:
-        sep, parts = value["Fn::Join"]
-        return sep.join(_resolve(p, refs) for p in parts)
-    if "Ref" in value:
-        return {"AWS::Partition": "aws", "AWS::Region": REGION, "AWS::AccountId": ACCOUNT}[value["Ref"]]
-    return {k: _resolve(v, refs) for k, v in value.items()}
 
 
 def _logical(template: dict[str, Any], kind: str, prefix: str) -> str:
@@ -163,7 +145,12 @@ class Env:
             _logical(template, "AWS::KMS::Key", "SourceKey"): self.key_arn,
             _logical(template, "AWS::CodeBuild::Project", "VerifyProject"): self.names.project_arn,
         }
-        self.policy = _resolve(policy, refs)
+        self.policy = resolve(
+            policy,
+            refs,
+            pseudo={"AWS::Partition": "aws", "AWS::Region": REGION, "AWS::AccountId": ACCOUNT},
+            replace=(SYNTH_ACCOUNT, ACCOUNT),
+        )
         principal = resources[starter_id]["Properties"]["AssumeRolePolicyDocument"]["Statement"][0][
             "Principal"
         ]

@@ -43,6 +43,8 @@ pafs = pytest.importorskip("pyarrow.fs")
 moto_server = pytest.importorskip("moto.server")
 xmltodict = pytest.importorskip("xmltodict")
 
+from tests.cfn_intrinsics import resolve  # noqa: E402
+
 REGION = "us-west-2"
 RUN = "qwen-run"
 MIB = 2**20
@@ -61,22 +63,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _resolve(value: Any, atts: dict[str, str]) -> Any:
-    """The few intrinsics the role policy uses: Fn::GetAtt ...Arn and Fn::Join."""
-    if isinstance(value, list):
-        return [_resolve(v, atts) for v in value]
-    if not isinstance(value, dict):
-        return value
-    if "Fn::GetAtt" in value:
-        logical_id, attribute = value["Fn::GetAtt"]
-        assert attribute == "Arn", value
-        return atts[logical_id]
-    if "Fn::Join" in value:
-        sep, parts = value["Fn::Join"]
-        return sep.join(_resolve(p, atts) for p in parts)
-    return {k: _resolve(v, atts) for k, v in value.items()}
 
 
 def _role_policy(template: dict[str, Any]) -> tuple[dict[str, Any], str, str]:
@@ -130,7 +116,7 @@ class Aws:
             },
         )
         doc, bucket_id, key_id = _role_policy(template)
-        self.policy = _resolve(doc, {bucket_id: f"arn:aws:s3:::{self.bucket}", key_id: self.key_arn})
+        self.policy = resolve(doc, {bucket_id: f"arn:aws:s3:::{self.bucket}", key_id: self.key_arn})
         iam = boto3.client("iam", **admin, **admin_creds)
         account = boto3.client("sts", **admin, **admin_creds).get_caller_identity()["Account"]
         trust = {
