@@ -2,6 +2,7 @@
 
     python bench/float8_convergence.py [--steps 250] [--micro-batch 4] [--seq-len 2048]
                                        [--configs bf16,float8] [--orders 0,1,2] [--out FILE]
+    python bench/float8_convergence.py --compare FILE [FILE ...] [--tail 50]
 
 Learnable data, fixed and offline: the text of this Python installation's standard library
 (sorted .py files, UTF-8 bytes as token ids, documents separated by byte 0), packed into blocks
@@ -160,6 +161,40 @@ def planned_runs(config: str, orders: list[int]) -> list[tuple[str, int]]:
     return [ALIASES[config]] if config in ALIASES else [(config, o) for o in orders]
 
 
+class CompareError(ValueError):
+    """A --compare file that cannot be read or does not fit with the others."""
+
+
+SAME_SETUP = ("steps", "micro_batch", "seq_len", "lr")
+
+
+def load_runs(paths: list[str]) -> dict[tuple[str, int], dict[str, Any]]:
+    """The runs of several --out files, keyed (config, order); CompareError naming the file when
+    one is missing, malformed, duplicates a run or was made with another setup (SAME_SETUP)."""
+    rows: dict[tuple[str, int], dict[str, Any]] = {}
+    setup: tuple[str, dict[str, Any]] | None = None
+    for path in paths:
+        try:
+            lines = [json.loads(x) for x in Path(path).read_text().splitlines() if x.strip()]
+        except (OSError, ValueError) as exc:
+            raise CompareError(f"{path}: not a readable --out file of this bench ({exc})") from None
+        envs = [x["environment"] for x in lines if isinstance(x, dict) and "environment" in x]
+        runs = [x for x in lines if isinstance(x, dict) and "config" in x and "losses" in x]
+        if len(envs) != 1 or not runs:
+            raise CompareError(f"{path}: expected one environment line and at least one run")
+        this = {k: envs[0].get(k) for k in SAME_SETUP}
+        if setup is None:
+            setup = (path, this)
+        elif this != setup[1]:
+            raise CompareError(f"{path}: setup {this} differs from {setup[0]}'s {setup[1]}")
+        for r in runs:
+            key = (str(r["config"]), int(r["order"]))
+            if key in rows:
+                raise CompareError(f"{path}: run {key[0]} on order {key[1]} appears twice")
+            rows[key] = r
+    return rows
+
+
 def _int_list(text: str) -> list[int]:
     return sorted(set(int_list(text, minimum=0, example="0,1,2")))
 
@@ -177,7 +212,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--out", help="also write the JSON lines to this file")
+    parser.add_argument(
+        "--compare", nargs="+", metavar="FILE", help="compare the runs of earlier --out files"
+    )
     args = parser.parse_args(argv)
+    if args.compare:
+        try:
+            saved = load_runs(args.compare)
+        except CompareError as exc:
+            parser.error(f"--compare: {exc}")
+        if not 1 <= args.tail <= min(len(r["losses"]) for r in saved.values()):
+            parser.error("--tail: between 1 and the runs' steps")
+        print(json.dumps({"comparison": compare(saved, args.tail)}), flush=True)
+        return 0
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     unknown = [c for c in configs if c not in CONFIGS and c not in ALIASES]
     if unknown or not configs:
@@ -205,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         rows[(name, order)] = run(name, order, blocks, args)
         lines.append(rows[(name, order)])
         print(json.dumps(rows[(name, order)]), flush=True)
+        _write(args.out, lines)  # after each run: a run cut short by a time limit keeps the others
     verdict = compare(rows, args.tail)
     lines.append({"comparison": verdict})
     print(json.dumps({"comparison": verdict}), flush=True)
@@ -214,8 +262,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _write(path: str | None, lines: list[dict[str, Any]]) -> None:
+    """Replaces the file whole (written beside it, then renamed): never a half-written line."""
     if path:
-        Path(path).write_text("".join(json.dumps(x) + "\n" for x in lines))
+        tmp = Path(f"{path}.tmp")
+        tmp.write_text("".join(json.dumps(x) + "\n" for x in lines))
+        tmp.replace(path)
 
 
 if __name__ == "__main__":

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -108,3 +110,76 @@ def test_float8_bench_refuses_unknown_configs(capsys: pytest.CaptureFixture[str]
         convergence.main(["--configs", "bf16,fp4"])
     assert exc.value.code == 2
     assert "unknown: ['fp4']" in capsys.readouterr().err
+
+
+def _out_file(path: Path, runs: dict[tuple[str, int], dict[str, list[float]]], steps: int = 10) -> str:
+    env = {"environment": {"steps": steps, "micro_batch": 4, "seq_len": 2048, "lr": 3e-4}}
+    lines = [env] + [{"config": c, "order": o, **r} for (c, o), r in runs.items()]
+    convergence._write(str(path), lines)
+    return str(path)
+
+
+def test_float8_compare_merges_the_out_files_of_separate_invocations(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runs = {("bf16", 0): _losses(2.00), ("float8", 0): _losses(2.01), ("bf16", 1): _losses(1.95),
+            ("float8", 1): _losses(1.97)}  # fmt: skip
+    a = _out_file(tmp_path / "order0.jsonl", dict(list(runs.items())[:2]))
+    b = _out_file(tmp_path / "order1.jsonl", dict(list(runs.items())[2:]))
+    assert not list(tmp_path.glob("*.tmp"))  # written beside, then renamed
+    assert convergence.main(["--compare", a, b, "--tail", "4"]) == 0
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["comparison"]
+    assert printed == json.loads(json.dumps(convergence.compare(runs, tail=4)))
+    assert printed["float8"]["orders"] == [0, 1]
+
+
+@pytest.mark.parametrize(
+    ("second", "message"),
+    [
+        ({"steps": 10, "dup": True}, "run bf16 on order 0 appears twice"),
+        ({"steps": 12}, "differs from"),
+        ({"missing": True}, "not a readable --out file"),
+    ],
+)
+def test_float8_compare_refuses_files_that_do_not_fit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], second: dict[str, Any], message: str
+) -> None:
+    a = _out_file(tmp_path / "a.jsonl", {("bf16", 0): _losses(2.0)})
+    b = str(tmp_path / "b.jsonl")
+    if not second.get("missing"):
+        order = 0 if second.get("dup") else 1
+        _out_file(tmp_path / "b.jsonl", {("bf16", order): _losses(2.0, second["steps"])}, second["steps"])
+    with pytest.raises(SystemExit) as exc:
+        convergence.main(["--compare", a, b, "--tail", "4"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--compare:" in err and message in err and "Traceback" not in err
+
+
+gpu_busy = _load("gpu_busy")
+
+
+def test_gpu_busy_counts_overlapping_streams_once_and_lists_the_gaps() -> None:
+    # Two streams overlap on [5, 12); then a 3 ns gap; then [15, 20) inside nothing else.
+    busy, gaps = gpu_busy.busy_and_gaps([(15, 20), (0, 10), (5, 12), (16, 18)])
+    assert (busy, gaps) == (17, [3])
+    assert gpu_busy.busy_and_gaps([]) == (0, [])
+
+
+def test_gpu_busy_summary_against_the_host_synced_steps() -> None:
+    ms = 1_000_000
+    # Two 10 ms steps; the GPU works 9 ms of each, with a 0.5 ms and a 0.2 ms gap in between.
+    intervals = [(0, 4 * ms), (int(4.5 * ms), int(9.5 * ms)), (int(9.7 * ms), int(18.7 * ms))]
+    out = gpu_busy.summarize(intervals, [4 * ms, 4_000, 9 * ms], [0.010, 0.010])
+    assert out["gpu_busy_share"] == pytest.approx(0.9)
+    assert out["idle_ms_per_step"] == pytest.approx(1.0)
+    assert out["largest_gaps_ms"] == pytest.approx([0.5, 0.2])
+    assert out["gaps_over_100us_per_step"] == 1.0
+    assert out["kernels_per_step"] == 1.5 and out["kernels_under_10us_share"] == pytest.approx(1 / 3)
+
+
+def test_gpu_busy_refuses_bad_options(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv, message in ((["--configs", "bf16,tf32"], "unknown: ['tf32']"), (["--steps", "0"], "--steps")):
+        with pytest.raises(SystemExit) as exc:
+            gpu_busy.main(argv)
+        assert exc.value.code == 2 and message in capsys.readouterr().err

@@ -1,0 +1,163 @@
+"""Is a training step launch-bound? How much of a host-synced step the GPU spends working.
+
+    python bench/gpu_busy.py [--configs bf16,float8] [--micro-batch 8] [--seq-len 2048]
+                             [--warmup 6] [--steps 4] [--out FILE]
+
+Each configuration runs the loop's own `_Trainer` (the GPU defaults of `python -m training`:
+FSDP2, per-layer compile, Liger loss, fused AdamW; one rank, random tokens, as
+bench/float8_convergence.py builds it) for --warmup steps (compilation, allocator warm-up), times
+--steps steps without the profiler, then --steps more under torch.profiler recording only CUDA
+activity (CUPTI: kernels, copies, memsets; no CPU-side op records, so the host launches at close
+to its unprofiled pace).
+
+One JSON line per configuration: the host-synced step time without and with the profiler, the
+GPU's busy time (the union of all its activity intervals) as a share of the profiled steps' wall
+time, the idle time per step and the largest gaps, kernels per step, their median duration and
+the share shorter than 10 us. The idle share bounds what CUDA graphs could gain by removing launch
+gaps: a step whose GPU is busy 98 % of its wall time cannot get more than 2 % faster from them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import socket
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+CONFIGS: dict[str, list[str]] = {"bf16": ["--no-float8"], "float8": ["--float8"]}
+
+
+def busy_and_gaps(intervals: list[tuple[int, int]]) -> tuple[int, list[int]]:
+    """(time covered by the union of [start, end) intervals, the gaps between the merged
+    intervals in time order). Overlapping work on several streams counts once."""
+    busy, gaps, cur_start, cur_end = 0, [], None, None
+    for start, end in sorted(intervals):
+        if cur_end is None or cur_start is None:
+            cur_start, cur_end = start, end
+        elif start > cur_end:
+            busy += cur_end - cur_start
+            gaps.append(start - cur_end)
+            cur_start, cur_end = start, end
+        else:
+            cur_end = max(cur_end, end)
+    if cur_end is not None and cur_start is not None:
+        busy += cur_end - cur_start
+    return busy, gaps
+
+
+def summarize(
+    intervals_ns: list[tuple[int, int]], kernel_durations_ns: list[int], step_times_s: list[float]
+) -> dict[str, Any]:
+    """The profile's figures: `intervals_ns` are every device activity of the profiled steps,
+    `kernel_durations_ns` the kernels' alone, `step_times_s` the same steps' host-synced times."""
+    steps = len(step_times_s)
+    wall_ns = sum(step_times_s) * 1e9
+    busy, gaps = busy_and_gaps(intervals_ns)
+    return {
+        "steps": steps,
+        "step_time_s": sum(step_times_s) / steps,
+        "gpu_busy_share": busy / wall_ns,
+        "idle_ms_per_step": (wall_ns - busy) / steps / 1e6,
+        "largest_gaps_ms": [g / 1e6 for g in sorted(gaps, reverse=True)[:5]],
+        "gaps_over_100us_per_step": sum(g > 100_000 for g in gaps) / steps,
+        "kernels_per_step": len(kernel_durations_ns) / steps,
+        "kernel_median_us": statistics.median(kernel_durations_ns) / 1e3 if kernel_durations_ns else None,
+        "kernels_under_10us_share": (
+            sum(d < 10_000 for d in kernel_durations_ns) / len(kernel_durations_ns)
+            if kernel_durations_ns
+            else None
+        ),
+    }
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def profile(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    from training.loop import _Trainer
+    from training.options import parse_args
+
+    opts = parse_args(
+        ["--init", "random", "--shape", args.shape, "--data", "random", "--seq-len", str(args.seq_len),
+         "--micro-batch-size", str(args.micro_batch), "--steps", str(args.warmup + 2 * args.steps),
+         "--seed", "0", *CONFIGS[name]]
+    )  # fmt: skip
+    tr = _Trainer(opts, None, place=(0, 1, torch.device("cuda", 0)))
+    for _ in range(args.warmup):
+        tr.train_step()
+    plain = [tr.train_step()["step_time_s"] for _ in range(args.steps)]
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        profiled = [tr.train_step()["step_time_s"] for _ in range(args.steps)]
+    results = prof.profiler.kineto_results if prof.profiler else None
+    events = [e for e in (results.events() if results else []) if e.device_type() == DeviceType.CUDA]
+    intervals = [(e.start_ns(), e.start_ns() + e.duration_ns()) for e in events]
+    # Copies and memsets count as busy; only kernels are counted and sized as launches.
+    kernels = [e.duration_ns() for e in events if not e.name().startswith(("Memcpy", "Memset"))]
+    row = {"config": name, "micro_batch": args.micro_batch, "seq_len": args.seq_len,
+           "step_time_unprofiled_s": statistics.fmean(plain)}  # fmt: skip
+    row.update(summarize(intervals, kernels, profiled))
+    del tr, prof
+    gc.collect()
+    torch._dynamo.reset()
+    torch.cuda.empty_cache()
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--configs", default="bf16,float8", help=f"any of {', '.join(CONFIGS)}")
+    parser.add_argument("--shape", default="qwen2.5-1.5b")
+    parser.add_argument("--micro-batch", type=int, default=8)
+    parser.add_argument("--seq-len", type=int, default=2048)
+    parser.add_argument("--warmup", type=int, default=6, help="steps before any is measured")
+    parser.add_argument("--steps", type=int, default=4, help="steps measured, with and without the profiler")
+    parser.add_argument("--out", help="also write the JSON lines to this file")
+    args = parser.parse_args(argv)
+    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    unknown = [c for c in configs if c not in CONFIGS]
+    if unknown or not configs:
+        parser.error(f"--configs: any of {', '.join(CONFIGS)}; unknown: {unknown}")
+    for flag in ("micro_batch", "seq_len", "warmup", "steps"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')}: a positive integer")
+
+    import torch
+    import torch.distributed as dist
+
+    if not torch.cuda.is_available():
+        parser.error("needs a CUDA GPU (the profile is of the GPU's timeline)")
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    lines: list[dict[str, Any]] = [
+        {"environment": {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__}}
+    ]
+    print(json.dumps(lines[0]), flush=True)
+    for name in dict.fromkeys(configs):
+        lines.append(profile(name, args))
+        print(json.dumps(lines[-1]), flush=True)
+    if args.out:
+        Path(args.out).write_text("".join(json.dumps(x) + "\n" for x in lines))
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
