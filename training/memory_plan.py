@@ -6,7 +6,8 @@ does on a GPU (training/model.py, training/loop.py); every term below says where
 from. Sizes are bytes of one rank; N counts parameters once (a tied lm_head shares the embedding).
 
 Sharding: FSDP2 shards every parameter over the shard group: all ranks (`full`), or the GPUs of a
-node (`hsdp`, and `auto` with more than one node), so S = world or GPUs per node.
+node (`hsdp`, and `auto` with more than one node of several GPUs each), so S = world or GPUs per
+node.
 
 Persistent between steps (on every rank, sharded 1/S):
   master weights   4 N / S    fp32 (MixedPrecisionPolicy keeps the sharded parameters in fp32)

@@ -158,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=SHARDINGS,
         default="auto",
         help="full: FSDP over all ranks; hsdp: shard inside a node, replicate across "
-        "nodes; auto: hsdp when more than one node",
+        "nodes; auto: hsdp with more than one node of several GPUs each, else full",
     )
     g.add_argument(
         "--compile",

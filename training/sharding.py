@@ -7,13 +7,16 @@ from __future__ import annotations
 def mesh_shape(sharding: str, world: int, local_world: int) -> tuple[int, ...]:
     """(world,) for full sharding; (nodes, per node) for HSDP: replicate across nodes, shard inside.
 
-    auto picks HSDP with more than one node: the per-layer all-gathers and reduce-scatters then stay
-    on the node's NVLink and only one gradient all-reduce per step crosses the slower inter-node
-    network (for Qwen2.5-1.5B at 5 GB/s: >= 1.62 s/step of traffic with full sharding, >= 0.62 s
-    with HSDP; with one GPU per node the two move the same bytes, BENCHMARKS.md).
+    auto picks HSDP with more than one node of several GPUs each: the per-layer all-gathers and
+    reduce-scatters then stay on the node's NVLink and only one gradient all-reduce per step crosses
+    the slower inter-node network (for Qwen2.5-1.5B at 5 GB/s: >= 1.62 s/step of traffic with full
+    sharding, >= 0.62 s with HSDP). With one GPU per node HSDP is plain replication: the same bytes
+    cross the network, and every GPU holds the whole model and optimizer state; measured over two
+    emulated hosts it was 11 % slower with 8.6 GiB more per GPU (BENCHMARKS.md), so auto shards
+    fully there.
     """
     nodes = world // local_world if local_world and world % local_world == 0 else 1
-    if sharding == "hsdp" or (sharding == "auto" and nodes > 1):
+    if sharding == "hsdp" or (sharding == "auto" and nodes > 1 and local_world > 1):
         if world % local_world:
             raise ValueError(f"HSDP needs equal workers per node: {world} over {local_world}")
         return (world // local_world, local_world)

@@ -76,6 +76,8 @@ def test_hsdp_mesh_is_two_dimensional(single_rank_group: None) -> None:
     [
         ("auto", 8, 8, (8,)),  # one node: plain FSDP
         ("auto", 8, 4, (2, 4)),  # two nodes: shard inside each, replicate across
+        ("auto", 2, 1, (2,)),  # one GPU per node: HSDP would only replicate (BENCHMARKS.md)
+        ("hsdp", 2, 1, (2, 1)),  # asked for explicitly: replication it is
         ("full", 8, 4, (8,)),
         ("hsdp", 16, 8, (2, 8)),
         ("hsdp", 4, 4, (1, 4)),
