@@ -40,8 +40,9 @@ from bench.args import int_list  # noqa: E402  (after the path: run as a script)
 
 # Variants of our loop: options layered over the GPU defaults of `python -m training`.
 OURS: dict[str, list[str]] = {
-    "ours": [],  # the GPU defaults of `python -m training`
-    "ours-bf16": ["--compile", "--liger", "--no-float8"],
+    "ours": [],  # the GPU defaults of `python -m training` (float8 where the GPU has FP8 cores)
+    "ours-bf16": ["--compile", "--liger", "--no-float8"],  # the GPU defaults before float8
+    "ours-bf16-noreshard": ["--compile", "--liger", "--no-float8", "--no-reshard-after-forward"],
     "ours-float8": ["--compile", "--liger", "--float8"],
     "ours-float8-ag": ["--compile", "--liger", "--float8", "--float8-all-gather"],
     "ours-noreshard": ["--no-reshard-after-forward"],

@@ -35,7 +35,7 @@ def plan_options(job: JobSettings, gpu: Instance, nodes: int) -> dict[str, Any]:
         compile=job.compile,
         activation_checkpointing=job.activation_checkpointing,
         liger=job.liger,
-        float8=job.float8,
+        float8=job.float8_on(gpu),
     )
 
 

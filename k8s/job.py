@@ -88,8 +88,7 @@ def training_args(settings: Settings, *, checkpoint_uri: str) -> list[str]:
     if job.activation_checkpointing:
         args.append("--activation-checkpointing")
     args.append("--liger" if job.liger else "--no-liger")
-    if job.float8:
-        args.append("--float8")
+    args.append("--float8" if job.float8_on(settings.gpu_nodes.instance) else "--no-float8")
     if job.output_dir:
         args += ["--output-dir", job.output_dir]
     prepared = prepared_data_uri(settings, checkpoint_uri=checkpoint_uri)

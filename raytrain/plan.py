@@ -89,6 +89,7 @@ def breakdown(settings: Settings) -> Table:
             ("compiled layers", job.compile),
             ("activation checkpointing", job.activation_checkpointing),
             ("Liger loss", job.liger),
+            ("float8 linears", job.float8_on(gpu)),
         )
         if on
     ]

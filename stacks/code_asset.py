@@ -99,23 +99,38 @@ def download_wheels(image: Image | None = None, wheels_dir: Path = WHEELS_DIR) -
         requirements.write("\n".join(lines) + "\n")
         requirements.flush()
         options = ["--quiet", "--no-deps", "--only-binary=:all:", "--require-hashes"]
-        subprocess.run(  # noqa: S603 (this interpreter's pip, fixed arguments)
+        # Pure-Python wheels for the image's Python, whatever this machine is: a package that also
+        # ships platform wheels (torchao) would otherwise come as this machine's build.
+        target = ["--platform", "any", "--python-version", image.python]
+        fetched = subprocess.run(  # noqa: S603 (this interpreter's pip, fixed arguments)
             [
                 sys.executable,
                 "-m",
                 "pip",
                 "download",
                 *options,
+                *target,
                 "--dest",
                 str(wheels_dir),
                 "-r",
                 requirements.name,
             ],
-            check=True,
+            check=False,
+        )
+    if fetched.returncode != 0:
+        raise CodeAssetError(
+            "pip could not fetch a pure-Python (py3-none-any) wheel of every [job_packages] entry in "
+            "config/image.toml at its locked version (pip's message is above)"
         )
     return job_wheels(image, wheels_dir)
 
 
 if __name__ == "__main__":
-    for path in download_wheels():
-        print(f"wheels/{path.name}")
+    import sys
+
+    try:
+        for path in download_wheels():
+            print(f"wheels/{path.name}")
+    except CodeAssetError as exc:
+        print(f"make wheels: {exc}", file=sys.stderr)
+        sys.exit(2)

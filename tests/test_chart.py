@@ -7,6 +7,7 @@ type with efa false, and the standing-cluster mode. Each variant is rendered onc
 from __future__ import annotations
 
 import copy
+import dataclasses
 import ipaddress
 import re
 import shlex
@@ -463,6 +464,7 @@ def test_entrypoint_carries_the_job_settings(name: str) -> None:
     assert switches == {
         "--compile" if job.compile else "--no-compile",
         "--liger" if job.liger else "--no-liger",
+        "--float8" if job.float8_on(s.gpu_nodes.instance) else "--no-float8",
     }
 
 
@@ -473,31 +475,47 @@ def test_entrypoint_switches_and_quoting() -> None:
     )
     job = next(o for o in render(s) if o["kind"] == "RayJob")
     _, flags, switches = parsed_entrypoint(job)
-    assert switches == {"--compile", "--liger", "--activation-checkpointing"}
+    assert switches == {"--compile", "--liger", "--activation-checkpointing", "--float8"}
     assert flags["--data"] == "/data/a&b;c"
     # Eager layers and the full-logits loss need more memory per token: shorter sequences keep
     # this variant inside dev's L4 (the memory plan would refuse it at 2048, config/memory.py).
     off = variant("dev", job={"compile": False, "liger": False, "seq_len": 512})
     _, _, switches = parsed_entrypoint(next(o for o in render(off) if o["kind"] == "RayJob"))
-    assert switches == {"--no-compile", "--no-liger"}
+    assert switches == {"--no-compile", "--no-liger", "--no-float8"}  # float8 unset: only compiled
     runtime_env = yaml.safe_load(
         next(o for o in render(off) if o["kind"] == "RayJob")["spec"]["runtimeEnvYAML"]
     )
     assert runtime_env == {"working_dir": CODE_URI}
 
 
-def test_float8_setting_reaches_the_entrypoint_and_is_refused_without_fp8_tensor_cores() -> None:
-    # The DLC has no torchao and the code asset does not ship it: float8 needs an image with it.
-    with pytest.raises(ValueError, match=r"has no torchao.*workload\.image.*job\.float8: false"):
-        variant("dev", job={"float8": True})
-    custom = {"image": "111122223333.dkr.ecr.us-west-2.amazonaws.com/ray-train:torchao"}
-    on = variant("dev", job={"float8": True}, workload=custom)  # dev's g6.12xlarge: L4, FP8 cores
-    _, _, switches = parsed_entrypoint(next(o for o in render(on) if o["kind"] == "RayJob"))
-    assert "--float8" in switches
-    _, _, switches = parsed_entrypoint(next(o for o in render(variant("dev")) if o["kind"] == "RayJob"))
-    assert "--float8" not in switches
-    with pytest.raises(ValueError, match=r"g5\.48xlarge's A10G GPUs have no FP8.*job\.float8: false"):
-        variant("dev", job={"float8": True}, workload=custom, gpu_nodes={"instance_type": "g5.48xlarge"})
+def test_float8_is_on_where_the_gpu_has_fp8_tensor_cores_and_refused_where_it_has_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def switches_of(s: Any) -> set[str]:
+        return parsed_entrypoint(next(o for o in render(s) if o["kind"] == "RayJob"))[2]
+
+    # Unset: on for dev's g6.12xlarge (L4), off for g5's A10G; explicit either way in the entrypoint,
+    # so the training CLI's own default never decides.
+    assert "--float8" in switches_of(variant("dev"))
+    assert "--no-float8" in switches_of(variant("dev", job={"float8": False}))
+    assert "--no-float8" in switches_of(variant("dev", gpu_nodes={"instance_type": "g5.48xlarge"}))
+    with pytest.raises(ValueError, match=r"g5\.48xlarge's A10G GPUs have no FP8.*job\.float8 unset.*false"):
+        variant("dev", job={"float8": True}, gpu_nodes={"instance_type": "g5.48xlarge"})
+    # torchao reaches the pods in the code asset; without it there, float8 needs an image that has it.
+    from config.settings import root
+
+    dev = load_settings("dev").model_dump(mode="json")
+    custom = {
+        **dev,
+        "workload": {**dev["workload"], "image": "111122223333.dkr.ecr.us-west-2.amazonaws.com/ray:t"},
+    }
+    no_torchao = dataclasses.replace(
+        root.IMAGE, job_packages={k: v for k, v in root.IMAGE.job_packages.items() if k != "torchao"}
+    )
+    monkeypatch.setattr(root, "IMAGE", no_torchao)
+    with pytest.raises(ValueError, match=r"unset, so on for L4, but .* has no torchao.*job\.float8: false"):
+        Settings.model_validate(dev)
+    assert "--float8" in switches_of(Settings.model_validate(custom))
 
 
 def test_tokens_are_embedded_not_parsed_and_not_hashed() -> None:

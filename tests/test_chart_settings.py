@@ -72,6 +72,12 @@ def test_environment_files_are_valid_with_defaults() -> None:
             "gpu_nodes.efa is false",
         ),
         ({"gpu_nodes": {"desired_size": 2}}, "gpu_nodes.desired_size", "unknown field"),
+        ({"job": {"float8": "fast"}}, "job.float8", "valid boolean"),
+        (
+            {"gpu_nodes": {"instance_type": "g5.12xlarge", "efa": False}, "job": {"float8": True}},
+            "job.float8",
+            "A10G GPUs have no FP8 tensor cores",
+        ),
         ({"job": {"nodes": 0}}, "job.nodes", "greater than or equal to 1"),
         ({"job": {"nodes": 3}}, "job.nodes", "more than gpu_nodes.max_size (2)"),
         ({"job": {"start_timeout_seconds": 60}}, "job.start_timeout_seconds", "greater than or equal to 300"),

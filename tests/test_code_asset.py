@@ -30,6 +30,9 @@ def test_staged_asset_has_training_and_the_unpacked_wheels(tmp_path: Path) -> No
     assert (vendor / "liger_kernel" / "__init__.py").is_file()
     # The metadata comes along: importlib.metadata sees the pinned version.
     assert (vendor / "liger_kernel-0.8.5.dist-info" / "METADATA").is_file()
+    # torchao's pure-Python wheel: no compiled extension travels (float8 training needs none).
+    assert (vendor / "torchao" / "float8" / "__init__.py").is_file()
+    assert not list((vendor / "torchao").rglob("*.so"))
 
 
 def _copy_wheels(tmp_path: Path) -> Path:

@@ -76,6 +76,6 @@ def test_every_entrypoint_parses_into_the_settings(env: str, tmp_path: Path) -> 
     assert (opts.sharding, opts.expect_transport) == (job.sharding.value, job.expect_transport.value)
     assert (opts.compile, opts.liger) == (job.compile, job.liger)
     assert opts.activation_checkpointing == job.activation_checkpointing
-    assert bool(opts.float8) is job.float8  # no flag: the training default, off
+    assert opts.float8 is job.float8_on(settings.gpu_nodes.instance)  # always explicit
     # The settings accepted the batch sizes by the same rule the driver applies on the cluster.
     assert accumulation_steps(opts.global_batch_size, opts.micro_batch_size, opts.num_workers)

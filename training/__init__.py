@@ -1,7 +1,7 @@
 """The training job the RayJob runs (Ray Train + PyTorch FSDP2). Imports nothing from the CDK side.
 
 In the code asset, `_vendor/` beside this package holds the pure-Python packages the job needs and
-the image lacks (liger-kernel; stacks/code_asset.py puts them there, hash-checked): first on the
+the image lacks (liger-kernel, torchao; stacks/code_asset.py puts them there, hash-checked): first on the
 path, so every process that imports `training` (driver and Ray workers) finds them, with no pip.
 """
 

@@ -25,6 +25,7 @@ from training.model import (
     apply_liger,
     build_model,
     check_float8_device,
+    float8_by_default,
     host_layout,
     make_mesh,
     precompute_float8_scales,
@@ -62,6 +63,12 @@ def _liger_installed() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("liger_kernel") is not None
+
+
+def _torchao_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("torchao") is not None
 
 
 def _peak_mem_gib(device: torch.device) -> float:
@@ -233,13 +240,15 @@ class _Trainer:
         )
         if self.liger:
             apply_liger(model, layers=self.liger_layers)
-        self.float8 = bool(opts.float8)
+        capability = torch.cuda.get_device_capability(self.device) if self.on_gpu else None
+        self.float8 = (
+            float8_by_default(capability, compiled=self.compile, torchao=_torchao_installed())
+            if opts.float8 is None
+            else opts.float8
+        )
         self.float8_layers: list[str] = []
         if self.float8:
-            check_float8_device(
-                torch.cuda.get_device_capability(self.device) if self.on_gpu else None,
-                torch.cuda.get_device_name(self.device) if self.on_gpu else "cpu",
-            )
+            check_float8_device(capability, torch.cuda.get_device_name(self.device) if self.on_gpu else "cpu")
             self.float8_layers = apply_float8(model, all_gather=opts.float8_all_gather)
 
     def resume(self, ckpt_dir: str, filesystem: Any = None) -> None:

@@ -57,7 +57,7 @@ class TrainOptions:
     activation_checkpointing: bool
     liger: bool | None  # None: on for GPU workers that have liger-kernel
     liger_layers: bool | None  # None: only when the layers are not compiled
-    float8: bool | None  # None: off (see --float8)
+    float8: bool | None  # None: on for compiled GPU workers with FP8 tensor cores (see --float8)
     float8_all_gather: bool
     reshard_after_forward: bool
     expect_transport: str
@@ -187,7 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="torchao float8 GEMMs (tensorwise scaling) for the linears with both dimensions >= 1024 "
-        "(needs FP8 tensor cores: L4/L40S/H100/H200; default: off)",
+        "(needs FP8 tensor cores: L4/L40S/H100/H200; default: on for compiled GPU workers that have "
+        "them, where torchao is installed)",
     )
     g.add_argument(
         "--float8-all-gather",

@@ -148,12 +148,14 @@ class Settings(SettingsModel):
             raise FieldError(
                 ("job", "float8"),
                 f"is true but {gpu.name}'s {gpu.gpu_model} GPUs have no FP8 tensor cores; float8 "
-                "needs L4, L40S, H100 or H200 (g6, g6e, p5 types): set job.float8: false",
+                "needs L4, L40S, H100 or H200 (g6, g6e, p5 types): leave job.float8 unset (on "
+                "only where the GPU has them) or set it to false",
             )
-        if job.float8 and self.workload.image == IMAGE.uri and not IMAGE.has("torchao"):
+        if job.float8_on(gpu) and self.workload.image == IMAGE.uri and not IMAGE.has("torchao"):
             raise FieldError(
                 ("job", "float8"),
-                f"is true but {IMAGE.uri} has no torchao and the code asset does not ship it "
+                f"is {'true' if job.float8 else f'unset, so on for {gpu.gpu_model}'}, but {IMAGE.uri} "
+                "has no torchao and the code asset does not ship it "
                 "(config/image.toml [job_packages]); use an image that has torchao "
                 "(workload.image) or set job.float8: false",
             )

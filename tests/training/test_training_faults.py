@@ -201,14 +201,17 @@ def test_emulated_hosts_must_divide_the_workers_the_cluster_gives(
     assert "--emulate-hosts: 3 hosts must divide the 2 workers" in err, err
 
 
-def test_emulated_hosts_make_auto_sharding_hybrid(ray_session: str, tmp_path: Path) -> None:
-    """Two workers as two hosts (one NCCL_HOSTID each): the loop counts 2 nodes, `auto` builds
-    the (replicate, shard) = (2, 1) HSDP mesh, and the gate sees both nodes."""
+def test_emulated_hosts_count_as_nodes_and_auto_shards_one_worker_hosts_fully(
+    ray_session: str, tmp_path: Path
+) -> None:
+    """Two workers as two hosts (one NCCL_HOSTID each): the loop counts 2 nodes and the gate sees
+    both; with one worker per host `auto` shards over both (HSDP there would only replicate),
+    so the mesh is (2,), not (replicate, shard) = (2, 1)."""
     argv = _argv(tmp_path, "emu2")
     at = argv.index("--steps")
     argv[at + 1] = "2"
     summary = run(parse_args([*argv, "--emulate-hosts", "2", "--checkpoint-every", "2"]))
-    assert summary["nodes"] == 2 and summary["mesh"] == [2, 1]
+    assert summary["nodes"] == 2 and summary["mesh"] == [2]
     assert summary["options"]["sharding"] == "auto"
     assert summary["transport"]["nodes"] == 2
     assert summary["transport"]["node_names"] == ["emulated-host-0", "emulated-host-1"]

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from training.model import apply_float8, check_float8_device, float8_filter, shape_config
+from training.model import (
+    apply_float8,
+    check_float8_device,
+    float8_by_default,
+    float8_filter,
+    shape_config,
+)
 from training.options import OptionError, parse_args
 
 
@@ -59,3 +65,26 @@ def test_ada_hopper_and_blackwell_are_accepted(capability: tuple[int, int]) -> N
 def test_float8_all_gather_needs_float8() -> None:
     with pytest.raises(OptionError, match="--float8-all-gather: needs --float8"):
         parse_args(["--init", "random", "--float8-all-gather"])
+
+
+@pytest.mark.parametrize(
+    ("capability", "compiled", "torchao", "on"),
+    [
+        ((9, 0), True, True, True),  # H100/H200 with the GPU defaults
+        ((8, 9), True, True, True),  # L4 (g6), L40S (g6e)
+        ((8, 6), True, True, False),  # A10G (g5): no FP8 tensor cores, bf16 without an error
+        ((8, 0), True, True, False),  # A100
+        (None, True, True, False),  # CPU workers
+        ((9, 0), False, True, False),  # eager layers: float8's scaling would not be fused
+        ((9, 0), True, False, False),  # no torchao in this environment
+    ],
+)
+def test_float8_default_follows_the_gpu(
+    capability: tuple[int, int] | None, compiled: bool, torchao: bool, on: bool
+) -> None:
+    assert float8_by_default(capability, compiled=compiled, torchao=torchao) is on
+
+
+def test_float8_unset_by_default_and_explicit_either_way() -> None:
+    assert parse_args(["--init", "random"]).float8 is None
+    assert parse_args(["--init", "random", "--no-float8"]).float8 is False

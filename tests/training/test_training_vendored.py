@@ -64,3 +64,23 @@ def test_liger_loss_patch_imports_on_the_images_torch(staged: Path) -> None:
     )
     assert got["qwen2"] is True
     assert got["file"].startswith(str(staged / "_vendor"))
+
+
+def test_torchao_float8_comes_from_the_asset_and_converts_on_the_images_torch(staged: Path) -> None:
+    # The image has no torchao; the job's --float8 (on by default on FP8 GPUs) uses the asset's pure-
+    # Python copy with whatever torch the image has. training.model.apply_float8 on the real model
+    # shape (on the meta device): the same conversion, filter and config the job runs.
+    got = _in_working_dir(
+        staged,
+        "import json, importlib.metadata as m, torch, training, torchao; "
+        "from transformers import AutoModelForCausalLM; "
+        "from training.model import apply_float8, shape_config\n"
+        "with torch.device('meta'):\n"
+        "    model = AutoModelForCausalLM.from_config(shape_config('qwen2.5-1.5b'))\n"
+        "done = apply_float8(model, all_gather=True)\n"
+        "print(json.dumps({'file': torchao.__file__, 'version': m.version('torchao'), 'layers': len(done),"
+        " 'q': type(model.model.layers[0].self_attn.q_proj).__name__}))",
+    )
+    assert got["file"].startswith(str(staged / "_vendor" / "torchao"))
+    assert got["version"] == "0.18.0"
+    assert got["layers"] == 5 * 28 and got["q"] == "Float8Linear"
