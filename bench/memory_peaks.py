@@ -77,7 +77,7 @@ def float8_available() -> bool:
         return False
     import torch
 
-    from training.model import FLOAT8_MIN_CAPABILITY
+    from training.precision import FLOAT8_MIN_CAPABILITY
 
     return torch.cuda.is_available() and torch.cuda.get_device_capability(0) >= FLOAT8_MIN_CAPABILITY
 

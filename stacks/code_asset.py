@@ -28,6 +28,9 @@ TRAINING_DIR = ROOT / "training"
 WHEELS_DIR = ROOT / "wheels"
 # Inside the asset, beside training/ (training/__init__.py knows this name).
 VENDOR_DIR = "_vendor"
+# Top-level folders a wheel may carry besides its package (torchao's ships its test suite as
+# `test`): left out, since first on sys.path they would hide the standard library's `test`.
+TEST_PACKAGES = frozenset({"test", "tests"})
 
 
 class CodeAssetError(ValueError):
@@ -78,7 +81,8 @@ def stage(job_dir: Path, wheels: list[Path] | None = None) -> Path:
     )
     for wheel in wheels:
         with zipfile.ZipFile(wheel) as archive:
-            archive.extractall(job_dir / VENDOR_DIR)
+            members = [m for m in archive.namelist() if m.split("/", 1)[0] not in TEST_PACKAGES]
+            archive.extractall(job_dir / VENDOR_DIR, members=members)
     return job_dir
 
 

@@ -475,13 +475,13 @@ def test_entrypoint_switches_and_quoting() -> None:
     )
     job = next(o for o in render(s) if o["kind"] == "RayJob")
     _, flags, switches = parsed_entrypoint(job)
-    assert switches == {"--compile", "--liger", "--activation-checkpointing", "--float8"}
+    assert switches == {"--compile", "--liger", "--activation-checkpointing", "--no-float8"}
     assert flags["--data"] == "/data/a&b;c"
     # Eager layers and the full-logits loss need more memory per token: shorter sequences keep
     # this variant inside dev's L4 (the memory plan would refuse it at 2048, config/memory.py).
     off = variant("dev", job={"compile": False, "liger": False, "seq_len": 512})
     _, _, switches = parsed_entrypoint(next(o for o in render(off) if o["kind"] == "RayJob"))
-    assert switches == {"--no-compile", "--no-liger", "--no-float8"}  # float8 unset: only compiled
+    assert switches == {"--no-compile", "--no-liger", "--no-float8"}
     runtime_env = yaml.safe_load(
         next(o for o in render(off) if o["kind"] == "RayJob")["spec"]["runtimeEnvYAML"]
     )
@@ -494,17 +494,27 @@ def test_float8_is_on_where_the_gpu_has_fp8_tensor_cores_and_refused_where_it_ha
     def switches_of(s: Any) -> set[str]:
         return parsed_entrypoint(next(o for o in render(s) if o["kind"] == "RayJob"))[2]
 
-    # Unset: on for dev's g6.12xlarge (L4), off for g5's A10G; explicit either way in the entrypoint,
-    # so the training CLI's own default never decides.
-    assert "--float8" in switches_of(variant("dev"))
-    assert "--no-float8" in switches_of(variant("dev", job={"float8": False}))
+    # Unset: on for compiled layers on FP8 tensor cores at micro-batches of >= 16,384 tokens (the
+    # smallest measured to pay), so p5's H100s at 8 x 2048 train in float8 and dev's L4s at 1 x 2048
+    # in bf16. Explicit either way in the entrypoint: the training CLI's own default never decides.
+    p5_big = {"micro_batch_size": 8, "global_batch_size": 128}
+    p5 = {
+        "instance_type": "p5.48xlarge",
+        "capacity_reservation_id": "cr-0123456789abcdef0",
+        "placement_group": False,
+    }
+    assert "--float8" in switches_of(variant("prod", gpu_nodes=p5, job=p5_big))
+    assert "--no-float8" in switches_of(variant("prod", gpu_nodes=p5, job={**p5_big, "compile": False}))
+    assert "--no-float8" in switches_of(variant("prod", gpu_nodes=p5))  # 1 x 2048
+    assert "--no-float8" in switches_of(variant("dev"))
+    assert "--float8" in switches_of(variant("dev", job={"float8": True}))  # L4: FP8 tensor cores
     assert "--no-float8" in switches_of(variant("dev", gpu_nodes={"instance_type": "g5.48xlarge"}))
     with pytest.raises(ValueError, match=r"g5\.48xlarge's A10G GPUs have no FP8.*job\.float8 unset.*false"):
         variant("dev", job={"float8": True}, gpu_nodes={"instance_type": "g5.48xlarge"})
     # torchao reaches the pods in the code asset; without it there, float8 needs an image that has it.
     from config.settings import root
 
-    dev = load_settings("dev").model_dump(mode="json")
+    dev = variant("dev", job={"float8": True}).model_dump(mode="json")
     custom = {
         **dev,
         "workload": {**dev["workload"], "image": "111122223333.dkr.ecr.us-west-2.amazonaws.com/ray:t"},
@@ -513,7 +523,7 @@ def test_float8_is_on_where_the_gpu_has_fp8_tensor_cores_and_refused_where_it_ha
         root.IMAGE, job_packages={k: v for k, v in root.IMAGE.job_packages.items() if k != "torchao"}
     )
     monkeypatch.setattr(root, "IMAGE", no_torchao)
-    with pytest.raises(ValueError, match=r"unset, so on for L4, but .* has no torchao.*job\.float8: false"):
+    with pytest.raises(ValueError, match=r"is true, but .* has no torchao.*job\.float8: false"):
         Settings.model_validate(dev)
     assert "--float8" in switches_of(Settings.model_validate(custom))
 

@@ -33,6 +33,9 @@ def test_staged_asset_has_training_and_the_unpacked_wheels(tmp_path: Path) -> No
     # torchao's pure-Python wheel: no compiled extension travels (float8 training needs none).
     assert (vendor / "torchao" / "float8" / "__init__.py").is_file()
     assert not list((vendor / "torchao").rglob("*.so"))
+    # torchao's wheel also carries its test suite as a top-level `test` package: not staged, so
+    # the standard library's `test` stays importable behind _vendor/ on sys.path.
+    assert not (vendor / "test").exists() and not (vendor / "tests").exists()
 
 
 def _copy_wheels(tmp_path: Path) -> Path:

@@ -43,8 +43,8 @@ def test_dev_fits_and_shows_every_term_and_the_margin(envdir: Path) -> None:
     ):
         assert term in out, term
     assert "one rank of 8 (2 x g6.12xlarge, 4 x L4 21.96 GiB usable)" in out
-    # What the job runs with: float8 is on by default on the L4 (FP8 tensor cores).
-    assert re.search(r"compiled\s+layers,\s+Liger\s+loss,\s+float8\s+linears", out), out
+    # What the job runs with: dev's 1 x 2048 micro-batch is below float8's default threshold.
+    assert re.search(r"compiled\s+layers,\s+Liger\s+loss\s", out) and "float8" not in out, out
     assert re.search(r"fits: 18\.\d GiB of 21\.96 GiB per L4, 3\.\d GiB \(1\d%\) to spare", out), out
     # The table of micro-batches: seq 2048 row, accumulating and not (dev accumulates 2).
     row = next(line for line in out.splitlines() if re.match(r"\W*2048\W", line))

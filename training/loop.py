@@ -25,13 +25,13 @@ from training.model import (
     apply_liger,
     build_model,
     check_float8_device,
-    float8_by_default,
     host_layout,
     make_mesh,
     precompute_float8_scales,
 )
 from training.netprobe import TransportGateError, host_key, run_transport_gate
 from training.options import TrainOptions, profile_range
+from training.precision import float8_by_default
 from training.shards import TokenBlocks
 from training.timing import StepTimer
 
@@ -242,7 +242,12 @@ class _Trainer:
             apply_liger(model, layers=self.liger_layers)
         capability = torch.cuda.get_device_capability(self.device) if self.on_gpu else None
         self.float8 = (
-            float8_by_default(capability, compiled=self.compile, torchao=_torchao_installed())
+            float8_by_default(
+                capability,
+                compiled=self.compile,
+                torchao=_torchao_installed(),
+                tokens=opts.micro_batch_size * opts.seq_len,
+            )
             if opts.float8 is None
             else opts.float8
         )

@@ -12,6 +12,7 @@ from torch import nn
 
 # The shape table and the mesh rule live in torch-free modules: the memory plan, which synthesis
 # imports, sizes the same shapes over the same shard groups.
+from training.precision import FLOAT8_MIN_CAPABILITY
 from training.shapes import SHAPES
 from training.sharding import mesh_shape
 
@@ -162,7 +163,6 @@ def recompute_materialized_pointwise() -> None:
 # this model's shapes (16,384 tokens) they ran 1.53-1.70x bf16, except k/v projections (N = 256) at
 # 0.78x. lm_head stays bf16 too: the fused loss reads its weight directly, not through nn.Linear.
 FLOAT8_MIN_DIM = 1024
-FLOAT8_MIN_CAPABILITY = (8, 9)  # FP8 tensor cores: Ada (L4, L40S) and Hopper onwards
 
 
 def float8_filter(module: nn.Module, fqn: str) -> bool:
@@ -184,13 +184,6 @@ def check_float8_device(capability: tuple[int, int] | None, name: str) -> None:
             f"--float8: float8 matmuls need FP8 tensor cores (compute capability >= 8.9: L4, L40S, "
             f"H100, H200, B200, e.g. g6, g6e, p5 instances); this worker has {have}. Use --no-float8."
         )
-
-
-def float8_by_default(capability: tuple[int, int] | None, *, compiled: bool, torchao: bool) -> bool:
-    """--float8 unset: on for compiled GPU workers with FP8 tensor cores where torchao is installed
-    (1.54x the original recipe on an H200, loss within bf16's spread: BENCHMARKS.md). Eager layers
-    would run float8's scaling as separate kernels, so they stay bf16 unless asked."""
-    return capability is not None and capability >= FLOAT8_MIN_CAPABILITY and compiled and torchao
 
 
 def apply_float8(model: nn.Module, *, all_gather: bool) -> list[str]:

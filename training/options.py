@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from training.batch import accumulation_steps
+from training.precision import FLOAT8_MIN_TOKENS
 from training.shapes import SHAPES as SHAPE_TABLE
 
 SHAPES = tuple(SHAPE_TABLE)
@@ -188,7 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="torchao float8 GEMMs (tensorwise scaling) for the linears with both dimensions >= 1024 "
         "(needs FP8 tensor cores: L4/L40S/H100/H200; default: on for compiled GPU workers that have "
-        "them, where torchao is installed)",
+        f"them at micro-batches of >= {FLOAT8_MIN_TOKENS} tokens, where torchao is installed)",
     )
     g.add_argument(
         "--float8-all-gather",
@@ -420,7 +421,9 @@ def _check_packages(d: dict[str, Any]) -> None:
     import importlib.util
 
     if d["float8_all_gather"] and not d["float8"]:
-        raise OptionError("--float8-all-gather: needs --float8")
+        raise OptionError(
+            "--float8-all-gather: needs --float8, given explicitly (unset, float8 is decided per worker)"
+        )
     needs = (("float8", "torchao", "torchao"), ("liger", "liger_kernel", "liger-kernel"))
     for flag, package, dist_name in needs:
         if d[flag] and importlib.util.find_spec(package) is None:

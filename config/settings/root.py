@@ -154,7 +154,8 @@ class Settings(SettingsModel):
         if job.float8_on(gpu) and self.workload.image == IMAGE.uri and not IMAGE.has("torchao"):
             raise FieldError(
                 ("job", "float8"),
-                f"is {'true' if job.float8 else f'unset, so on for {gpu.gpu_model}'}, but {IMAGE.uri} "
+                f"is {'true' if job.float8 else f'unset, so on for {gpu.gpu_model} at this micro-batch'}, "
+                f"but {IMAGE.uri} "
                 "has no torchao and the code asset does not ship it "
                 "(config/image.toml [job_packages]); use an image that has torchao "
                 "(workload.image) or set job.float8: false",

@@ -13,6 +13,7 @@ from config.image import load as load_image
 from config.names import KUBERAY_NAMESPACE, RAY_NAMESPACE
 from config.settings.base import SEMVER_RE, FieldError, SettingsModel
 from training.netprobe import GATE_LOG_ENV, gate_log_problem
+from training.precision import FLOAT8_MIN_TOKENS
 
 _DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _IMAGE_DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -246,11 +247,13 @@ class JobSettings(SettingsModel):
     activation_checkpointing: bool = False
     liger: bool = True
     # torchao float8 GEMMs for the large linears: 1.54x the original recipe (63 % MFU) against
-    # bf16's 1.31x on an H200, and its loss follows bf16's within the spread of data orders over
-    # 600 steps (BENCHMARKS.md). Unset: on with compiled layers where the GPU node type has FP8
-    # tensor cores (L4, L40S, H100, H200; torch.compile fuses float8's scaling, which eager runs
-    # as separate kernels), off elsewhere (A10G, A100); `true` on other GPU types is refused,
-    # `false` turns it off. torchao travels in the code asset (config/image.toml [job_packages]).
+    # bf16's 1.31x on an H200 at micro-batch 16 x 2048, and its loss follows bf16's within the
+    # spread of data orders over 600 steps (BENCHMARKS.md). Unset: on with compiled layers where
+    # the GPU node type has FP8 tensor cores (L4, L40S, H100, H200) and a micro-batch holds at
+    # least 16,384 tokens (the smallest measured to pay: training.model.FLOAT8_MIN_TOKENS); off
+    # elsewhere, so the L4 environments' 1 x 2048 stays bf16. `true` turns it on wherever the GPU
+    # has FP8 tensor cores (refused on others: A10G, A100), `false` off. torchao travels in the
+    # code asset (config/image.toml [job_packages]).
     float8: bool | None = None
     output_dir: str | None = None
     expect_transport: Transport = Transport.AUTO
@@ -338,8 +341,13 @@ class JobSettings(SettingsModel):
         return self
 
     def float8_on(self, gpu: Instance) -> bool:
-        """Whether the job trains with float8 linears on `gpu`'s node type (unset: where it can)."""
-        return gpu.fp8 and self.compile if self.float8 is None else self.float8
+        """Whether the job trains with float8 linears on `gpu`'s node type; unset: where the GPU
+        has FP8 tensor cores, with compiled layers, at micro-batches where it was measured to pay
+        (the training CLI's own rule, training.model.float8_by_default)."""
+        if self.float8 is not None:
+            return self.float8
+        tokens = self.micro_batch_size * self.seq_len
+        return gpu.fp8 and self.compile and tokens >= FLOAT8_MIN_TOKENS
 
     def transport(self, efa: bool) -> Transport:
         """The transport the training job must see between nodes; `auto` follows the nodes."""

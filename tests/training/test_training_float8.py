@@ -8,11 +8,11 @@ import torch
 from training.model import (
     apply_float8,
     check_float8_device,
-    float8_by_default,
     float8_filter,
     shape_config,
 )
 from training.options import OptionError, parse_args
+from training.precision import FLOAT8_MIN_TOKENS, float8_by_default
 
 
 def _qwen_on_meta() -> torch.nn.Module:
@@ -68,21 +68,23 @@ def test_float8_all_gather_needs_float8() -> None:
 
 
 @pytest.mark.parametrize(
-    ("capability", "compiled", "torchao", "on"),
+    ("capability", "compiled", "torchao", "tokens", "on"),
     [
-        ((9, 0), True, True, True),  # H100/H200 with the GPU defaults
-        ((8, 9), True, True, True),  # L4 (g6), L40S (g6e)
-        ((8, 6), True, True, False),  # A10G (g5): no FP8 tensor cores, bf16 without an error
-        ((8, 0), True, True, False),  # A100
-        (None, True, True, False),  # CPU workers
-        ((9, 0), False, True, False),  # eager layers: float8's scaling would not be fused
-        ((9, 0), True, False, False),  # no torchao in this environment
+        ((9, 0), True, True, 16 * 2048, True),  # H100/H200 with the GPU defaults
+        ((8, 9), True, True, 8 * 2048, True),  # L4 (g6), L40S (g6e) at the smallest measured size
+        ((8, 9), True, True, 8 * 2048 - 1, False),  # smaller micro-batches: not measured to pay
+        ((8, 6), True, True, 16 * 2048, False),  # A10G (g5): no FP8 tensor cores, bf16 without an error
+        ((8, 0), True, True, 16 * 2048, False),  # A100
+        (None, True, True, 16 * 2048, False),  # CPU workers
+        ((9, 0), False, True, 16 * 2048, False),  # eager layers: float8's scaling would not be fused
+        ((9, 0), True, False, 16 * 2048, False),  # no torchao in this environment
     ],
 )
-def test_float8_default_follows_the_gpu(
-    capability: tuple[int, int] | None, compiled: bool, torchao: bool, on: bool
+def test_float8_default_follows_the_gpu_and_the_micro_batch(
+    capability: tuple[int, int] | None, compiled: bool, torchao: bool, tokens: int, on: bool
 ) -> None:
-    assert float8_by_default(capability, compiled=compiled, torchao=torchao) is on
+    assert FLOAT8_MIN_TOKENS == 8 * 2048  # the smallest micro-batch measured (BENCHMARKS.md)
+    assert float8_by_default(capability, compiled=compiled, torchao=torchao, tokens=tokens) is on
 
 
 def test_float8_unset_by_default_and_explicit_either_way() -> None:
