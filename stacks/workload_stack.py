@@ -83,6 +83,13 @@ def s3_inputs(settings: Settings) -> list[S3Input]:
     return found
 
 
+def s3_via_service(key_arn: str) -> str:
+    """The kms:ViaService value of S3 in a KMS key's region: S3's endpoint name there
+    (s3.REGION.amazonaws.com; .amazonaws.com.cn in the China partition)."""
+    _, arn_partition, _, region, *_ = key_arn.split(":")
+    return f"s3.{region}.amazonaws.com" + (".cn" if arn_partition == "aws-cn" else "")
+
+
 def checkpoint_bucket_name(settings: Settings) -> str:
     # Named, so the job's storage path is known before deploy and shows in the reviewed manifests.
     return f"{settings.cluster.name}-ckpt-{settings.account}-{settings.region}".lower()
@@ -163,8 +170,7 @@ class WorkloadStack(cdk.Stack):
         # HeadObject/GetObject "Permissions"); that request carries no s3:prefix, so a
         # prefix-conditioned grant would not count. The role can list the bucket's key names,
         # read nothing outside the prefix, and write nothing there (tests/test_workload_iam.py).
-        # A bucket encrypted with a customer-managed KMS key also needs kms:Decrypt for this role
-        # in that key's policy.
+        # A bucket encrypted with a customer-managed KMS key: job.input_kms_keys (below).
         self.inputs = s3_inputs(settings)
         arn_partition = partition(settings.region)
         for location in self.inputs:
@@ -176,6 +182,18 @@ class WorkloadStack(cdk.Stack):
                 iam.PolicyStatement(
                     actions=["s3:ListBucket"],
                     resources=[f"arn:{arn_partition}:s3:::{bucket}"],
+                )
+            )
+        # SSE-KMS inputs: S3 calls kms:Decrypt as this role when it serves an object (S3 API
+        # reference, GetObject "Permissions"). kms:ViaService (AWS KMS condition keys) limits the
+        # grant to those calls, from S3 in the key's region; the role cannot decrypt with the key
+        # directly. The key policy must let the role use the key too (settings comment).
+        for arn in settings.job.input_kms_keys:
+            self.role.add_to_policy(
+                iam.PolicyStatement(
+                    actions=["kms:Decrypt"],
+                    resources=[arn],
+                    conditions={"StringEquals": {"kms:ViaService": s3_via_service(arn)}},
                 )
             )
         namespace = settings.workload.namespace

@@ -17,6 +17,10 @@ from config.settings import Settings, Transport
 DEV = ENVIRONMENTS_DIR / "dev.yaml"
 
 
+KEY = "arn:aws:kms:us-west-2:111122223333:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+DATA_URI = "s3://corpus-111122223333-us-west-2/text/en"
+
+
 def dev_data(**sections: dict[str, Any]) -> dict[str, Any]:
     data = load_settings("dev").model_dump(mode="json", exclude={"name"})
     for section, values in sections.items():
@@ -73,6 +77,27 @@ def test_environment_files_are_valid_with_defaults() -> None:
         ),
         ({"gpu_nodes": {"desired_size": 2}}, "gpu_nodes.desired_size", "unknown field"),
         ({"job": {"float8": "fast"}}, "job.float8", "valid boolean"),
+        (
+            {"job": {"data": DATA_URI, "input_kms_keys": [KEY.replace("key/", "alias/")]}},
+            "job.input_kms_keys",
+            "is an alias",
+        ),
+        (
+            {"job": {"data": DATA_URI, "input_kms_keys": ["1234abcd"]}},
+            "job.input_kms_keys",
+            "is not a KMS key ARN",
+        ),
+        (
+            {"job": {"data": DATA_URI, "input_kms_keys": [KEY, KEY]}},
+            "job.input_kms_keys",
+            "lists a key twice",
+        ),
+        ({"job": {"input_kms_keys": [KEY]}}, "job.input_kms_keys", "neither data nor model is an s3://"),
+        (
+            {"job": {"data": DATA_URI, "input_kms_keys": [KEY.replace("arn:aws:", "arn:aws-cn:")]}},
+            "job.input_kms_keys",
+            "is in partition aws-cn",
+        ),
         (
             {"gpu_nodes": {"instance_type": "g5.12xlarge", "efa": False}, "job": {"float8": True}},
             "job.float8",

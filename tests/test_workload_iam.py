@@ -51,11 +51,15 @@ MIB = 2**20
 DENIED = r"ACCESS_DENIED|AccessDenied|Access Denied"
 
 
-def _doc_sentences(service: str, operation: str, pattern: str) -> list[str]:
+def _operation_doc(service: str, operation: str) -> str:
     import botocore.session
 
     model = botocore.session.get_session().get_service_model(service)
-    text = re.sub(r"<[^>]+>", "", model.operation_model(operation).documentation)
+    return str(model.operation_model(operation).documentation)
+
+
+def _doc_sentences(service: str, operation: str, pattern: str) -> list[str]:
+    text = re.sub(r"<[^>]+>", "", _operation_doc(service, operation))
     return [s.strip() for s in re.findall(r"[^.]*" + pattern + r"[^.]*\.", text)]
 
 
@@ -319,6 +323,9 @@ def test_kms_actions_s3_needs_for_sse_kms_are_granted_on_the_key(aws: Aws, synth
 # --- job.data (and job.model) in a bucket of their own: read-only ---
 
 DATA_BUCKET = "corpus-111122223333-us-west-2"
+# The data bucket's customer-managed key (job.input_kms_keys), and another key of the account.
+DATA_KEY = "arn:aws:kms:us-west-2:111122223333:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+OTHER_KEY = "arn:aws:kms:us-west-2:111122223333:key/0000abcd-12ab-34cd-56ef-1234567890ab"
 DATA = f"s3://{DATA_BUCKET}/text/en"
 MODEL = f"s3://{DATA_BUCKET}/models/qwen"
 
@@ -336,7 +343,7 @@ def data_aws(moto_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> Aw
         update={
             "name": "dev-data",
             "cluster": dev.cluster.model_copy(update={"name": "ray-train-dev-data"}),
-            "job": dev.job.model_copy(update={"data": DATA, "model": MODEL}),
+            "job": dev.job.model_copy(update={"data": DATA, "model": MODEL, "input_kms_keys": [DATA_KEY]}),
         }
     )
     out = tmp_path_factory.mktemp("cdk-out-data")
@@ -384,7 +391,9 @@ def test_data_and_model_buckets_get_read_only_grants(data_aws: Aws) -> None:
         for resource in listed(st["Resource"])
         if f":::{DATA_BUCKET}" in resource
     }
-    assert all("Condition" not in st and st["Effect"] == "Allow" for st in data_aws.policy["Statement"])
+    assert all(st["Effect"] == "Allow" for st in data_aws.policy["Statement"])
+    # The only condition is kms:ViaService on the input key (next test).
+    assert all("Condition" not in st for st in data_aws.policy["Statement"] if st["Action"] != "kms:Decrypt")
     assert {a for a, _ in pairs} == {"s3:GetObject", "s3:ListBucket"}
     assert {r for a, r in pairs if a == "s3:ListBucket"} == {f"arn:aws:s3:::{DATA_BUCKET}"}
     resources = {r for a, r in pairs if a == "s3:GetObject"}
@@ -392,6 +401,30 @@ def test_data_and_model_buckets_get_read_only_grants(data_aws: Aws) -> None:
         *S3Input("job.data", DATA_BUCKET, "text/en").object_arns("aws"),
         *S3Input("job.model", DATA_BUCKET, "models/qwen").object_arns("aws"),
     }
+
+
+def test_sse_kms_input_key_decrypts_only_through_s3_and_only_that_key(data_aws: Aws) -> None:
+    """job.input_kms_keys: kms:Decrypt, what S3 needs of the caller to serve an SSE-KMS object
+    from a general purpose bucket (S3 User Guide, SSE-KMS), on exactly that key, read only, and
+    only through S3 in the key's region. (The GetObject reference in botocore's model names
+    kms:GenerateDataKey too, for directory buckets only: asserted below, so a change shows.)
+    moto's evaluator takes the action and resource; it treats conditions as met, so the
+    kms:ViaService condition (AWS KMS condition keys: S3's endpoint name in the key's region) is
+    checked as written."""
+    import moto.iam.access_control as ac
+
+    (sentence,) = _doc_sentences("s3", "GetObject", r"kms:[A-Za-z]+")
+    assert "kms:Decrypt" in sentence and "kms:GenerateDataKey" in sentence
+    reference = re.sub(r"<[^>]+>", " ", _operation_doc("s3", "GetObject"))
+    paragraph = reference[: reference.index("kms:GenerateDataKey")]
+    assert paragraph.rfind("Directory bucket permissions") > paragraph.rfind("General purpose bucket")
+    policy = ac.IAMPolicy(json.dumps(data_aws.policy))
+    assert policy.is_action_permitted("kms:Decrypt", DATA_KEY) is ac.PermissionResult.PERMITTED
+    assert policy.is_action_permitted("kms:Decrypt", OTHER_KEY) is not ac.PermissionResult.PERMITTED
+    for action in ("kms:GenerateDataKey", "kms:Encrypt", "kms:ReEncryptFrom"):
+        assert policy.is_action_permitted(action, DATA_KEY) is not ac.PermissionResult.PERMITTED, action
+    (statement,) = [st for st in data_aws.policy["Statement"] if st["Resource"] == DATA_KEY]
+    assert statement["Condition"] == {"StringEquals": {"kms:ViaService": "s3.us-west-2.amazonaws.com"}}
 
 
 def test_job_reads_its_data_and_model_through_the_training_code(

@@ -8,7 +8,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from config.catalogue import CATALOGUE
 from config.memory import fit_problem
-from config.names import VerifyBuild
+from config.names import VerifyBuild, arn_partition
 from config.settings.base import AZ_RE, FieldError, SettingsModel
 from config.settings.infrastructure import (
     AddonSettings,
@@ -85,6 +85,13 @@ class Settings(SettingsModel):
                 f"{gpu_az!r} is not one of the VPC's availability zones "
                 f"({', '.join(self.vpc.availability_zones)})",
             )
+        for arn in self.job.input_kms_keys:
+            if arn.split(":")[1] != arn_partition(self.region):
+                raise FieldError(
+                    ("job", "input_kms_keys"),
+                    f"{arn!r} is in partition {arn.split(':')[1]}, this environment's region "
+                    f"{self.region} in {arn_partition(self.region)}",
+                )
         if self.vpc.nat_gateways > len(self.vpc.availability_zones):
             raise FieldError(
                 ("vpc", "nat_gateways"),

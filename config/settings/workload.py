@@ -21,6 +21,10 @@ _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _RUN_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{0,39}$")
 _HF_MODEL_RE = re.compile(r"^([A-Za-z0-9][\w.-]{0,95}/)?[A-Za-z0-9][\w.-]{0,95}$")
 _S3_URI_RE = re.compile(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?$")
+# A KMS key's ARN: a key id (UUID) or a multi-Region key id (mrk- and 32 hex digits).
+_KMS_KEY_ARN_RE = re.compile(
+    r"^arn:(aws|aws-cn|aws-us-gov):kms:[a-z]{2}(-[a-z]+)+-\d:\d{12}:key/(mrk-[0-9a-f]{32}|[0-9a-f-]{36})$"
+)
 _ABS_PATH_RE = re.compile(r"^/\S*$")
 _RESERVED_NAMESPACES = {"default", "kube-system", "kube-public", "kube-node-lease", KUBERAY_NAMESPACE}
 # Worker variables the chart owns; a worker_env entry for them would be silently ignored.
@@ -227,6 +231,11 @@ class JobSettings(SettingsModel):
     # the location the training job reads. Whichever job comes second finds the manifest's
     # fingerprint matching and does nothing.
     prepare_data: bool = False
+    # Customer-managed KMS keys that encrypt the buckets of an s3:// data or model (key ARNs, not
+    # aliases): the Ray pods' role may kms:Decrypt with them only through S3 (kms:ViaService). The
+    # key policy must also let the role use the key: in the key's account a statement that
+    # delegates to IAM (the default key policy has it), from another account one naming the role.
+    input_kms_keys: list[str] = Field(default_factory=list, max_length=10)
     seq_len: int = Field(default=2048, ge=16, le=131072)
     # Sequences per optimizer step across all workers; a multiple of micro_batch_size times
     # the number of workers (GPUs) so every worker accumulates the same number of micro-batches.
@@ -309,6 +318,25 @@ class JobSettings(SettingsModel):
             "absolute path inside the container"
         )
 
+    @field_validator("input_kms_keys")
+    @classmethod
+    def _input_kms_keys(cls, value: list[str]) -> list[str]:
+        for arn in value:
+            if ":alias/" in arn:
+                raise ValueError(
+                    f"{arn!r} is an alias: use the key's ARN (arn:aws:kms:REGION:ACCOUNT:key/KEY-ID, "
+                    "`aws kms describe-key --key-id ALIAS` prints it); IAM authorises kms:Decrypt "
+                    "on keys, not on aliases"
+                )
+            if not _KMS_KEY_ARN_RE.match(arn):
+                raise ValueError(
+                    f"{arn!r} is not a KMS key ARN: arn:aws:kms:REGION:ACCOUNT:key/KEY-ID, "
+                    "e.g. arn:aws:kms:us-west-2:111122223333:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+                )
+        if len(set(value)) != len(value):
+            raise ValueError("lists a key twice")
+        return value
+
     @field_validator("output_dir")
     @classmethod
     def _output_dir(cls, value: str | None) -> str | None:
@@ -330,6 +358,11 @@ class JobSettings(SettingsModel):
                 ("checkpoint_every",),
                 f"{self.checkpoint_every} is more than steps ({self.steps}): the run would never checkpoint",
             )
+        if self.input_kms_keys and not self.s3_inputs_set:
+            raise FieldError(
+                ("input_kms_keys",),
+                "is set but neither data nor model is an s3:// location: the keys would decrypt nothing",
+            )
         if self.prepare_data and self.data == "random":
             raise FieldError(("prepare_data",), "needs text data: data is 'random'")
         if self.cluster is ClusterMode.STANDING and self.ttl_seconds_after_finished:
@@ -339,6 +372,11 @@ class JobSettings(SettingsModel):
                 "its head after the job ends, and a job never deletes the standing cluster",
             )
         return self
+
+    @property
+    def s3_inputs_set(self) -> bool:
+        """Whether data or model is read from S3."""
+        return self.data.startswith("s3://") or self.model.startswith("s3://")
 
     def float8_on(self, gpu: Instance) -> bool:
         """Whether the job trains with float8 linears on `gpu`'s node type; unset: where the GPU
