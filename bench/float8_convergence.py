@@ -28,9 +28,7 @@ noise estimate and no verdict.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
-import socket
 import statistics
 import sys
 import sysconfig
@@ -42,6 +40,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.args import int_list  # noqa: E402  (after the path: run as a script)
+from bench.one_rank import one_rank_group, release, trainer  # noqa: E402
 
 CONFIGS: dict[str, list[str]] = {  # options over the GPU defaults
     "bf16": ["--no-float8"],
@@ -69,25 +68,11 @@ def stdlib_corpus(seq_len: int, max_bytes: int) -> Any:
     return pack(docs, seq_len, eos=0)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def run(name: str, order_seed: int, blocks: Any, args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from training.loop import _Trainer
-    from training.options import parse_args
-
-    extra = CONFIGS[name]
-    opts = parse_args(
-        ["--init", "random", "--shape", args.shape, "--data", "random", "--seq-len", str(args.seq_len),
-         "--micro-batch-size", str(args.micro_batch), "--steps", str(args.steps), "--lr", str(args.lr),
-         "--warmup-steps", str(args.steps // 10), "--seed", "0", *extra]
-    )  # fmt: skip
-    tr = _Trainer(opts, None, place=(0, 1, torch.device("cuda", 0)))
+    schedule = ["--lr", str(args.lr), "--warmup-steps", str(args.steps // 10)]
+    tr = trainer(args.shape, args.seq_len, args.micro_batch, args.steps, [*schedule, *CONFIGS[name]])
     # Same initial weights in every run (seed 0); the data order is the configuration's.
     tr.batches.blocks, tr.batches.seed = blocks, order_seed
     losses, times = [], []
@@ -105,10 +90,7 @@ def run(name: str, order_seed: int, blocks: Any, args: argparse.Namespace) -> di
         "losses": losses,
     }
     del tr
-    gc.collect()
-    torch._dynamo.reset()
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
+    release()
     return row
 
 
@@ -233,12 +215,17 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--tail: between 1 and --steps")
 
     import torch
-    import torch.distributed as dist
 
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU with FP8 tensor cores (float8)")
-    torch.cuda.set_device(0)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    with one_rank_group():
+        _run_all(configs, args)
+    return 0
+
+
+def _run_all(configs: list[str], args: argparse.Namespace) -> None:
+    import torch
+
     blocks = stdlib_corpus(args.seq_len, max_bytes=args.steps * args.micro_batch * (args.seq_len + 1) * 2)
     lines: list[dict[str, Any]] = [
         {"environment": {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
@@ -257,8 +244,6 @@ def main(argv: list[str] | None = None) -> int:
     lines.append({"comparison": verdict})
     print(json.dumps({"comparison": verdict}), flush=True)
     _write(args.out, lines)
-    dist.destroy_process_group()
-    return 0
 
 
 def _write(path: str | None, lines: list[dict[str, Any]]) -> None:

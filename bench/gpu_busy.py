@@ -20,9 +20,7 @@ gaps: a step whose GPU is busy 98 % of its wall time cannot get more than 2 % fa
 from __future__ import annotations
 
 import argparse
-import gc
 import json
-import socket
 import statistics
 import sys
 from pathlib import Path
@@ -31,6 +29,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from bench.one_rank import one_rank_group, release, trainer  # noqa: E402  (after the path: run as a script)
 
 CONFIGS: dict[str, list[str]] = {"bf16": ["--no-float8"], "float8": ["--float8"]}
 
@@ -78,27 +78,13 @@ def summarize(
     }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def profile(name: str, args: argparse.Namespace) -> dict[str, Any]:
-    import torch
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    from training.loop import _Trainer
-    from training.options import parse_args
-
-    opts = parse_args(
-        ["--init", "random", "--shape", args.shape, "--data", "random", "--seq-len", str(args.seq_len),
-         "--micro-batch-size", str(args.micro_batch), "--steps", str(args.warmup + 2 * args.steps),
-         "--seed", "0", *CONFIGS[name]]
-    )  # fmt: skip
-    tr = _Trainer(opts, None, place=(0, 1, torch.device("cuda", 0)))
+    steps = args.warmup + 2 * args.steps
+    tr = trainer(args.shape, args.seq_len, args.micro_batch, steps, CONFIGS[name])
     for _ in range(args.warmup):
         tr.train_step()
     plain = [tr.train_step()["step_time_s"] for _ in range(args.steps)]
@@ -113,9 +99,7 @@ def profile(name: str, args: argparse.Namespace) -> dict[str, Any]:
            "step_time_unprofiled_s": statistics.fmean(plain)}  # fmt: skip
     row.update(summarize(intervals, kernels, profiled))
     del tr, prof
-    gc.collect()
-    torch._dynamo.reset()
-    torch.cuda.empty_cache()
+    release()
     return row
 
 
@@ -140,12 +124,17 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{flag.replace('_', '-')}: a positive integer")
 
     import torch
-    import torch.distributed as dist
 
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU (the profile is of the GPU's timeline)")
-    torch.cuda.set_device(0)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    with one_rank_group():
+        _profile_all(configs, args)
+    return 0
+
+
+def _profile_all(configs: list[str], args: argparse.Namespace) -> None:
+    import torch
+
     lines: list[dict[str, Any]] = [
         {"environment": {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__}}
     ]
@@ -155,8 +144,6 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(lines[-1]), flush=True)
     if args.out:
         Path(args.out).write_text("".join(json.dumps(x) + "\n" for x in lines))
-    dist.destroy_process_group()
-    return 0
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.args import int_list  # noqa: E402  (after the path: run as a script)
+from bench.one_rank import free_port  # noqa: E402
 
 VARIANT_FLAGS = {"compile": "compile", "ac": "activation_checkpointing", "float8": "float8"}
 BASE_VARIANTS = ("compile", "eager", "compile-ac", "eager-ac")
@@ -142,17 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     return rc
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _spawn_ranks(args: argparse.Namespace) -> int:
     # A free port, not a fixed one: other process groups may run on the machine.
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
     if args.gpus == 1:
         _rank_main(0, args)
         return 0

@@ -184,8 +184,8 @@ class WorkloadStack(cdk.Stack):
                     resources=[f"arn:{arn_partition}:s3:::{bucket}"],
                 )
             )
-        # SSE-KMS inputs: S3 calls kms:Decrypt as this role when it serves an object (S3 API
-        # reference, GetObject "Permissions"). kms:ViaService (AWS KMS condition keys) limits the
+        # SSE-KMS inputs: S3 calls kms:Decrypt as this role when it serves an object from a
+        # general purpose bucket (S3 User Guide, SSE-KMS). kms:ViaService (AWS KMS condition keys) limits the
         # grant to those calls, from S3 in the key's region; the role cannot decrypt with the key
         # directly. The key policy must let the role use the key too (settings comment).
         for arn in settings.job.input_kms_keys:

@@ -45,14 +45,12 @@ def variant(base: str, **changes: dict[str, Any]) -> Settings:
 
 
 VARIANTS: dict[str, Any] = {name: (lambda n=name: load_settings(n)) for name in environment_names()}
-VARIANTS["p5"] = lambda: variant(
-    "prod",
-    gpu_nodes={
-        "instance_type": "p5.48xlarge",
-        "capacity_reservation_id": "cr-0123456789abcdef0",
-        "placement_group": False,
-    },
-)
+P5_NODES = {
+    "instance_type": "p5.48xlarge",
+    "capacity_reservation_id": "cr-0123456789abcdef0",
+    "placement_group": False,
+}
+VARIANTS["p5"] = lambda: variant("prod", gpu_nodes=P5_NODES)
 VARIANTS["g5-no-efa"] = lambda: variant("dev", gpu_nodes={"instance_type": "g5.12xlarge", "efa": False})
 VARIANTS["standing"] = lambda: variant("dev", job={"cluster": "standing", "ttl_seconds_after_finished": 0})
 
@@ -498,14 +496,9 @@ def test_float8_is_on_where_the_gpu_has_fp8_tensor_cores_and_refused_where_it_ha
     # smallest measured to pay), so p5's H100s at 8 x 2048 train in float8 and dev's L4s at 1 x 2048
     # in bf16. Explicit either way in the entrypoint: the training CLI's own default never decides.
     p5_big = {"micro_batch_size": 8, "global_batch_size": 128}
-    p5 = {
-        "instance_type": "p5.48xlarge",
-        "capacity_reservation_id": "cr-0123456789abcdef0",
-        "placement_group": False,
-    }
-    assert "--float8" in switches_of(variant("prod", gpu_nodes=p5, job=p5_big))
-    assert "--no-float8" in switches_of(variant("prod", gpu_nodes=p5, job={**p5_big, "compile": False}))
-    assert "--no-float8" in switches_of(variant("prod", gpu_nodes=p5))  # 1 x 2048
+    assert "--float8" in switches_of(variant("prod", gpu_nodes=P5_NODES, job=p5_big))
+    assert "--no-float8" in switches_of(variant("prod", gpu_nodes=P5_NODES, job={**p5_big, "compile": False}))
+    assert "--no-float8" in switches_of(variant("prod", gpu_nodes=P5_NODES))  # 1 x 2048
     assert "--no-float8" in switches_of(variant("dev"))
     assert "--float8" in switches_of(variant("dev", job={"float8": True}))  # L4: FP8 tensor cores
     assert "--no-float8" in switches_of(variant("dev", gpu_nodes={"instance_type": "g5.48xlarge"}))

@@ -25,7 +25,6 @@ from __future__ import annotations
 import io
 import json
 import re
-import socket
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,10 +33,11 @@ from typing import Any
 import pytest
 
 boto3 = pytest.importorskip("boto3")
-moto_server = pytest.importorskip("moto.server")
+pytest.importorskip("moto.server")  # skips the module without moto
 
 from config.names import VerifyBuild  # noqa: E402
 from tests.cfn_intrinsics import resolve  # noqa: E402
+from tests.moto_server import running_moto_server  # noqa: E402
 
 HOST = "prod"
 ENV = "dev"
@@ -45,12 +45,6 @@ ACCOUNT = "123456789012"  # moto's account: the environment's account in this te
 SYNTH_ACCOUNT = "111122223333"
 REGION = "us-west-2"
 ADMIN = {"aws_access_key_id": "AKIAADMIN0000000000", "aws_secret_access_key": "x", "region_name": REGION}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _access_template(synthesized: Any) -> dict[str, Any]:
@@ -66,13 +60,8 @@ def _logical(template: dict[str, Any], kind: str, prefix: str) -> str:
 
 @pytest.fixture(scope="module")
 def moto_endpoint() -> Iterator[str]:
-    port = _free_port()
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.stop()
+    with running_moto_server() as endpoint:
+        yield endpoint
 
 
 class Env:

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -40,10 +39,11 @@ import pytest
 
 boto3 = pytest.importorskip("boto3")
 pafs = pytest.importorskip("pyarrow.fs")
-moto_server = pytest.importorskip("moto.server")
+pytest.importorskip("moto.server")  # skips the module without moto
 xmltodict = pytest.importorskip("xmltodict")
 
 from tests.cfn_intrinsics import resolve  # noqa: E402
+from tests.moto_server import running_moto_server  # noqa: E402
 
 REGION = "us-west-2"
 RUN = "qwen-run"
@@ -61,12 +61,6 @@ def _operation_doc(service: str, operation: str) -> str:
 def _doc_sentences(service: str, operation: str, pattern: str) -> list[str]:
     text = re.sub(r"<[^>]+>", "", _operation_doc(service, operation))
     return [s.strip() for s in re.findall(r"[^.]*" + pattern + r"[^.]*\.", text)]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _role_policy(template: dict[str, Any]) -> tuple[dict[str, Any], str, str]:
@@ -163,19 +157,10 @@ class Aws:
         )
 
 
-def _moto_server() -> Iterator[str]:
-    port = _free_port()
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.stop()
-
-
 @pytest.fixture(scope="module")
 def moto_endpoint() -> Iterator[str]:
-    yield from _moto_server()
+    with running_moto_server() as endpoint:
+        yield endpoint
 
 
 @pytest.fixture

@@ -259,7 +259,7 @@ class JobSettings(SettingsModel):
     # bf16's 1.31x on an H200 at micro-batch 16 x 2048, and its loss follows bf16's within the
     # spread of data orders over 600 steps (BENCHMARKS.md). Unset: on with compiled layers where
     # the GPU node type has FP8 tensor cores (L4, L40S, H100, H200) and a micro-batch holds at
-    # least 16,384 tokens (the smallest measured to pay: training.model.FLOAT8_MIN_TOKENS); off
+    # least 16,384 tokens (the smallest measured to pay: training.precision.FLOAT8_MIN_TOKENS); off
     # elsewhere, so the L4 environments' 1 x 2048 stays bf16. `true` turns it on wherever the GPU
     # has FP8 tensor cores (refused on others: A10G, A100), `false` off. torchao travels in the
     # code asset (config/image.toml [job_packages]).
@@ -381,7 +381,7 @@ class JobSettings(SettingsModel):
     def float8_on(self, gpu: Instance) -> bool:
         """Whether the job trains with float8 linears on `gpu`'s node type; unset: where the GPU
         has FP8 tensor cores, with compiled layers, at micro-batches where it was measured to pay
-        (the training CLI's own rule, training.model.float8_by_default)."""
+        (the training CLI's own rule, training.precision.float8_by_default)."""
         if self.float8 is not None:
             return self.float8
         tokens = self.micro_batch_size * self.seq_len
