@@ -29,13 +29,11 @@ FRAMEWORK_FUNCTION_REASONS = {
 }
 
 # Construct paths of CDK's framework functions: the singleton custom-resource providers
-# (`Custom::<Name>CustomResourceProvider`), the EKS kubectl provider, CDK Pipelines' approval helper,
-# and AwsCustomResource's singleton function (its fixed id in aws-cdk-lib custom-resources).
+# (`Custom::<Name>CustomResourceProvider`), the EKS kubectl provider and CDK Pipelines' approval helper.
 FRAMEWORK_PATH_MARKERS = (
     "CustomResourceProvider/",
     "/KubectlProvider/",
     "/PipelinesSecurityCheck/",
-    "/AWS679f53fac002430cb0da5b7982bd2287/",
 )
 
 

@@ -10,40 +10,49 @@ iam:PassRole, an interruption queue). With one instance type in one AZ, Karpente
 types and zones buys nothing. The Cluster Autoscaler only changes the desired size of the node
 group's Auto Scaling group, so every node it starts comes from exactly that launch template.
 
-How scale-from-zero works on AWS (cluster-autoscaler/cloudprovider/aws/README.md, "Auto-Discovery
-Setup", tag cluster-autoscaler-1.35.2):
+How scale-from-zero works on AWS (kubernetes/autoscaler, cluster-autoscaler/cloudprovider/aws/
+aws_manager.go `buildNodeFromTemplate` and aws_wrapper.go `getManagedNodegroupInfo`, read at tags
+cluster-autoscaler-1.34.5, -1.35.2 and -1.36.1, the image tags below; the code came with commit
+3ab6ead79d, "Add support for tags on AWS managed nodegroups to indicate resources", March 2023):
 - Discovery: EKS tags the Auto Scaling group of every managed node group with
   `k8s.io/cluster-autoscaler/enabled` and `k8s.io/cluster-autoscaler/<cluster>` ("Nodes launched
   as part of a managed node group are automatically tagged for auto-discovery by the Kubernetes
-  Cluster Autoscaler", EKS User Guide, managed-node-groups).
+  Cluster Autoscaler", EKS User Guide, managed-node-groups), and with `eks:cluster-name` and
+  `eks:nodegroup-name`.
 - With no node of a group running, the autoscaler builds the node it would get from the instance
-  type (CPU, memory, GPUs) and from the group's `k8s.io/cluster-autoscaler/node-template/...`
-  tags: labels (`label/<key>`), taints (`taint/<key>` = `value:effect`) and extended resources
-  (`resources/<name>`). It can read labels and taints of a managed node group from
-  eks:DescribeNodegroup, but only "when a managed nodegroup is created with 0 nodes and has never
-  had any nodes added to it" (same README, "Minimal IAM Permissions Policy"): after the first job
-  the tags are all it has. And nothing but a tag tells it about `vpc.amazonaws.com/efa`, which
-  every worker pod requests.
-- EKS does not put our labels, taints or resources on that group, and the node group's own
-  `Tags` do not propagate to it ("Tags on the node group don't propagate to any other resources
-  associated with the node group", EKS API CreateNodegroup; aws/containers-roadmap#608).
-  `NodegroupAsgTags` below finds the group with eks:DescribeNodegroup and tags it.
+  type (CPU, memory, GPUs). The group's `eks:` tags make it a managed node group to the
+  autoscaler, which then calls eks:DescribeNodegroup and takes the node group's own `labels`,
+  its `taints`, and from the node group's `tags` every
+  `k8s.io/cluster-autoscaler/node-template/resources/<name>` as allocatable (these override the
+  same keys on the Auto Scaling group). Labels and taints therefore need no tags: they are the node
+  group's own. Only `vpc.amazonaws.com/efa`, which every worker pod requests and which no instance
+  type field carries, needs a tag, and it goes on the node group (`node_template_resource_tags`).
+- The AWS README says DescribeNodegroup is used "only when a managed nodegroup is created with 0
+  nodes and has never had any nodes added to it". What the code does: once a group had a Ready node,
+  the core keeps that real node's description (labels, taints, allocatable as the device plugins
+  advertised them) and builds no template; after an autoscaler restart with the group at 0 it builds
+  the template again, with DescribeNodegroup. Either way the pending worker is matched against what
+  a GPU node offers.
+- Earlier this construct wrote node-template tags onto the Auto Scaling group through
+  AwsCustomResource calls: their IAM policy could still be propagating at the first call (rolling
+  back the Cluster stack), and on a node group replacement the old tags' delete ran under the
+  updated policy, whose condition named the new group. Node group tags are a plain property of
+  AWS::EKS::Nodegroup, updated in place (not in its createOnlyProperties).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from aws_cdk import ArnFormat, CfnResource, Duration, Stack, Token
+from aws_cdk import ArnFormat, Duration, Stack
 from aws_cdk import aws_eks as eks_l1
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
-from aws_cdk import custom_resources as cr
 from constructs import Construct
 
-from cdk_constructs.nag import acknowledge, managed_policy_finding
+from cdk_constructs.nag import acknowledge
 from config.catalogue import Instance
-from config.names import EFA_RESOURCE, GPU_RESOURCE, GPU_TAINT_KEY, GPU_TAINT_VALUE, SYSTEM_NODE_LABELS
+from config.names import EFA_RESOURCE, GPU_RESOURCE, SYSTEM_NODE_LABELS
 
 REPOSITORY = "https://kubernetes.github.io/autoscaler"
 CHART = "cluster-autoscaler"
@@ -83,11 +92,10 @@ def empty_gpu_node_minutes() -> int:
     return int(SCALE_DOWN_UNNEEDED[:-1]) + DRAIN_AND_SHUTDOWN_MINUTES
 
 
-def node_template_tags(instance: Instance, *, efa: bool, labels: dict[str, str]) -> dict[str, str]:
-    """ASG tags describing a GPU node before one exists: labels, the GPU taint, GPUs and EFA."""
-    tags = {f"{NODE_TEMPLATE}/label/{key}": value for key, value in sorted(labels.items())}
-    tags[f"{NODE_TEMPLATE}/taint/{GPU_TAINT_KEY}"] = f"{GPU_TAINT_VALUE}:NoSchedule"
-    tags[f"{NODE_TEMPLATE}/resources/{GPU_RESOURCE}"] = str(instance.gpus)
+def node_template_resource_tags(instance: Instance, *, efa: bool) -> dict[str, str]:
+    """Node group tags telling the autoscaler what a GPU node offers before one exists: its GPUs
+    (also known from the instance type) and, on EFA types, its EFA interfaces."""
+    tags = {f"{NODE_TEMPLATE}/resources/{GPU_RESOURCE}": str(instance.gpus)}
     if efa:
         tags[f"{NODE_TEMPLATE}/resources/{EFA_RESOURCE}"] = str(instance.efa_interfaces)
     return tags
@@ -127,114 +135,6 @@ def chart_values(*, cluster_name: str, region: str, kubernetes_version: str) -> 
             "seccompProfile": {"type": "RuntimeDefault"},
         },
     }
-
-
-class NodegroupAsgTags(Construct):
-    """Tags the Auto Scaling group that EKS created for a managed node group.
-
-    Two SDK calls through CDK's AwsCustomResource: eks:DescribeNodegroup gives the group's name
-    (`nodegroup.resources.autoScalingGroups[0].name`), autoscaling:CreateOrUpdateTags writes the
-    tags. The node group's name is a parameter of both, so a replaced node group (new group) is
-    tagged again. Permissions: describe only this node group; tag only a group that EKS tagged
-    as this node group's, and only with node-template keys.
-    """
-
-    def __init__(
-        self,
-        scope: Construct,
-        construct_id: str,
-        *,
-        cluster_name: str,
-        nodegroup: eks.Nodegroup,
-        tags: dict[str, str],
-    ) -> None:
-        super().__init__(scope, construct_id)
-        stack = Stack.of(self)
-        # Not `nodegroup.nodegroup_name`: without the @aws-cdk/aws-eks:nodegroupNameAttribute flag
-        # that is the resource's Ref, "<cluster>/<nodegroup>", which the EKS API rejects
-        # (aws/aws-cdk#22442). The NodegroupName attribute is the name itself.
-        cfn_nodegroup = nodegroup.node.default_child
-        assert isinstance(cfn_nodegroup, CfnResource)
-        nodegroup_name = Token.as_string(cfn_nodegroup.get_att("NodegroupName"))
-        describe = cr.AwsCustomResource(
-            self,
-            "FindGroup",
-            on_update=cr.AwsSdkCall(
-                service="EKS",
-                action="describeNodegroup",
-                parameters={"clusterName": cluster_name, "nodegroupName": nodegroup_name},
-                physical_resource_id=cr.PhysicalResourceId.of(nodegroup_name),
-                output_paths=["nodegroup.resources.autoScalingGroups.0.name"],
-            ),
-            policy=cr.AwsCustomResourcePolicy.from_statements(
-                [iam.PolicyStatement(actions=["eks:DescribeNodegroup"], resources=[nodegroup.nodegroup_arn])]
-            ),
-            install_latest_aws_sdk=False,
-            timeout=Duration.minutes(2),
-        )
-        self.group_name = describe.get_response_field("nodegroup.resources.autoScalingGroups.0.name")
-        asg_tags = [
-            {
-                "ResourceId": self.group_name,
-                "ResourceType": "auto-scaling-group",
-                "Key": key,
-                "Value": value,
-                # Tags for the autoscaler only; instances get their tags from the launch template.
-                "PropagateAtLaunch": False,
-            }
-            for key, value in sorted(tags.items())
-        ]
-        group_arn = _group_arns(stack)
-        tagging = iam.PolicyStatement(
-            actions=["autoscaling:CreateOrUpdateTags", "autoscaling:DeleteTags"],
-            resources=[group_arn],
-            conditions={
-                # EKS tags the group it creates with these (read them back with
-                # `aws autoscaling describe-tags`); no other group can be tagged.
-                "StringEquals": {
-                    "aws:ResourceTag/eks:cluster-name": cluster_name,
-                    "aws:ResourceTag/eks:nodegroup-name": nodegroup_name,
-                },
-                "ForAllValues:StringLike": {"aws:TagKeys": [f"{NODE_TEMPLATE}/*"]},
-            },
-        )
-        self.resource = cr.AwsCustomResource(
-            self,
-            "Tag",
-            on_update=cr.AwsSdkCall(
-                service="AutoScaling",
-                action="createOrUpdateTags",
-                parameters={"Tags": asg_tags},
-                physical_resource_id=cr.PhysicalResourceId.of(f"{nodegroup_name}-node-template"),
-            ),
-            on_delete=cr.AwsSdkCall(
-                service="AutoScaling",
-                action="deleteTags",
-                parameters={
-                    "Tags": [{k: t[k] for k in ("ResourceId", "ResourceType", "Key")} for t in asg_tags]
-                },
-                # The group may already be gone with its node group.
-                ignore_error_codes_matching="ValidationError",
-            ),
-            policy=cr.AwsCustomResourcePolicy.from_statements([tagging]),
-            install_latest_aws_sdk=False,
-            timeout=Duration.minutes(2),
-        )
-        self.tags = dict(tags)
-        acknowledge(
-            self.resource,
-            f"AwsSolutions-IAM5[Resource::{stack.resolve(group_arn)}]",
-            "EKS names the node group's Auto Scaling group; tagging is limited to the group EKS "
-            "tagged as this node group's (aws:ResourceTag conditions) and to node-template keys.",
-        )
-        # CDK's one shared function behind every AwsCustomResource of the stack.
-        provider = stack.node.find_child("AWS" + cr.AwsCustomResource.PROVIDER_FUNCTION_UUID.replace("-", ""))
-        acknowledge(
-            provider.node.find_child("ServiceRole"),
-            managed_policy_finding("AWSLambdaBasicExecutionRole", service_role=True),
-            "CDK's AwsCustomResource function writes its logs with the AWS managed basic execution "
-            "policy; CDK owns this role, and the SDK calls it may make are the statements above.",
-        )
 
 
 class ClusterAutoscaler(Construct):

@@ -133,6 +133,7 @@ class EfaGpuNodeGroup(Construct):
         settings: GpuNodeSettings,
         subnet: ec2.ISubnet,
         auto_repair: bool = True,
+        tags: dict[str, str] | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         instance: Instance = settings.instance
@@ -224,6 +225,9 @@ class EfaGpuNodeGroup(Construct):
             # monitoring agent AcceleratedHardwareReady for GPU/XID faults, NetworkingReady, ...):
             # https://docs.aws.amazon.com/eks/latest/userguide/node-health.html
             enable_node_auto_repair=auto_repair,
+            # The Cluster Autoscaler's node-template tags (cluster_autoscaler.py): read through
+            # eks:DescribeNodegroup when no node of the group runs.
+            tags=tags,
         )
         cfn = self.nodegroup.node.default_child
         assert isinstance(cfn, CfnResource)

@@ -13,9 +13,9 @@ from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from cdk_constructs.addons import GpuDevicePlugins, KubeRayOperator
-from cdk_constructs.cluster_autoscaler import ClusterAutoscaler, NodegroupAsgTags, node_template_tags
+from cdk_constructs.cluster_autoscaler import ClusterAutoscaler, node_template_resource_tags
 from cdk_constructs.encrypted_logs import encrypted_log_group
-from cdk_constructs.node_groups import EfaGpuNodeGroup, SystemNodeGroup, gpu_node_labels
+from cdk_constructs.node_groups import EfaGpuNodeGroup, SystemNodeGroup
 from cdk_constructs.observability import (
     METRICS_LOG_KIND,
     ContainerInsights,
@@ -168,6 +168,7 @@ class ClusterStack(cdk.Stack):
             settings=settings.gpu_nodes,
             subnet=gpu_subnet,
             auto_repair=settings.observability.gpu_node_auto_repair,
+            tags=node_template_resource_tags(settings.gpu_nodes.instance, efa=settings.gpu_nodes.efa),
         )
         for group in (self.system_nodes.nodegroup, self.gpu_nodes.nodegroup):
             # Nodes join only once their networking add-ons exist.
@@ -198,14 +199,6 @@ class ClusterStack(cdk.Stack):
             cluster_name=cluster_settings.name,
             kubernetes_version=cluster_settings.kubernetes_version,
             chart_version=settings.addons.cluster_autoscaler,
-        )
-        gpu = settings.gpu_nodes
-        self.gpu_node_template = NodegroupAsgTags(
-            self,
-            "GpuNodeTemplateTags",
-            cluster_name=cluster_settings.name,
-            nodegroup=self.gpu_nodes.nodegroup,
-            tags=node_template_tags(gpu.instance, efa=gpu.efa, labels=gpu_node_labels(gpu.instance)),
         )
         # Teardown order: Helm releases go before the nodes they run on (a release deleted after
         # its nodes leaves finalizers and pods stuck), and both before the cluster.

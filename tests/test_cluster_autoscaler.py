@@ -1,4 +1,4 @@
-"""Cluster Autoscaler: its Helm release, IAM through Pod Identity, and the ASG node-template tags."""
+"""Cluster Autoscaler: its Helm release, IAM through Pod Identity, and the node group's node-template tags."""
 
 from __future__ import annotations
 
@@ -57,83 +57,70 @@ def system_nodegroup_id(template: dict) -> str:
     )
 
 
-def tag_calls(template: dict) -> tuple[dict, dict]:
-    """The createOrUpdateTags call of the custom resource in the template, and the resource."""
-    tagging = [
-        (k, r)
-        for k, r in resources(template, "Custom::AWS").items()
-        if "createOrUpdateTags" in json.dumps(r["Properties"]["Create"])
-    ]
-    assert len(tagging) == 1
-    _, resource = tagging[0]
-    parts = resource["Properties"]["Create"]["Fn::Join"][1]
-    # The group name is a GetAtt of the describe call; stand a literal in for it.
-    text = "".join(p if isinstance(p, str) else "ASG" for p in parts)
-    return json.loads(text), resource
+PREFIX = "k8s.io/cluster-autoscaler/node-template/"
+TAINT_EFFECTS = {
+    "NO_SCHEDULE": "NoSchedule",
+    "NO_EXECUTE": "NoExecute",
+    "PREFER_NO_SCHEDULE": "PreferNoSchedule",
+}
 
 
-def asg_tags(template: dict) -> dict[str, str]:
-    call, _ = tag_calls(template)
-    assert call["service"] == "AutoScaling"
-    tags = call["parameters"]["Tags"]
-    assert {t["ResourceId"] for t in tags} == {"ASG"}
-    assert all(t["ResourceType"] == "auto-scaling-group" and t["PropagateAtLaunch"] is False for t in tags)
-    return {t["Key"]: t["Value"] for t in tags}
+def template_node(template: dict) -> tuple[dict[str, str], dict[str, tuple[str, str]], dict[str, str]]:
+    """Labels, taints and extended resources of the node the autoscaler builds for the GPU group
+    with no node running, the way cluster-autoscaler's AWS provider builds it for a managed node
+    group (aws_manager.go buildNodeFromTemplate, 1.34-1.36): the node group's Labels and Taints as
+    eks:DescribeNodegroup returns them, and `node-template/resources/*` from the node group's Tags."""
+    _, group = gpu_nodegroup(template)
+    props = group["Properties"]
+    labels = dict(props["Labels"])
+    taints = {t["Key"]: (t["Value"], TAINT_EFFECTS[t["Effect"]]) for t in props.get("Taints", [])}
+    tags = props.get("Tags", {})
+    extended = {
+        k.removeprefix(PREFIX + "resources/"): v
+        for k, v in tags.items()
+        if k.startswith(PREFIX + "resources/")
+    }
+    return labels, taints, extended
 
 
 # ---------------------------------------------------------------- tags: the node the autoscaler imagines
 
 
 @pytest.mark.parametrize("env", ENVS)
-def test_asg_tags_describe_the_gpu_node_group(synthesized, env):
-    """Labels and taint tags are the node group's own; resources are the catalogue's counts."""
+def test_node_group_tags_give_the_gpu_and_efa_counts(synthesized, env):
+    """The node group carries exactly the resource tags: the catalogue's GPU and EFA counts."""
     s = synthesized[env].settings
     t = synthesized[env].template("Cluster")
     _, group = gpu_nodegroup(t)
-    tags = asg_tags(t)
-    prefix = "k8s.io/cluster-autoscaler/node-template/"
-    labels = {
-        k.removeprefix(prefix + "label/"): v for k, v in tags.items() if k.startswith(prefix + "label/")
-    }
-    assert labels == group["Properties"]["Labels"]
-    taints = {
-        k.removeprefix(prefix + "taint/"): v for k, v in tags.items() if k.startswith(prefix + "taint/")
-    }
-    effects = {
-        "NO_SCHEDULE": "NoSchedule",
-        "NO_EXECUTE": "NoExecute",
-        "PREFER_NO_SCHEDULE": "PreferNoSchedule",
-    }
-    assert taints == {
-        taint["Key"]: f"{taint['Value']}:{effects[taint['Effect']]}"
-        for taint in group["Properties"]["Taints"]
-    }
+    tags = {k: v for k, v in group["Properties"]["Tags"].items() if k.startswith(PREFIX)}
     instance = CATALOGUE[s.gpu_nodes.instance_type]
-    assert tags[prefix + "resources/nvidia.com/gpu"] == str(instance.gpus)
-    assert tags[prefix + "resources/vpc.amazonaws.com/efa"] == str(instance.efa_interfaces)
-    assert set(tags) == {prefix + "label/" + k for k in labels} | {prefix + "taint/" + k for k in taints} | {
-        prefix + "resources/nvidia.com/gpu",
-        prefix + "resources/vpc.amazonaws.com/efa",
-    }
+    expected = {PREFIX + "resources/nvidia.com/gpu": str(instance.gpus)}
+    if s.gpu_nodes.efa:
+        expected[PREFIX + "resources/vpc.amazonaws.com/efa"] = str(instance.efa_interfaces)
+    assert tags == expected
+
+
+@pytest.mark.parametrize("env", ENVS)
+def test_no_custom_resource_tags_the_auto_scaling_group(synthesized, env):
+    """No AwsCustomResource (and so no IAM-propagation race, no delete under a newer policy)."""
+    t = synthesized[env].template("Cluster")
+    assert not resources(t, "Custom::AWS")
+    for policy in resources(t, "AWS::IAM::Policy").values():
+        assert "autoscaling:CreateOrUpdateTags" not in json.dumps(policy)
 
 
 def test_no_efa_tag_without_efa():
-    tags = ca.node_template_tags(CATALOGUE["g6.xlarge"], efa=False, labels={"role": "gpu-worker"})
-    assert not any("vpc.amazonaws.com/efa" in key for key in tags)
-    assert tags["k8s.io/cluster-autoscaler/node-template/resources/nvidia.com/gpu"] == "1"
+    tags = ca.node_template_resource_tags(CATALOGUE["g6.xlarge"], efa=False)
+    assert tags == {"k8s.io/cluster-autoscaler/node-template/resources/nvidia.com/gpu": "1"}
 
 
 @pytest.mark.parametrize("env", ENVS)
 def test_pending_worker_fits_the_node_the_autoscaler_imagines(synthesized, env):
     """Scale from zero only happens if the RayJob's worker pod fits the template node built from the
-    tags and the instance type: its node selector, its tolerations, its resource requests."""
+    node group and the instance type: its node selector, its tolerations, its resource requests."""
     s = synthesized[env].settings
     t = synthesized[env].template("Cluster")
-    tags = asg_tags(t)
-    prefix = "k8s.io/cluster-autoscaler/node-template/"
-    labels = {k.removeprefix(prefix + "label/"): v for k, v in tags.items() if "/label/" in k}
-    taints = {k.removeprefix(prefix + "taint/"): v.split(":") for k, v in tags.items() if "/taint/" in k}
-    resources_ = {k.removeprefix(prefix + "resources/"): v for k, v in tags.items() if "/resources/" in k}
+    labels, taints, resources_ = template_node(t)
     manifests = synthesized[env].directory / "manifests"
     docs = [
         d
@@ -161,38 +148,24 @@ def test_pending_worker_fits_the_node_the_autoscaler_imagines(synthesized, env):
         requests = pod["containers"][0]["resources"]["requests"]
         for name in ("nvidia.com/gpu", "vpc.amazonaws.com/efa"):
             if name in requests:
+                assert name in resources_, f"the template node offers no {name}"
                 assert int(requests[name]) <= int(resources_[name])
         assert int(requests["cpu"].removesuffix("m")) <= instance.vcpus * 1000
         assert int(requests["memory"].removesuffix("Mi")) <= instance.memory_gib * 1024
 
 
-@pytest.mark.parametrize("env", ENVS)
-def test_tagging_permissions_only_this_node_groups_asg(synthesized, env):
-    s = synthesized[env].settings
-    t = synthesized[env].template("Cluster")
-    statements = [
-        st
-        for policy in resources(t, "AWS::IAM::Policy").values()
-        for st in policy["Properties"]["PolicyDocument"]["Statement"]
-        if "autoscaling:CreateOrUpdateTags" in json.dumps(st["Action"])
-    ]
-    assert len(statements) == 1
-    st = statements[0]
-    assert sorted(st["Action"]) == ["autoscaling:CreateOrUpdateTags", "autoscaling:DeleteTags"]
-    equals = st["Condition"]["StringEquals"]
-    assert equals["aws:ResourceTag/eks:cluster-name"] == s.cluster.name
-    group_id, _ = gpu_nodegroup(t)
-    assert equals["aws:ResourceTag/eks:nodegroup-name"] == {"Fn::GetAtt": [group_id, "NodegroupName"]}
-    assert st["Condition"]["ForAllValues:StringLike"] == {
-        "aws:TagKeys": ["k8s.io/cluster-autoscaler/node-template/*"]
+def test_template_node_without_the_efa_tag_cannot_take_the_worker():
+    """The check above fails where the bug was: a group without the EFA resource tag."""
+    template = {
+        "Resources": {
+            "G": {
+                "Type": "AWS::EKS::Nodegroup",
+                "Properties": {"Labels": {"role": "gpu-worker"}, "Taints": [], "Tags": {}},
+            }
+        }
     }
-    describe = [
-        st
-        for policy in resources(t, "AWS::IAM::Policy").values()
-        for st in policy["Properties"]["PolicyDocument"]["Statement"]
-        if st["Action"] == "eks:DescribeNodegroup" and st["Resource"] == {"Fn::GetAtt": [group_id, "Arn"]}
-    ]
-    assert len(describe) == 1
+    _, _, extended = template_node(template)
+    assert "vpc.amazonaws.com/efa" not in extended
 
 
 # ---------------------------------------------------------------- the autoscaler's release and role

@@ -62,11 +62,8 @@ def test_cdk_nag_acknowledgements_are_scoped_and_explained(synthesized, env):
         # The CloudWatch observability add-on's Pod Identity role (CloudWatchAgentServerPolicy).
         stack + "ContainerInsights/AgentRole",
         f"/RayTrain-{env}-Workload/RayPodRole/DefaultPolicy",
-        # Cluster Autoscaler: Describe calls on *, scaling limited to this cluster's groups by tag;
-        # the ASG node-template tags (custom resource) and CDK's AwsCustomResource function role.
+        # Cluster Autoscaler: Describe calls on *, scaling limited to this cluster's groups by tag.
         stack + "ClusterAutoscaler/Role/DefaultPolicy",
-        stack + "GpuNodeTemplateTags/Tag",
-        stack + "AWS679f53fac002430cb0da5b7982bd2287/ServiceRole",
         # EKS-leftovers cleanup: Describe calls on *, deletes scoped by VPC / ownership-tag conditions.
         f"/RayTrain-{env}-Network/EksLeftoverCleanup/Role/DefaultPolicy",
         # CDK Pipelines' generated roles (prod hosts the pipeline) and the post-deploy steps' role.
