@@ -204,9 +204,11 @@ class EfaGpuNodeGroup(Construct):
             ami_type=eks.NodegroupAmiType.AL2023_X86_64_NVIDIA,
             capacity_type=_capacity_type(settings.capacity_type),
             # The Cluster Autoscaler owns the group's size between min and max. EKS needs a
-            # desired size when the group is created ("specify all or none of the properties"),
-            # and CloudFormation changes the running size only when this number changes in the
-            # template (EKS API, NodegroupScalingConfig): pinned to the minimum, it never does.
+            # desired size when the group is created ("specify all or none of the properties",
+            # EKS API, NodegroupScalingConfig), and "whenever this parameter changes" EKS resizes
+            # the group to it: pinned to the minimum, a deploy never changes it. Whether a new
+            # min/max sends it again is documented nowhere; `raytrain review` says to deploy such
+            # a change between jobs (when the group is at its minimum anyway).
             min_size=settings.min_size,
             desired_size=settings.min_size,
             max_size=settings.max_size,

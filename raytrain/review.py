@@ -43,6 +43,18 @@ CRITICAL_TYPES = {
 CHECKPOINT_BUCKET_ID_PREFIX = "Checkpoints"
 
 
+# A node group's ScalingConfig goes to EKS's UpdateNodegroupConfig. The template's DesiredSize is
+# pinned to MinSize, and EKS says of desiredSize: "Whenever this parameter changes, the number of
+# worker nodes in the node group is updated to the specified size" (EKS API reference,
+# NodegroupScalingConfig). Neither it nor the CloudFormation reference says whether an unchanged
+# DesiredSize is sent again with a new MinSize/MaxSize; if it is, the group goes back to MinSize
+# while the Cluster Autoscaler runs a job on it. Between jobs the GPU group is at MinSize anyway.
+SCALING_NOTE = (
+    "ScalingConfig changes: deploy it between jobs (the update may set the running size back to "
+    "MinSize, ending a running job's nodes)"
+)
+
+
 class ReviewError(Exception):
     """The comparison cannot be made; `str()` is the message for the user."""
 
@@ -166,6 +178,8 @@ def _classify(
             note = "" if paths is not None else " (no resource schema: replacement unknown)"
             modified[logical_id] = [f"properties: {', '.join(changed)}{note}"] if changed else []
             modified[logical_id] += details
+            if after["Type"] == "AWS::EKS::Nodegroup" and "ScalingConfig" in changed:
+                modified[logical_id].append(SCALING_NOTE)
     # A create-only property that references a replaced resource changes too, at deploy time.
     grew = True
     while grew:

@@ -68,6 +68,17 @@ def test_update_in_place_is_not_a_replacement():
     assert set(changes) == {"Group"}
 
 
+def test_a_scaling_change_says_to_deploy_it_between_jobs():
+    old, new = _template(), _template()
+    new["Resources"]["Group"]["Properties"]["ScalingConfig"]["MaxSize"] = 4
+    group = _changes(old, new)["Group"]
+    assert group.action == "modified" and review.SCALING_NOTE in group.details
+    # Other node group changes carry no such note.
+    new = _template()
+    new["Resources"]["Group"]["Properties"]["Labels"] = {"a": "b"}
+    assert review.SCALING_NOTE not in _changes(old, new)["Group"].details
+
+
 def test_create_only_property_replaces_and_the_schema_decides():
     old, new = _template(), _template()
     new["Resources"]["Group"]["Properties"]["AmiType"] = "AL2023_x86_64_STANDARD"
