@@ -29,8 +29,10 @@ PROJECT_LOCK = ROOT / "requirements.lock"
 IMAGE_LOCK = ROOT / "requirements-image.lock"
 # The image is Amazon Linux 2023 (glibc 2.34) on x86_64: resolve the wheels it could install.
 IMAGE_PLATFORM = "x86_64-manylinux_2_34"
-# Test tools of the image stage, at the versions requirements.lock pins for the main suite.
-TEST_TOOLS = ("pytest", "pytest-timeout", "hypothesis")
+# Test tools of the image stage, at the versions requirements.lock pins for the main suite. moto (its
+# S3 and, with flask, its server mode) serves the code asset to Ray's own working_dir download there.
+TEST_TOOLS = ("pytest", "pytest-timeout", "hypothesis", "moto", "flask", "flask-cors")
+TEST_TOOL_EXTRAS = {"moto": ("s3",)}
 
 _VERSION_RE = re.compile(r"^\d+(\.\d+)*(\.\*)?$")
 _EXACT_RE = re.compile(r"^\d+(\.\d+)+$")
@@ -85,7 +87,9 @@ class Image:
             extras = self.extras.get(name, ())
             lines.append(f"{name}{'[' + ','.join(extras) + ']' if extras else ''}=={spec}")
         lines += [f"{name}=={version}" for name, version in self.job_packages.items()]
-        lines += [f"{name}=={test_pins[name]}" for name in TEST_TOOLS]
+        for name in TEST_TOOLS:
+            extras = TEST_TOOL_EXTRAS.get(name, ())
+            lines.append(f"{name}{'[' + ','.join(extras) + ']' if extras else ''}=={test_pins[name]}")
         return lines
 
 
