@@ -28,6 +28,7 @@ from k8s.pods import (
     container_security,
     empty_dir,
     labels,
+    pod_identity_check,
     pod_security,
     resources,
 )
@@ -93,7 +94,10 @@ def _head_group(types: SpecTypes, settings: Settings, service_account_name: str)
         security_context=container_security(t, []),
     )
     spec = t("Spec")(
+        init_containers=[pod_identity_check(t, w.image_ref)],
         containers=[container],
+        # A failed pod is replaced by KubeRay, not restarted in place (k8s/pods.py, pod_identity_check).
+        restart_policy="Never",
         node_selector=dict(SYSTEM_NODE_SELECTOR),
         service_account_name=service_account_name,
         # Pod Identity mounts its own projected token; the Ray pods never call the Kubernetes API.
@@ -137,7 +141,9 @@ def _worker_group(types: SpecTypes, settings: Settings, service_account_name: st
         security_context=container_security(t, ["IPC_LOCK"] if settings.gpu_nodes.efa else []),
     )
     spec = t("Spec")(
+        init_containers=[pod_identity_check(t, w.image_ref)],
         containers=[container],
+        restart_policy="Never",
         node_selector=dict(GPU_NODE_SELECTOR),
         tolerations=[
             t("SpecTolerations")(

@@ -81,3 +81,42 @@ def pod_security(t: SpecTypes) -> Any:
     return t("SpecSecurityContext")(
         seccomp_profile=t("SpecSecurityContextSeccompProfile")(type="RuntimeDefault")
     )
+
+
+# EKS Pod Identity puts a pod's credentials in at admission, when the pod is created: the webhook adds
+# AWS_CONTAINER_CREDENTIALS_FULL_URI and AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE (with its projected
+# token) to every container and init container (aws/amazon-eks-pod-identity-webhook,
+# pkg/handler/handler.go getPodSpecPatch; pkg/constants.go). Associations are eventually consistent
+# ("may take several seconds", EKS API reference, CreatePodIdentityAssociation): a pod created in
+# that window is admitted without them and never gets them. This init container fails such a pod,
+# which with restartPolicy Never ends in phase Failed; KubeRay deletes a Failed Ray pod and creates
+# a new one (ray-operator v1.7.0, raycluster_controller.go shouldDeletePod), admitted anew.
+POD_IDENTITY_CHECK = "pod-identity-check"
+POD_IDENTITY_ENV = ("AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE")
+_POD_IDENTITY_SCRIPT = (
+    'if [ -n "$AWS_CONTAINER_CREDENTIALS_FULL_URI" ] && [ -s "$AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE" ]; '
+    "then exit 0; fi; "
+    'echo "no EKS Pod Identity credentials in this pod (created before its association was in effect?): '
+    'failing it so that KubeRay creates a new one" >&2; exit 1'
+)
+
+
+def pod_identity_check(t: SpecTypes, image: str) -> Any:
+    """An init container that fails the pod unless Pod Identity gave it credentials (above). The
+    pod's own image (pulled for the Ray container anyway); requests == limits keeps Guaranteed QoS."""
+    amounts = {"cpu": "100m", "memory": "64Mi"}
+    return t("SpecInitContainers")(
+        name=POD_IDENTITY_CHECK,
+        image=image,
+        image_pull_policy="IfNotPresent",
+        command=["/bin/sh", "-c", _POD_IDENTITY_SCRIPT],
+        resources=t("SpecInitContainersResources")(
+            limits={k: t("SpecInitContainersResourcesLimits").from_string(v) for k, v in amounts.items()},
+            requests={k: t("SpecInitContainersResourcesRequests").from_string(v) for k, v in amounts.items()},
+        ),
+        security_context=t("SpecInitContainersSecurityContext")(
+            allow_privilege_escalation=False,
+            privileged=False,
+            capabilities=t("SpecInitContainersSecurityContextCapabilities")(drop=["ALL"]),
+        ),
+    )

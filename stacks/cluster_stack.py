@@ -205,6 +205,11 @@ class ClusterStack(cdk.Stack):
         self.device_plugins.node.add_dependency(self.gpu_nodes.nodegroup, coredns)
         self.kuberay.node.add_dependency(self.system_nodes.nodegroup, coredns)
         self.autoscaler.node.add_dependency(self.system_nodes.nodegroup, coredns, pod_identity)
+        # Pod Identity associations take effect "several seconds" after they are created (EKS API
+        # reference) and a pod admitted before gets no credentials, ever (k8s/pods.py). The
+        # autoscaler is a Deployment (restartPolicy Always: a failing pod is never replaced), so
+        # its association comes before the system nodes: minutes before its pod can be created.
+        self.system_nodes.nodegroup.node.add_dependency(self.autoscaler.association)
 
         self._observability(settings, pod_identity)
 

@@ -11,6 +11,7 @@ import dataclasses
 import ipaddress
 import re
 import shlex
+import subprocess
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from config.names import KUBERAY_NAMESPACE
 from config.settings import Settings
 from k8s import chart as wl
 from k8s import network_policy, pods
+from k8s.pods import POD_IDENTITY_CHECK, POD_IDENTITY_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 CRDS = ROOT / "k8s" / "crds"
@@ -790,3 +792,47 @@ def test_render_manifests_writes_one_file_per_object(tmp_path: Path) -> None:
         (o["kind"], o["metadata"]["name"]) for o in rendered("dev")
     )
     assert all(f.parent == tmp_path for f in files)
+
+
+# --- Pod Identity: a pod admitted before its association took effect is replaced -----------------
+
+
+def _quantity_equal(resources: dict[str, Any]) -> bool:
+    return resources.get("requests") == resources.get("limits") and {"cpu", "memory"} <= set(
+        resources["limits"]
+    )
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_ray_pods_fail_without_pod_identity_credentials_and_are_replaced(name: str) -> None:
+    for role, pod in {"head": head_pod(name), "worker": worker_group(name)["template"]["spec"]}.items():
+        (init,) = pod["initContainers"]
+        assert init["name"] == POD_IDENTITY_CHECK, role
+        # Pulled for the Ray container anyway; the same reference, digest included.
+        assert init["image"] == pod["containers"][0]["image"], role
+        # A Failed pod (restartPolicy Never) is what KubeRay deletes and creates again.
+        assert pod["restartPolicy"] == "Never", role
+        # Guaranteed QoS is kept: every container has requests == limits.
+        assert _quantity_equal(init["resources"]), role
+        assert init["securityContext"]["capabilities"]["drop"] == ["ALL"], role
+
+
+def _run_check(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    (init,) = head_pod("dev")["initContainers"]
+    return subprocess.run(init["command"], env=env, capture_output=True, text=True, check=False, timeout=30)
+
+
+def test_the_check_passes_only_with_what_the_webhook_injects(tmp_path: Path) -> None:
+    """The init container's own command, run with and without the webhook's variables."""
+    token = tmp_path / "eks-pod-identity-token"
+    token.write_text("token")
+    injected = {
+        "PATH": "/usr/bin:/bin",
+        POD_IDENTITY_ENV[0]: "http://169.254.170.23/v1/credentials",
+        POD_IDENTITY_ENV[1]: str(token),
+    }
+    assert _run_check(injected).returncode == 0
+    missing = _run_check({"PATH": "/usr/bin:/bin"})
+    assert missing.returncode == 1 and "no EKS Pod Identity credentials" in missing.stderr
+    token.write_text("")
+    assert _run_check(injected).returncode == 1, "an empty token file is not credentials"

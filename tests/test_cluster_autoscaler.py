@@ -202,6 +202,10 @@ def test_release_pinned_on_system_nodes_after_pod_identity(synthesized, env):
     depends = chart.get("DependsOn", [])
     assert assoc_id in depends
     assert system_nodegroup_id(t) in depends
+    # And it comes before the system nodes, so it has been in effect for minutes (node group
+    # creation) when the release creates the autoscaler's pod: a Deployment's pod admitted without
+    # credentials would never be replaced.
+    assert assoc_id in t["Resources"][system_nodegroup_id(t)].get("DependsOn", [])
     role_id = assoc["Properties"]["RoleArn"]["Fn::GetAtt"][0]
     trust = t["Resources"][role_id]["Properties"]["AssumeRolePolicyDocument"]["Statement"]
     assert {

@@ -237,7 +237,8 @@ def test_delete_that_cannot_finish_fails_so_a_retry_runs_it_again(aws, monkeypat
 
     monkeypatch.setattr(ec2, "delete_security_group", still_in_use)
     session = SimpleNamespace(client=lambda name: ec2 if name == "ec2" else aws.client(name))
-    report = handler.cleanup(world["vpc"], CLUSTER, session=session, seconds=0.5, sleep=lambda s: None)
+    # A deadline of seconds, not a fraction: under load one pass over moto took longer than 0.5 s.
+    report = handler.cleanup(world["vpc"], CLUSTER, session=session, seconds=3, sleep=lambda s: None)
     assert report.remaining == [cluster_sg]
     assert len(attempts) >= 2  # retried until the deadline, not given up at once
     assert world["gone"]["groups"] - {cluster_sg} <= set(report.security_groups)
