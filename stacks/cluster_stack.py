@@ -204,12 +204,15 @@ class ClusterStack(cdk.Stack):
         # its nodes leaves finalizers and pods stuck), and both before the cluster.
         self.device_plugins.node.add_dependency(self.gpu_nodes.nodegroup, coredns)
         self.kuberay.node.add_dependency(self.system_nodes.nodegroup, coredns)
-        self.autoscaler.node.add_dependency(self.system_nodes.nodegroup, coredns, pod_identity)
+        # The release (not its association, which comes before the nodes: below).
+        self.autoscaler.chart.node.add_dependency(self.system_nodes.nodegroup, coredns, pod_identity)
         # Pod Identity associations take effect "several seconds" after they are created (EKS API
         # reference) and a pod admitted before gets no credentials, ever (k8s/pods.py). The
         # autoscaler is a Deployment (restartPolicy Always: a failing pod is never replaced), so
         # its association comes before the system nodes: minutes before its pod can be created.
-        self.system_nodes.nodegroup.node.add_dependency(self.autoscaler.association)
+        system_nodegroup = self.system_nodes.nodegroup.node.default_child
+        assert system_nodegroup is not None
+        system_nodegroup.node.add_dependency(self.autoscaler.association)
 
         self._observability(settings, pod_identity)
 
