@@ -1,6 +1,6 @@
 """Cluster Autoscaler: GPU nodes from zero when a RayJob's workers are pending, and back to zero.
 
-Why the Cluster Autoscaler and not Karpenter (README, "GPU nodes only while a job runs"): Karpenter
+Why the Cluster Autoscaler and not Karpenter (docs/gpu-fleet.md, "GPU nodes only while a job runs"): Karpenter
 covers what the EFA group needs by now (EFA interfaces for pods requesting vpc.amazonaws.com/efa,
 capacityReservationSelectorTerms, one subnet by selector, and since v1.11.0 of April 2026 a
 placementGroupSelector), but it would replace the managed node group: a second definition of the

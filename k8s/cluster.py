@@ -162,7 +162,7 @@ def _worker_group(types: SpecTypes, settings: Settings, service_account_name: st
     return types("WorkerGroupSpecs")(
         group_name=WORKER_GROUP,
         # A fixed size: one worker pod per GPU node, no Ray autoscaling (the Cluster Autoscaler
-        # starts the nodes for pending pods; README, "GPU nodes only while a job runs").
+        # starts the nodes for pending pods; docs/gpu-fleet.md, "GPU nodes only while a job runs").
         replicas=nodes,
         min_replicas=nodes,
         max_replicas=nodes,

@@ -192,7 +192,7 @@ def prepare_job_spec(
 # (backoffLimit) is never seen here: it goes to Retrying, which deletes the cluster itself.
 # A job stopped from Ray (`ray job stop`) ends STOPPED with deployment status Complete, which no
 # rule can name in 1.7 (the CRD's enums: jobStatus SUCCEEDED|FAILED, jobDeploymentStatus Failed):
-# delete that RayJob to release its cluster (README).
+# delete that RayJob to release its cluster (docs/gpu-fleet.md).
 #
 # KubeRay's validation (utils/validation.go, validateDeletionConfiguration and
 # validateDeletionRules, v1.7.0): rules exclude shutdownAfterJobFinishes, ttlSecondsAfterFinished > 0

@@ -105,7 +105,7 @@ def test_gpu_workers_go_when_the_job_ends_and_the_head_after_the_inspection_time
 
 def test_a_job_stopped_from_ray_matches_no_rule() -> None:
     """STOPPED (`ray job stop`) ends in deployment status Complete; KubeRay 1.7's CRD allows no
-    condition for it, so its cluster stays until the RayJob is deleted (README: cost)."""
+    condition for it, so its cluster stays until the RayJob is deleted (docs/cost.md)."""
     assert due(the("dev", "RayJob")["spec"], "STOPPED", "Complete", 10**9) == set()
 
 

@@ -15,7 +15,7 @@ from config.memory import capacity_bytes, job_memory, largest_fitting_micro_batc
 from training.memory_plan import GIB, plan
 
 SOURCE = "config/environments/dev.yaml"
-# The headroom the shipped jobs keep on a 24 GB L4 (README.md states it).
+# The headroom the shipped jobs keep on a 24 GB L4 (docs/training.md states it).
 SHIPPED_MARGIN_GIB = 3.0
 
 
