@@ -31,6 +31,8 @@ _RESERVED_NAMESPACES = {"default", "kube-system", "kube-public", "kube-node-leas
 _MANAGED_ENV = {
     "RAYTRAIN_EXPECT_TRANSPORT": "from job.expect_transport",
     "NVIDIA_VISIBLE_DEVICES": "by the NVIDIA device plugin",
+    "AWS_REGION": "from the environment's region",
+    "AWS_DEFAULT_REGION": "from the environment's region",
 }
 
 
