@@ -63,6 +63,7 @@ class Image:
     packages: dict[str, str]  # normalized name -> exact version or X.Y.* series
     extras: dict[str, tuple[str, ...]]
     job_packages: dict[str, str]  # normalized name -> exact version
+    compressed_size_gb: float  # what one node pulls without a cached copy
 
     @property
     def ray_version(self) -> str:
@@ -101,7 +102,8 @@ def load(path: Path = IMAGE_FILE) -> Image:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ImageFileError(f"{path.name}: {exc}") from exc
-    unknown = set(data) - {"uri", "digest", "python", "packages", "extras", "job_packages"}
+    known = {"uri", "digest", "python", "packages", "extras", "job_packages", "compressed_size_gb"}
+    unknown = set(data) - known
     if unknown:
         raise ImageFileError(f"{path.name}: unknown field(s) {sorted(unknown)}")
     uri, digest, python = data.get("uri"), data.get("digest", ""), data.get("python")
@@ -111,6 +113,11 @@ def load(path: Path = IMAGE_FILE) -> Image:
         raise ImageFileError(f"{path.name}: digest must be empty or sha256:<64 hex digits>, not {digest!r}")
     if not isinstance(python, str) or not re.fullmatch(r"3\.\d+", python):
         raise ImageFileError(f"{path.name}: python must be a minor version like 3.13, not {python!r}")
+    size = data.get("compressed_size_gb")
+    if isinstance(size, bool) or not isinstance(size, int | float) or not 0 < size < 1000:
+        raise ImageFileError(
+            f"{path.name}: compressed_size_gb must be the image's size in GB (> 0), not {size!r}"
+        )
     packages: dict[str, str] = {}
     job_packages: dict[str, str] = {}
     for key, target, pattern in (
@@ -137,6 +144,7 @@ def load(path: Path = IMAGE_FILE) -> Image:
         packages=packages,
         extras=extras,
         job_packages=job_packages,
+        compressed_size_gb=float(size),
     )
 
 

@@ -85,7 +85,7 @@ def _head_group(types: SpecTypes, settings: Settings, service_account_name: str)
     t = types.sub("HeadGroupSpecTemplate")
     container = t("SpecContainers")(
         name="ray-head",
-        image=w.image_ref,
+        image=settings.ray_image_ref,
         image_pull_policy="IfNotPresent",
         ports=[
             t("SpecContainersPorts")(name=name, container_port=port, protocol="TCP")
@@ -131,7 +131,7 @@ def _worker_group(types: SpecTypes, settings: Settings, service_account_name: st
         amounts[EFA_RESOURCE] = gpu.efa_interfaces
     container = t("SpecContainers")(
         name="ray-worker",
-        image=w.image_ref,
+        image=settings.ray_image_ref,
         image_pull_policy="IfNotPresent",
         env=[t("SpecContainersEnv")(name=k, value=v) for k, v in worker_env(settings).items()],
         resources=resources(t, amounts),

@@ -135,7 +135,7 @@ def _submitter(settings: Settings) -> Any:
             containers=[
                 t("SpecContainers")(
                     name="ray-job-submitter",
-                    image=settings.workload.image_ref,
+                    image=settings.ray_image_ref,
                     image_pull_policy="IfNotPresent",
                     # `ray job submit` itself makes no AWS call; the region is there for any AWS
                     # SDK or CLI the submission runs (one value for every Ray pod).

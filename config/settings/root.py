@@ -9,11 +9,13 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from config.catalogue import CATALOGUE
 from config.memory import fit_problem
 from config.names import VerifyBuild, arn_partition
+from config.registries import ImageSource, cache_prefix_problem
 from config.settings.base import AZ_RE, FieldError, SettingsModel
 from config.settings.infrastructure import (
     AddonSettings,
     ClusterSettings,
     GpuNodeSettings,
+    RegistrySettings,
     StorageSettings,
     SystemNodeSettings,
     VpcSettings,
@@ -46,6 +48,7 @@ class Settings(SettingsModel):
     system_nodes: SystemNodeSettings = Field(default_factory=SystemNodeSettings)
     gpu_nodes: GpuNodeSettings
     addons: AddonSettings = Field(default_factory=AddonSettings)
+    registry: RegistrySettings = Field(default_factory=RegistrySettings)
     workload: WorkloadSettings = Field(default_factory=WorkloadSettings)
     job: JobSettings = Field(default_factory=JobSettings)
     storage: StorageSettings = Field(default_factory=StorageSettings)
@@ -116,6 +119,13 @@ class Settings(SettingsModel):
                 f"({arn_partition(self.region)}): the bootstrap bucket of {self.region} is encrypted "
                 "with a key of its own region",
             )
+        if self.registry.pull_through_cache and self.registry.cache_prefix is None:
+            problem = cache_prefix_problem(self.name)
+            if problem:
+                raise FieldError(
+                    ("registry", "cache_prefix"),
+                    f"unset, so the environment's name would be the prefix, but {problem}: set it",
+                )
         if self.vpc.nat_gateways > len(self.vpc.availability_zones):
             raise FieldError(
                 ("vpc", "nat_gateways"),
@@ -229,6 +239,21 @@ class Settings(SettingsModel):
         if problem:
             raise FieldError(("job", "micro_batch_size"), problem)
         return self
+
+    @property
+    def image_source(self) -> ImageSource:
+        """How this environment's nodes pull public images (config/registries.py)."""
+        reg = self.registry
+        prefix = (reg.cache_prefix or self.name) if reg.pull_through_cache else None
+        return ImageSource(account=self.account, region=self.region, prefix=prefix)
+
+    @property
+    def ray_image_ref(self) -> str:
+        """The image every Ray pod runs, as the nodes pull it: through the environment's
+        pull-through cache where its registry is an upstream, pinned by digest when one is set."""
+        image = self.image_source.resolve(self.workload.image)
+        digest = self.workload.effective_image_digest
+        return f"{image}@{digest}" if digest else image
 
     @property
     def num_workers(self) -> int:
