@@ -113,11 +113,6 @@ def load(path: Path = IMAGE_FILE) -> Image:
         raise ImageFileError(f"{path.name}: digest must be empty or sha256:<64 hex digits>, not {digest!r}")
     if not isinstance(python, str) or not re.fullmatch(r"3\.\d+", python):
         raise ImageFileError(f"{path.name}: python must be a minor version like 3.13, not {python!r}")
-    size = data.get("compressed_size_gb")
-    if isinstance(size, bool) or not isinstance(size, int | float) or not 0 < size < 1000:
-        raise ImageFileError(
-            f"{path.name}: compressed_size_gb must be the image's size in GB (> 0), not {size!r}"
-        )
     packages: dict[str, str] = {}
     job_packages: dict[str, str] = {}
     for key, target, pattern in (
@@ -137,6 +132,11 @@ def load(path: Path = IMAGE_FILE) -> Image:
         if normalize(name) not in packages or not isinstance(values, list):
             raise ImageFileError(f"{path.name}: [extras] {name} must list extras of a package in [packages]")
         extras[normalize(name)] = tuple(str(v) for v in values)
+    size = data.get("compressed_size_gb")
+    if isinstance(size, bool) or not isinstance(size, int | float) or not 0 < size < 1000:
+        raise ImageFileError(
+            f"{path.name}: compressed_size_gb must be the image's size in GB (> 0), not {size!r}"
+        )
     return Image(
         uri=uri,
         digest=digest or None,
