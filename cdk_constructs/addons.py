@@ -28,6 +28,7 @@ from config.names import (
     PART_OF_LABEL,
     SYSTEM_NODE_LABELS,
 )
+from config.registries import ImageSource
 
 CHART_VALUES_DIR = Path(__file__).resolve().parent / "chart_values"
 
@@ -43,6 +44,29 @@ def values_file(chart: str, version: str) -> Path:
     return CHART_VALUES_DIR / f"{chart}-{version}.yaml"
 
 
+def chart_image_repository(chart: str, version: str) -> str:
+    """`image.repository` of the chart's own values for this version: the upstream image."""
+    from ruamel.yaml import YAML
+
+    repository: str = YAML(typ="safe", pure=True).load(values_file(chart, version))["image"]["repository"]
+    return repository
+
+
+# The EFA plugin chart's default image lives in the EKS registry of us-west-2
+# (602401143452.dkr.ecr.us-west-2.amazonaws.com/eks/aws-efa-k8s-device-plugin, chart values): from
+# any other region a cross-region pull, outside the VPC endpoints, through the NAT. AWS publishes the
+# same repository on ECR Public under the `eks` alias, which the pull-through cache serves from the
+# environment's own registry. The chart's tag is kept.
+EFA_PUBLIC_REPOSITORY = "public.ecr.aws/eks/aws-efa-k8s-device-plugin"
+
+
+def _image(images: ImageSource | None, upstream: str) -> dict[str, Any]:
+    """The `image.repository` value through the cache, or nothing (the chart's default)."""
+    if images is None or images.upstream_of(upstream) is None:
+        return {}
+    return {"image": {"repository": images.resolve(upstream)}}
+
+
 def nvidia_device_plugin_values() -> dict[str, Any]:
     return {
         # Only GPU nodes: the chart's default affinity also matches this label; the selector
@@ -55,8 +79,9 @@ def nvidia_device_plugin_values() -> dict[str, Any]:
     }
 
 
-def efa_device_plugin_values() -> dict[str, Any]:
+def efa_device_plugin_values(images: ImageSource | None = None) -> dict[str, Any]:
     return {
+        **_image(images, EFA_PUBLIC_REPOSITORY),
         "nodeSelector": {NODE_ROLE_LABEL: GPU_NODE_LABELS[NODE_ROLE_LABEL]},
         # The chart tolerates nothing by default, and GPU nodes carry the GPU taint.
         "tolerations": [_GPU_TOLERATION],
@@ -70,8 +95,12 @@ def efa_device_plugin_values() -> dict[str, Any]:
 KUBERAY_FEATURE_GATES = {"RayJobDeletionPolicy": True}
 
 
-def kuberay_operator_values(ray_namespace: str) -> dict[str, Any]:
+def kuberay_operator_values(
+    ray_namespace: str, images: ImageSource | None = None, version: str | None = None
+) -> dict[str, Any]:
+    image = {} if version is None else _image(images, chart_image_repository(KUBERAY_CHART, version))
     return {
+        **image,
         "nodeSelector": dict(SYSTEM_NODE_LABELS),
         # Namespaced RBAC and a watch on the Ray namespace only: the operator cannot touch pods
         # elsewhere in the cluster.
@@ -96,6 +125,7 @@ class GpuDevicePlugins(Construct):
         cluster: eks.ICluster,
         nvidia_version: str,
         efa_version: str | None,
+        images: ImageSource | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         self.nvidia = _device_plugin(
@@ -116,7 +146,7 @@ class GpuDevicePlugins(Construct):
                 repository=EFA_REPOSITORY,
                 chart=EFA_DEVICE_PLUGIN_CHART,
                 version=efa_version,
-                values=efa_device_plugin_values(),
+                values=efa_device_plugin_values(images),
             )
 
 
@@ -165,6 +195,7 @@ class KubeRayOperator(Construct):
         cluster: eks.ICluster,
         version: str,
         ray_namespace: str,
+        images: ImageSource | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         self.namespace = eks.KubernetesManifest(
@@ -198,7 +229,7 @@ class KubeRayOperator(Construct):
             version=version,
             namespace=KUBERAY_NAMESPACE,
             create_namespace=True,
-            values=kuberay_operator_values(ray_namespace),
+            values=kuberay_operator_values(ray_namespace, images, version),
             # `--wait` (Helm 4: the 'watcher' strategy): the deploy stops here until the operator
             # is ready, so the Workload stack's RayJob finds its CRDs and controller. No rollback
             # flag (`--atomic` is deprecated in Helm 4): when the release fails, CloudFormation's

@@ -101,15 +101,21 @@ def node_template_resource_tags(instance: Instance, *, efa: bool) -> dict[str, s
     return tags
 
 
-def chart_values(*, cluster_name: str, region: str, kubernetes_version: str) -> dict[str, Any]:
-    """Values of the cluster-autoscaler chart; every key exists in its values.yaml (tests)."""
+def chart_values(
+    *, cluster_name: str, region: str, kubernetes_version: str, image_repository: str | None = None
+) -> dict[str, Any]:
+    """Values of the cluster-autoscaler chart; every key exists in its values.yaml (tests).
+    `image_repository`: the chart's registry.k8s.io image through the pull-through cache."""
+    image = {"tag": IMAGE_TAGS[kubernetes_version]}
+    if image_repository is not None:
+        image["repository"] = image_repository
     return {
         "cloudProvider": "aws",
         "awsRegion": region,
         # --node-group-auto-discovery=asg:tag=k8s.io/cluster-autoscaler/enabled,
         # k8s.io/cluster-autoscaler/<cluster> (the chart's default autoDiscovery.tags).
         "autoDiscovery": {"clusterName": cluster_name},
-        "image": {"tag": IMAGE_TAGS[kubernetes_version]},
+        "image": image,
         # The Pod Identity association names this service account.
         "rbac": {"serviceAccount": {"create": True, "name": SERVICE_ACCOUNT}},
         "nodeSelector": dict(SYSTEM_NODE_LABELS),
@@ -155,6 +161,7 @@ class ClusterAutoscaler(Construct):
         cluster_name: str,
         kubernetes_version: str,
         chart_version: str,
+        image_repository: str | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         stack = Stack.of(self)
@@ -220,7 +227,10 @@ class ClusterAutoscaler(Construct):
             role_arn=self.role.role_arn,
         )
         self.values = chart_values(
-            cluster_name=cluster_name, region=stack.region, kubernetes_version=kubernetes_version
+            cluster_name=cluster_name,
+            region=stack.region,
+            kubernetes_version=kubernetes_version,
+            image_repository=image_repository,
         )
         self.chart = eks.HelmChart(
             self,

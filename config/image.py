@@ -65,6 +65,7 @@ class Image:
     packages: dict[str, str]  # normalized name -> exact version or X.Y.* series
     extras: dict[str, tuple[str, ...]]
     job_packages: dict[str, str]  # normalized name -> exact version
+    compressed_size_gb: float  # what one node pulls without a cached copy
 
     @property
     def ray_version(self) -> str:
@@ -105,7 +106,8 @@ def load(path: Path = IMAGE_FILE) -> Image:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ImageFileError(f"{path.name}: {exc}") from exc
-    unknown = set(data) - {"uri", "digest", "python", "packages", "extras", "job_packages"}
+    known = {"uri", "digest", "python", "packages", "extras", "job_packages", "compressed_size_gb"}
+    unknown = set(data) - known
     if unknown:
         raise ImageFileError(f"{path.name}: unknown field(s) {sorted(unknown)}")
     uri, digest, python = data.get("uri"), data.get("digest", ""), data.get("python")
@@ -134,6 +136,11 @@ def load(path: Path = IMAGE_FILE) -> Image:
         if normalize(name) not in packages or not isinstance(values, list):
             raise ImageFileError(f"{path.name}: [extras] {name} must list extras of a package in [packages]")
         extras[normalize(name)] = tuple(str(v) for v in values)
+    size = data.get("compressed_size_gb")
+    if isinstance(size, bool) or not isinstance(size, int | float) or not 0 < size < 1000:
+        raise ImageFileError(
+            f"{path.name}: compressed_size_gb must be the image's size in GB (> 0), not {size!r}"
+        )
     return Image(
         uri=uri,
         digest=digest or None,
@@ -141,6 +148,7 @@ def load(path: Path = IMAGE_FILE) -> Image:
         packages=packages,
         extras=extras,
         job_packages=job_packages,
+        compressed_size_gb=float(size),
     )
 
 

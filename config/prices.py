@@ -24,8 +24,15 @@ Sources and dates:
   above that is $0.04 per MiB/s-month (aws.amazon.com/ebs/pricing). A month is 730 hours, as AWS
   prices monthly resources.
 
-Not included: data processed by NAT gateways and endpoints, data transfer, S3 storage and
-requests, CloudWatch logs, KMS keys ($1 per key-month), Lambda invocations of CDK's providers.
+- Image pulls (`raytrain cost`, "job start"): NAT gateway data processing $0.045 per GB
+  (aws.amazon.com/vpc/pricing); interface endpoint data processing $0.01 per GB for the first PB
+  (aws.amazon.com/privatelink/pricing); gateway endpoints (S3) carry no data charge (same VPC
+  pricing page); ECR private storage $0.10 per GB-month (aws.amazon.com/ecr/pricing). Anonymous pulls from ECR
+  Public are limited to 500 GB a month, a quota that cannot be raised (Amazon ECR Public service
+  quotas, as issue 25 cites them; not re-checked offline).
+
+Not included otherwise: data transfer, S3 storage and requests, CloudWatch logs, KMS keys ($1 per
+key-month), Lambda invocations of CDK's providers.
 """
 
 from __future__ import annotations
@@ -63,6 +70,10 @@ class RegionPrices:
     gp3_per_gib_month: float = 0.08
     gp3_included_mibps: int = 125
     gp3_per_mibps_month: float = 0.04
+    nat_gateway_per_gb: float = 0.045
+    interface_endpoint_per_gb: float = 0.01
+    ecr_storage_per_gb_month: float = 0.10
+    ecr_public_anonymous_gb_per_month: float = 500.0
 
 
 PRICES: dict[str, RegionPrices] = {

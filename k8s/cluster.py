@@ -25,6 +25,7 @@ from k8s.pods import (
     HEAD,
     WORKER,
     SpecTypes,
+    aws_region_env,
     container_security,
     empty_dir,
     labels,
@@ -70,7 +71,14 @@ def worker_env(settings: Settings) -> dict[str, str]:
         env |= {"FI_PROVIDER": "efa", "NCCL_NET_PLUGIN": "ofi"}
     env |= settings.workload.worker_env
     env["RAYTRAIN_EXPECT_TRANSPORT"] = settings.job.transport(settings.gpu_nodes.efa).value
+    env |= aws_region_env(settings.region)
     return env
+
+
+def head_env(settings: Settings) -> dict[str, str]:
+    """The head's environment: no GPU, and the region for the job driver's AWS calls."""
+    # The head shares system nodes with no GPU; "void" keeps CUDA from probing for one.
+    return {"NVIDIA_VISIBLE_DEVICES": "void", **aws_region_env(settings.region)}
 
 
 def _head_group(types: SpecTypes, settings: Settings, service_account_name: str) -> Any:
@@ -78,14 +86,13 @@ def _head_group(types: SpecTypes, settings: Settings, service_account_name: str)
     t = types.sub("HeadGroupSpecTemplate")
     container = t("SpecContainers")(
         name="ray-head",
-        image=w.image_ref,
+        image=settings.ray_image_ref,
         image_pull_policy="IfNotPresent",
         ports=[
             t("SpecContainersPorts")(name=name, container_port=port, protocol="TCP")
             for name, port in HEAD_PORTS.items()
         ],
-        # The head shares system nodes with no GPU; "void" keeps CUDA from probing for one.
-        env=[t("SpecContainersEnv")(name="NVIDIA_VISIBLE_DEVICES", value="void")],
+        env=[t("SpecContainersEnv")(name=k, value=v) for k, v in head_env(settings).items()],
         resources=resources(t, {"cpu": f"{w.head_cpu_millis}m", "memory": f"{w.head_memory_mib}Mi"}),
         volume_mounts=[
             t("SpecContainersVolumeMounts")(name="dshm", mount_path=DEV_SHM),
@@ -128,7 +135,7 @@ def _worker_group(types: SpecTypes, settings: Settings, service_account_name: st
         amounts[EFA_RESOURCE] = gpu.efa_interfaces
     container = t("SpecContainers")(
         name="ray-worker",
-        image=w.image_ref,
+        image=settings.ray_image_ref,
         image_pull_policy="IfNotPresent",
         env=[t("SpecContainersEnv")(name=k, value=v) for k, v in worker_env(settings).items()],
         resources=resources(t, amounts),

@@ -18,7 +18,15 @@ from config.settings import ClusterMode, Settings
 from k8s.cluster import RAYJOB_CLUSTER_TYPES, SYSTEM_NODE_SELECTOR, ray_cluster_spec
 from k8s.imports.raycluster.io import ray as rc
 from k8s.imports.rayjob.io import ray as rj
-from k8s.pods import SUBMITTER, SpecTypes, container_security, labels, pod_security, resources
+from k8s.pods import (
+    SUBMITTER,
+    SpecTypes,
+    aws_region_env,
+    container_security,
+    labels,
+    pod_security,
+    resources,
+)
 
 # The job submitter only runs `ray job submit` and follows the logs.
 SUBMITTER_CPU = "500m"
@@ -127,8 +135,14 @@ def _submitter(settings: Settings) -> Any:
             containers=[
                 t("SpecContainers")(
                     name="ray-job-submitter",
-                    image=settings.workload.image_ref,
+                    image=settings.ray_image_ref,
                     image_pull_policy="IfNotPresent",
+                    # `ray job submit` itself makes no AWS call; the region is there for any AWS
+                    # SDK or CLI the submission runs (one value for every Ray pod).
+                    env=[
+                        t("SpecContainersEnv")(name=k, value=v)
+                        for k, v in aws_region_env(settings.region).items()
+                    ],
                     resources=resources(t, {"cpu": SUBMITTER_CPU, "memory": SUBMITTER_MEMORY}),
                     security_context=container_security(t, []),
                 )

@@ -16,6 +16,17 @@ COMPONENT = "app.kubernetes.io/component"
 HEAD, WORKER, SUBMITTER = "ray-head", "ray-worker", "job-submitter"
 
 
+def aws_region_env(region: str) -> dict[str, str]:
+    """The environment's region for the AWS SDKs in a Ray pod. The Pod Identity webhook injects
+    credentials only (AWS_CONTAINER_CREDENTIALS_FULL_URI and the token file; EKS User Guide, "Learn
+    how EKS Pod Identity grants pods access to AWS services"), no region: without one, boto3 (Ray's
+    s3:// working_dir download) has none and the AWS CLI fails, and pyarrow's S3 filesystem starts
+    at the us-east-1 endpoint and follows redirects, which the NetworkPolicy blocks when
+    workload.s3_cidrs is set. botocore reads AWS_DEFAULT_REGION; the AWS SDKs for other languages
+    and the CRT read AWS_REGION (AWS SDKs and Tools Reference Guide, "AWS Region"): both, one value."""
+    return {"AWS_REGION": region, "AWS_DEFAULT_REGION": region}
+
+
 def labels(component: str) -> dict[str, str]:
     return {PART_OF_LABEL: PART_OF, COMPONENT: component}
 

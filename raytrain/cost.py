@@ -166,6 +166,55 @@ def estimate(settings: Settings) -> CostEstimate:
 
 
 @dataclass(frozen=True)
+class ImagePull:
+    """What one job start moves to pull the Ray image, and what it costs, before and after the
+    pull-through cache. Scale-from-zero: every GPU node the job adds starts without the image and
+    pulls all of it (system nodes keep theirs between jobs)."""
+
+    image: str
+    image_gb: float
+    nodes: int  # GPU nodes pulling per job start
+    cached: bool  # pulled through the environment's ECR pull-through cache
+    # Anonymously from ECR Public through the NAT gateway (no cache).
+    nat_per_job: float
+    quota_gb_per_month: float
+    # Through the cache: layers from S3 through the gateway endpoint (no data charge), manifests and
+    # API calls through the ECR interface endpoints (a few kB per pull, priced as nothing here).
+    cached_per_job: float
+    cache_storage_per_month: float
+
+    @property
+    def gb_per_job(self) -> float:
+        return self.image_gb * self.nodes
+
+    @property
+    def job_starts_within_quota(self) -> int | None:
+        """Job starts a month before anonymous pulls exhaust ECR Public's quota (None: no pull)."""
+        return int(self.quota_gb_per_month // self.gb_per_job) if self.gb_per_job else None
+
+
+def image_pull(settings: Settings) -> ImagePull:
+    from config.settings.workload import IMAGE
+
+    prices = prices_for(settings.region)
+    nodes = max(0, settings.job.nodes - settings.gpu_nodes.min_size)
+    # The recorded size belongs to config/image.toml's image; another image is priced the same
+    # until its own size is recorded (docs/images.md).
+    size = IMAGE.compressed_size_gb
+    gb = size * nodes
+    return ImagePull(
+        image=settings.workload.image,
+        image_gb=size,
+        nodes=nodes,
+        cached=settings.image_source.upstream_of(settings.workload.image) is not None,
+        nat_per_job=gb * prices.nat_gateway_per_gb,
+        quota_gb_per_month=prices.ecr_public_anonymous_gb_per_month,
+        cached_per_job=0.0,
+        cache_storage_per_month=size * prices.ecr_storage_per_gb_month,
+    )
+
+
+@dataclass(frozen=True)
 class TokenCost:
     tokens_per_s: float
     nodes: int
@@ -236,8 +285,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_UNUSABLE
 
+    pull = image_pull(settings)
     if args.json:
         out = result.as_dict()
+        out["image_pull"] = {**asdict(pull), "gb_per_job": pull.gb_per_job,
+                             "job_starts_within_quota": pull.job_starts_within_quota}  # fmt: skip
         if tokens is not None:
             out["tokens"] = asdict(tokens)
         print(json.dumps(out, indent=2))
@@ -266,6 +318,7 @@ def run(args: argparse.Namespace) -> int:
             f"{result.after_job_minutes} min) = [bold]${result.after_job:.2f} per job[/]; the Ray head "
             f"stays {settings.job.ttl_seconds_after_finished} s on a system node, counted in idle"
         )
+    _print_image_pull(console, pull)
     if tokens is not None:
         console.print(
             f"{args.summary}: {tokens.tokens_per_s:,.0f} tokens/s on {tokens.nodes} node(s) at "
@@ -278,6 +331,23 @@ def run(args: argparse.Namespace) -> int:
                 f"${tokens.end_to_end_per_billion_tokens:,.2f} per billion tokens"
             )
     return EXIT_OK
+
+
+def _print_image_pull(console: Any, pull: ImagePull) -> None:
+    console.print(
+        f"each job start: {pull.nodes} GPU node(s) pull the {pull.image_gb:g} GB image = "
+        f"{pull.gb_per_job:g} GB"
+    )
+    quota = pull.job_starts_within_quota
+    within = f", {quota} job starts a month within ECR Public's anonymous quota" if quota is not None else ""
+    console.print(
+        f"  without the pull-through cache: NAT data processing ${pull.nat_per_job:.2f} per job{within}"
+    )
+    console.print(
+        f"  through the cache: ${pull.cached_per_job:.2f} per job (layers from S3 through the gateway "
+        f"endpoint) + ${pull.cache_storage_per_month:.2f} a month for the cached image"
+        + ("" if pull.cached else " [bold](cache off or image not cached: the first line applies)[/]")
+    )
 
 
 def _read_summary(path: Path) -> dict[str, Any]:

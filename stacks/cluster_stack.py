@@ -12,9 +12,16 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from cdk_constructs.addons import GpuDevicePlugins, KubeRayOperator
+from cdk_constructs import cluster_autoscaler as autoscaler_chart
+from cdk_constructs.addons import (
+    EFA_PUBLIC_REPOSITORY,
+    GpuDevicePlugins,
+    KubeRayOperator,
+    chart_image_repository,
+)
 from cdk_constructs.cluster_autoscaler import ClusterAutoscaler, node_template_resource_tags
 from cdk_constructs.encrypted_logs import encrypted_log_group
+from cdk_constructs.image_cache import PullThroughCache
 from cdk_constructs.node_groups import EfaGpuNodeGroup, SystemNodeGroup
 from cdk_constructs.observability import (
     METRICS_LOG_KIND,
@@ -23,6 +30,7 @@ from cdk_constructs.observability import (
     container_insights_log_group,
     node_monitoring_agent,
 )
+from config.names import KUBERAY_CHART
 from config.settings import KUBECTL_LAYERS, EndpointAccess, Settings
 from stacks.common import log_retention, removal_policy
 
@@ -177,12 +185,34 @@ class ClusterStack(cdk.Stack):
         coredns = eks.Addon(self, "CoreDns", cluster=self.cluster_ref, addon_name="coredns")
         coredns.node.add_dependency(self.system_nodes.nodegroup)
 
+        # Public images from the environment's own registry (ECR pull-through cache), where ECR
+        # supports their upstream: config/registries.py, docs/images.md.
+        images = settings.image_source
+        autoscaler_image = chart_image_repository(autoscaler_chart.CHART, settings.addons.cluster_autoscaler)
+        self.image_cache: PullThroughCache | None = None
+        if images.prefix is not None:
+            pulled = [
+                settings.workload.image,
+                chart_image_repository(KUBERAY_CHART, settings.addons.kuberay_operator),
+                autoscaler_image,
+            ]
+            if settings.gpu_nodes.efa:
+                pulled.append(EFA_PUBLIC_REPOSITORY)
+            self.image_cache = PullThroughCache(
+                self,
+                "ImageCache",
+                source=images,
+                upstreams=[u for u in map(images.upstream_of, pulled) if u is not None],
+                node_roles=[self.system_nodes.nodegroup.role, self.gpu_nodes.nodegroup.role],
+            )
+
         self.device_plugins = GpuDevicePlugins(
             self,
             "GpuDevicePlugins",
             cluster=self.cluster_ref,
             nvidia_version=settings.addons.nvidia_device_plugin,
             efa_version=settings.addons.efa_device_plugin if settings.gpu_nodes.efa else None,
+            images=images,
         )
         self.kuberay = KubeRayOperator(
             self,
@@ -190,6 +220,7 @@ class ClusterStack(cdk.Stack):
             cluster=self.cluster_ref,
             version=settings.addons.kuberay_operator,
             ray_namespace=settings.workload.namespace,
+            images=images,
         )
         # GPU nodes start when a RayJob's workers are pending and stop when they are gone.
         self.autoscaler = ClusterAutoscaler(
@@ -199,6 +230,9 @@ class ClusterStack(cdk.Stack):
             cluster_name=cluster_settings.name,
             kubernetes_version=cluster_settings.kubernetes_version,
             chart_version=settings.addons.cluster_autoscaler,
+            image_repository=images.resolve(autoscaler_image)
+            if images.upstream_of(autoscaler_image)
+            else None,
         )
         # Teardown order: Helm releases go before the nodes they run on (a release deleted after
         # its nodes leaves finalizers and pods stuck), and both before the cluster.
@@ -213,6 +247,10 @@ class ClusterStack(cdk.Stack):
         system_nodegroup = self.system_nodes.nodegroup.node.default_child
         assert system_nodegroup is not None
         system_nodegroup.node.add_dependency(self.autoscaler.association)
+        if self.image_cache is not None:
+            # Their pods pull through the cache: its rules and the nodes' grant exist first.
+            for release in (self.device_plugins, self.kuberay, self.autoscaler.chart):
+                release.node.add_dependency(self.image_cache)
 
         self._observability(settings, pod_identity)
 

@@ -90,6 +90,17 @@ def s3_via_service(key_arn: str) -> str:
     return f"s3.{region}.amazonaws.com" + (".cn" if arn_partition == "aws-cn" else "")
 
 
+AUTO_DELETE_TYPE = "Custom::S3AutoDeleteObjects"
+
+
+def auto_delete_of(bucket: s3.Bucket) -> cdk.CfnResource | None:
+    """The custom resource that empties a bucket on delete (`auto_delete_objects=True`), if any."""
+    for child in bucket.node.find_all():
+        if isinstance(child, cdk.CfnResource) and child.cfn_resource_type == AUTO_DELETE_TYPE:
+            return child
+    return None
+
+
 def checkpoint_bucket_name(settings: Settings) -> str:
     # Named, so the job's storage path is known before deploy and shows in the reviewed manifests.
     return f"{settings.cluster.name}-ckpt-{settings.account}-{settings.region}".lower()
@@ -196,6 +207,22 @@ class WorkloadStack(cdk.Stack):
                     conditions={"StringEquals": {"kms:ViaService": s3_via_service(arn)}},
                 )
             )
+        # The code asset in a bootstrap bucket encrypted with a customer-managed key (settings
+        # bootstrap_kms_key): GetObject makes S3 call kms:Decrypt as this role, as for the inputs.
+        # The key policy `cdk bootstrap --bootstrap-customer-key` writes already lets every
+        # principal of the account decrypt through S3 (kms:CallerAccount and kms:ViaService in
+        # aws-cdk's bootstrap-template.yaml, FileAssetsBucketEncryptionKey); a key of your own
+        # (--bootstrap-kms-key-id) that only delegates to IAM needs this grant.
+        if settings.bootstrap_kms_key:
+            self.role.add_to_policy(
+                iam.PolicyStatement(
+                    actions=["kms:Decrypt"],
+                    resources=[settings.bootstrap_kms_key],
+                    conditions={
+                        "StringEquals": {"kms:ViaService": s3_via_service(settings.bootstrap_kms_key)}
+                    },
+                )
+            )
         namespace = settings.workload.namespace
         self.association = eks_l1.CfnPodIdentityAssociation(
             self,
@@ -249,6 +276,17 @@ class WorkloadStack(cdk.Stack):
         )
         # Its service account and network policies exist first and go last.
         self.job_manifest.node.add_dependency(self.manifest, self.association)
+        # Destroy while a job writes checkpoints: the RayJob (and its Ray cluster) and the standing
+        # cluster go before the checkpoint bucket is emptied. Without an edge CloudFormation runs
+        # the two deletes at once (it deletes a resource before the ones it depends on, and
+        # independent ones in parallel), and a checkpoint landing after the auto-delete handler
+        # listed the bucket leaves it non-empty: DeleteBucket fails and so does the destroy.
+        # CDK's handler also denies s3:PutObject to everyone before it empties the bucket
+        # (aws-s3 auto-delete-objects-handler), so the pods' last writes after that are refused.
+        emptying = auto_delete_of(self.bucket)
+        if emptying is not None:
+            self.manifest.node.add_dependency(emptying)
+            self.job_manifest.node.add_dependency(emptying)
 
         qualifier = cdk.DefaultStackSynthesizer.DEFAULT_QUALIFIER
         self.review = ReviewValues(

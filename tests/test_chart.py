@@ -233,7 +233,7 @@ def test_cluster_follows_settings(name: str) -> None:
     assert spec["authOptions"] == {"mode": "token"}
     assert spec["enableInTreeAutoscaling"] is False
     images = {c["image"] for c in head_pod(name)["containers"]} | {worker_container(name)["image"]}
-    assert images == {s.workload.image_ref}
+    assert images == {s.ray_image_ref}
 
 
 def test_image_digest_pins_the_image() -> None:
@@ -244,7 +244,7 @@ def test_image_digest_pins_the_image() -> None:
     pods += [g["template"]["spec"] for g in job["spec"]["rayClusterSpec"]["workerGroupSpecs"]]
     pods.append(job["spec"]["submitterPodTemplate"]["spec"])
     for pod in pods:
-        assert pod["containers"][0]["image"] == f"{s.workload.image}@{digest}"
+        assert pod["containers"][0]["image"] == f"{s.image_source.resolve(s.workload.image)}@{digest}"
 
 
 @pytest.mark.parametrize("name", ALL)

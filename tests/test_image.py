@@ -75,6 +75,9 @@ def _image_file(tmp_path: Path, text: str) -> Path:
         ('uri = "x:1"\npython = "3.13"\ntag = "v1"\n[packages]\nray = "2.58.0"\n', "unknown field"),
         ('uri = "x:1"\npython = "3.13"\n[packages]\nray = "2.58.0"\n[job_packages]\nliger = "0.8.*"\n',
          "[job_packages] liger"),
+        ('uri = "x:1"\npython = "3.13"\n[packages]\nray = "2.58.0"\n', "compressed_size_gb must be"),
+        ('uri = "x:1"\npython = "3.13"\ncompressed_size_gb = "20 GB"\n[packages]\nray = "2.58.0"\n',
+         "compressed_size_gb must be"),
     ],
 )  # fmt: skip
 def test_bad_image_file_names_the_field(tmp_path: Path, text: str, names: str) -> None:

@@ -4,6 +4,7 @@ moto, placement in the Network stack), and what each environment keeps."""
 from __future__ import annotations
 
 import json
+import re
 from types import SimpleNamespace
 
 import boto3
@@ -344,3 +345,65 @@ def test_control_plane_log_group_is_cloudformations(synthesized, env):
     ]
     (cluster,) = _resources(t, "AWS::EKS::Cluster").values()
     assert group_id in cluster["DependsOn"]
+
+
+def _depends_on(template: dict, logical_id: str) -> set[str]:
+    """Every resource `logical_id` depends on, directly or not: DependsOn, Ref and Fn::GetAtt edges
+    (CloudFormation deletes a resource before everything it depends on)."""
+
+    def edges(value) -> set[str]:
+        if isinstance(value, dict):
+            found = set()
+            for key, inner in value.items():
+                if key == "Ref" and isinstance(inner, str):
+                    found.add(inner)
+                elif key == "Fn::GetAtt":
+                    found.add(inner[0] if isinstance(inner, list) else inner.split(".")[0])
+                else:
+                    found |= edges(inner)
+            return found
+        if isinstance(value, list):
+            return set().union(*(edges(v) for v in value)) if value else set()
+        return set()
+
+    resources = template["Resources"]
+    seen: set[str] = set()
+    todo = [logical_id]
+    while todo:
+        resource = resources[todo.pop()]
+        direct = set(_list(resource.get("DependsOn", []))) | edges(resource.get("Properties", {}))
+        for dep in direct & set(resources) - seen:
+            seen.add(dep)
+            todo.append(dep)
+    return seen
+
+
+@pytest.mark.parametrize("env", ENVS)
+def test_ray_workload_is_deleted_before_the_checkpoint_bucket_is_emptied(synthesized, env):
+    """Destroy while a job writes checkpoints: the RayJob (its Ray cluster with it) and the
+    manifest holding the standing cluster and the service account must be gone before the
+    auto-delete handler empties the checkpoint bucket, or a late checkpoint leaves the bucket
+    non-empty and the destroy fails. Retained buckets (prod) are never emptied."""
+    t = synthesized[env].template("Workload")
+    ((bucket_id, _),) = [
+        (k, r) for k, r in _resources(t, "AWS::S3::Bucket").items() if "ckpt" in json.dumps(r["Properties"])
+    ]
+    emptying = [
+        k
+        for k, r in _resources(t, "Custom::S3AutoDeleteObjects").items()
+        if r["Properties"]["BucketName"] == {"Ref": bucket_id}
+    ]
+    manifests = _resources(t, "Custom::AWSCDK-EKS-KubernetesResource")
+    kinds = {
+        k: set(re.findall(r'"kind":"(\w+)"', json.dumps(r["Properties"]["Manifest"]).replace('\\"', '"')))
+        for k, r in manifests.items()
+    }
+    assert any("RayJob" in v for v in kinds.values()), kinds
+    if synthesized[env].settings.storage.removal_policy == "retain":
+        assert emptying == []
+        return
+    (emptying_id,) = emptying
+    for logical_id in manifests:
+        assert emptying_id in _depends_on(t, logical_id), (logical_id, kinds[logical_id])
+    # ... and the emptying itself does not wait for the workload (no cycle, order as intended).
+    assert not set(manifests) & _depends_on(t, emptying_id)

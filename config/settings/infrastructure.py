@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from config.catalogue import CATALOGUE, Instance
+from config.registries import cache_prefix_problem
 from config.settings.base import AZ_RE, SEMVER_RE, FieldError, SettingsModel
 
 # Kubernetes versions this app can deploy: EKS standard support (late 2026), the aws_eks_v2
@@ -216,6 +217,27 @@ class AddonSettings(SettingsModel):
     # kubernetes.github.io/autoscaler; its image follows the cluster's Kubernetes minor
     # (cdk_constructs/cluster_autoscaler.py).
     cluster_autoscaler: ChartVersion = "9.59.0"
+
+
+class RegistrySettings(SettingsModel):
+    """Where nodes pull public images from (config/registries.py, docs/images.md)."""
+
+    # ECR pull-through cache rules in this account for ECR Public, Quay and registry.k8s.io: the Ray
+    # image, the EFA device plugin, the KubeRay operator and the Cluster Autoscaler come from the
+    # environment's own registry through the VPC endpoints, not anonymously through the NAT.
+    pull_through_cache: bool = True
+    # The cache's repository prefix (its rules are <prefix>/ecr-public, /quay, /k8s). Rules are per
+    # account and region: environments sharing both need different prefixes. Unset: the
+    # environment's name.
+    cache_prefix: str | None = None
+
+    @field_validator("cache_prefix")
+    @classmethod
+    def _prefix(cls, value: str | None) -> str | None:
+        problem = None if value is None else cache_prefix_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
 
 
 class StorageSettings(SettingsModel):

@@ -9,18 +9,20 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from config.catalogue import CATALOGUE
 from config.memory import fit_problem
 from config.names import VerifyBuild, arn_partition
+from config.registries import ImageSource, cache_prefix_problem
 from config.settings.base import AZ_RE, FieldError, SettingsModel
 from config.settings.infrastructure import (
     AddonSettings,
     ClusterSettings,
     GpuNodeSettings,
+    RegistrySettings,
     StorageSettings,
     SystemNodeSettings,
     VpcSettings,
 )
 from config.settings.observability import ObservabilitySettings
 from config.settings.pipeline import PipelineSettings
-from config.settings.workload import IMAGE, JobSettings, Transport, WorkloadSettings
+from config.settings.workload import IMAGE, JobSettings, Transport, WorkloadSettings, check_kms_key_arn
 from training.batch import accumulation_steps
 
 _ACCOUNT_RE = re.compile(r"^\d{12}$")
@@ -34,11 +36,19 @@ class Settings(SettingsModel):
     name: str = Field(pattern=r"^[a-z][a-z0-9-]{0,19}$")
     account: str
     region: str
+    # The customer-managed KMS key of this account's CDK bootstrap bucket, where the training code
+    # asset lives, when the account was bootstrapped with `cdk bootstrap --bootstrap-customer-key`
+    # or `--bootstrap-kms-key-id` (its ARN: `aws cloudformation describe-stacks --stack-name
+    # CDKToolkit`, or the key behind the bucket's default encryption). The Ray pods' role may then
+    # kms:Decrypt with it, only through S3 in this region (kms:ViaService). Unset: the bucket uses
+    # S3-managed keys (the bootstrap default) or the AWS managed key aws/s3, which need no grant.
+    bootstrap_kms_key: str | None = None
     vpc: VpcSettings
     cluster: ClusterSettings
     system_nodes: SystemNodeSettings = Field(default_factory=SystemNodeSettings)
     gpu_nodes: GpuNodeSettings
     addons: AddonSettings = Field(default_factory=AddonSettings)
+    registry: RegistrySettings = Field(default_factory=RegistrySettings)
     workload: WorkloadSettings = Field(default_factory=WorkloadSettings)
     job: JobSettings = Field(default_factory=JobSettings)
     storage: StorageSettings = Field(default_factory=StorageSettings)
@@ -60,6 +70,13 @@ class Settings(SettingsModel):
     def _region(cls, value: str) -> str:
         if not _REGION_RE.match(value):
             raise ValueError(f"{value!r} is not an AWS region name like us-west-2")
+        return value
+
+    @field_validator("bootstrap_kms_key")
+    @classmethod
+    def _bootstrap_key(cls, value: str | None) -> str | None:
+        if value is not None:
+            check_kms_key_arn(value)
         return value
 
     @field_validator("tags")
@@ -91,6 +108,23 @@ class Settings(SettingsModel):
                     ("job", "input_kms_keys"),
                     f"{arn!r} is in partition {arn.split(':')[1]}, this environment's region "
                     f"{self.region} in {arn_partition(self.region)}",
+                )
+        key = self.bootstrap_kms_key
+        if key is not None and key.split(":")[1:4:2] != [arn_partition(self.region), self.region]:
+            # SSE-KMS needs a key in the bucket's region (S3 User Guide, "Specifying server-side
+            # encryption with AWS KMS"), and the bootstrap bucket is in this environment's.
+            raise FieldError(
+                ("bootstrap_kms_key",),
+                f"{key!r} is not a key of this environment's region {self.region} "
+                f"({arn_partition(self.region)}): the bootstrap bucket of {self.region} is encrypted "
+                "with a key of its own region",
+            )
+        if self.registry.pull_through_cache and self.registry.cache_prefix is None:
+            problem = cache_prefix_problem(self.name)
+            if problem:
+                raise FieldError(
+                    ("registry", "cache_prefix"),
+                    f"unset, so the environment's name would be the prefix, but {problem}: set it",
                 )
         if self.vpc.nat_gateways > len(self.vpc.availability_zones):
             raise FieldError(
@@ -205,6 +239,21 @@ class Settings(SettingsModel):
         if problem:
             raise FieldError(("job", "micro_batch_size"), problem)
         return self
+
+    @property
+    def image_source(self) -> ImageSource:
+        """How this environment's nodes pull public images (config/registries.py)."""
+        reg = self.registry
+        prefix = (reg.cache_prefix or self.name) if reg.pull_through_cache else None
+        return ImageSource(account=self.account, region=self.region, prefix=prefix)
+
+    @property
+    def ray_image_ref(self) -> str:
+        """The image every Ray pod runs, as the nodes pull it: through the environment's
+        pull-through cache where its registry is an upstream, pinned by digest when one is set."""
+        image = self.image_source.resolve(self.workload.image)
+        digest = self.workload.effective_image_digest
+        return f"{image}@{digest}" if digest else image
 
     @property
     def num_workers(self) -> int:

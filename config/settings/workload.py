@@ -31,10 +31,27 @@ _RESERVED_NAMESPACES = {"default", "kube-system", "kube-public", "kube-node-leas
 _MANAGED_ENV = {
     "RAYTRAIN_EXPECT_TRANSPORT": "from job.expect_transport",
     "NVIDIA_VISIBLE_DEVICES": "by the NVIDIA device plugin",
+    "AWS_REGION": "from the environment's region",
+    "AWS_DEFAULT_REGION": "from the environment's region",
 }
 
 
 IMAGE = load_image()
+
+
+def check_kms_key_arn(arn: str) -> None:
+    """A KMS key's ARN, not an alias (IAM authorises kms:Decrypt on keys); ValueError otherwise."""
+    if ":alias/" in arn:
+        raise ValueError(
+            f"{arn!r} is an alias: use the key's ARN (arn:aws:kms:REGION:ACCOUNT:key/KEY-ID, "
+            "`aws kms describe-key --key-id ALIAS` prints it); IAM authorises kms:Decrypt "
+            "on keys, not on aliases"
+        )
+    if not _KMS_KEY_ARN_RE.match(arn):
+        raise ValueError(
+            f"{arn!r} is not a KMS key ARN: arn:aws:kms:REGION:ACCOUNT:key/KEY-ID, "
+            "e.g. arn:aws:kms:us-west-2:111122223333:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+        )
 
 
 class WorkloadSettings(SettingsModel):
@@ -322,17 +339,7 @@ class JobSettings(SettingsModel):
     @classmethod
     def _input_kms_keys(cls, value: list[str]) -> list[str]:
         for arn in value:
-            if ":alias/" in arn:
-                raise ValueError(
-                    f"{arn!r} is an alias: use the key's ARN (arn:aws:kms:REGION:ACCOUNT:key/KEY-ID, "
-                    "`aws kms describe-key --key-id ALIAS` prints it); IAM authorises kms:Decrypt "
-                    "on keys, not on aliases"
-                )
-            if not _KMS_KEY_ARN_RE.match(arn):
-                raise ValueError(
-                    f"{arn!r} is not a KMS key ARN: arn:aws:kms:REGION:ACCOUNT:key/KEY-ID, "
-                    "e.g. arn:aws:kms:us-west-2:111122223333:key/1234abcd-12ab-34cd-56ef-1234567890ab"
-                )
+            check_kms_key_arn(arn)
         if len(set(value)) != len(value):
             raise ValueError("lists a key twice")
         return value
