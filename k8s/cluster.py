@@ -101,7 +101,7 @@ def _head_group(types: SpecTypes, settings: Settings, service_account_name: str)
         security_context=container_security(t, []),
     )
     spec = t("Spec")(
-        init_containers=[pod_identity_check(t, w.image_ref)],
+        init_containers=[pod_identity_check(t, settings.ray_image_ref)],
         containers=[container],
         # A failed pod is replaced by KubeRay, not restarted in place (k8s/pods.py, pod_identity_check).
         restart_policy="Never",
@@ -148,7 +148,7 @@ def _worker_group(types: SpecTypes, settings: Settings, service_account_name: st
         security_context=container_security(t, ["IPC_LOCK"] if settings.gpu_nodes.efa else []),
     )
     spec = t("Spec")(
-        init_containers=[pod_identity_check(t, w.image_ref)],
+        init_containers=[pod_identity_check(t, settings.ray_image_ref)],
         containers=[container],
         restart_policy="Never",
         node_selector=dict(GPU_NODE_SELECTOR),

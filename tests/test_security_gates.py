@@ -64,6 +64,8 @@ def test_cdk_nag_acknowledgements_are_scoped_and_explained(synthesized, env):
         f"/RayTrain-{env}-Workload/RayPodRole/DefaultPolicy",
         # Cluster Autoscaler: Describe calls on *, scaling limited to this cluster's groups by tag.
         stack + "ClusterAutoscaler/Role/DefaultPolicy",
+        # Pull-through cache: the nodes may create and fill repositories under the cache prefix only.
+        stack + "ImageCache/FillFromNodes",
         # EKS-leftovers cleanup: Describe calls on *, deletes scoped by VPC / ownership-tag conditions.
         f"/RayTrain-{env}-Network/EksLeftoverCleanup/Role/DefaultPolicy",
         # CDK Pipelines' generated roles (prod hosts the pipeline) and the post-deploy steps' role.
