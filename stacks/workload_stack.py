@@ -21,6 +21,7 @@ from aws_cdk import aws_s3_assets as s3_assets
 from constructs import Construct
 
 from cdk_constructs.buckets import kms_bucket_with_access_logs
+from config.locations import CHECKPOINT_PREFIX, CODE_PREFIX, S3Input, checkpoint_bucket_name, s3_inputs
 from config.names import SERVICE_ACCOUNT
 from config.settings import Settings
 from k8s.chart import build_workload_chart
@@ -28,7 +29,7 @@ from stacks import code_asset
 from stacks.common import partition, removal_policy
 
 TRAINING_DIR = Path(__file__).resolve().parents[1] / "training"
-CHECKPOINT_PREFIX = "checkpoints"
+__all__ = ["CHECKPOINT_PREFIX", "S3Input", "WorkloadStack", "checkpoint_bucket_name", "s3_inputs"]
 
 
 @dataclass(frozen=True)
@@ -55,44 +56,11 @@ def stage_training_code() -> Path:
     return stage
 
 
-@dataclass(frozen=True)
-class S3Input:
-    """An s3:// location the job only reads: `job.data` or `job.model` outside the checkpoint prefix."""
-
-    setting: str
-    bucket: str
-    prefix: str  # without a trailing "/"; "" for the whole bucket
-
-    def object_arns(self, partition: str) -> list[str]:
-        base = f"arn:{partition}:s3:::{self.bucket}"
-        if not self.prefix:
-            return [f"{base}/*"]
-        # The key itself too: pyarrow's GetFileInfo on a folder first HEADs the key without "/".
-        return [f"{base}/{self.prefix}", f"{base}/{self.prefix}/*"]
-
-
-def s3_inputs(settings: Settings) -> list[S3Input]:
-    """The job's read-only S3 inputs, from settings (the same values the RayJob passes as
-    --data and --model)."""
-    found = []
-    for field in ("data", "model"):
-        value = getattr(settings.job, field)
-        if value.startswith("s3://"):
-            bucket, _, prefix = value.removeprefix("s3://").partition("/")
-            found.append(S3Input(f"job.{field}", bucket, prefix.strip("/")))
-    return found
-
-
 def s3_via_service(key_arn: str) -> str:
     """The kms:ViaService value of S3 in a KMS key's region: S3's endpoint name there
     (s3.REGION.amazonaws.com; .amazonaws.com.cn in the China partition)."""
     _, arn_partition, _, region, *_ = key_arn.split(":")
     return f"s3.{region}.amazonaws.com" + (".cn" if arn_partition == "aws-cn" else "")
-
-
-def checkpoint_bucket_name(settings: Settings) -> str:
-    # Named, so the job's storage path is known before deploy and shows in the reviewed manifests.
-    return f"{settings.cluster.name}-ckpt-{settings.account}-{settings.region}".lower()
 
 
 class WorkloadStack(cdk.Stack):
@@ -153,9 +121,16 @@ class WorkloadStack(cdk.Stack):
                 resources=[self.bucket.arn_for_objects(f"{CHECKPOINT_PREFIX}/*")],
             )
         )
+        # Code that `raytrain job submit` uploads (code/<sha256>.zip): read only.
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["s3:GetObject"], resources=[self.bucket.arn_for_objects(f"{CODE_PREFIX}/*")]
+            )
+        )
         self.role.add_to_policy(
             iam.PolicyStatement(actions=["kms:Decrypt", "kms:GenerateDataKey"], resources=[self.key.key_arn])
         )
+        self.submitter_policy = self._submitter_policy(settings)
         # No s3:prefix condition: pyarrow's S3 filesystem (Ray Train's storage, training/summary.py)
         # sends HeadBucket when it creates a directory, and S3 authorises HeadBucket with
         # s3:ListBucket (S3 API reference, HeadBucket "Permissions"); that request carries no prefix,
@@ -218,6 +193,8 @@ class WorkloadStack(cdk.Stack):
             # The cluster stack creates the namespace before the KubeRay operator (which binds
             # its Role there), so it outlives this stack's objects on destroy.
             include_namespace=False,
+            # job.deploy false: the deploy starts no job (`raytrain job submit` does).
+            include_jobs=settings.job.deploy,
         )
         objects = chart.to_json()
         jobs = [o for o in objects if o["kind"] == "RayJob"]
@@ -239,16 +216,29 @@ class WorkloadStack(cdk.Stack):
         # `kubectl delete` on the old RayJob (its cluster goes with it). On destroy this stack goes
         # before the Cluster stack, so the KubeRay operator still runs to clear the RayJob's
         # finalizer and the namespace can terminate.
-        digest = hashlib.sha256("\n".join(sorted(o["metadata"]["name"] for o in jobs)).encode()).hexdigest()
-        self.job_manifest = eks.KubernetesManifest(
+        self.job_manifest: eks.KubernetesManifest | None = None
+        if jobs:
+            digest = hashlib.sha256(
+                "\n".join(sorted(o["metadata"]["name"] for o in jobs)).encode()
+            ).hexdigest()
+            self.job_manifest = eks.KubernetesManifest(
+                self,
+                f"RayJob{digest[:12]}",
+                cluster=cluster,
+                manifest=jobs,
+                overwrite=True,
+            )
+            # Its service account and network policies exist first and go last.
+            self.job_manifest.node.add_dependency(self.manifest, self.association)
+
+        cdk.CfnOutput(
             self,
-            f"RayJob{digest[:12]}",
-            cluster=cluster,
-            manifest=jobs,
-            overwrite=True,
+            "JobSubmitterPolicyArn",
+            value=self.submitter_policy.managed_policy_arn,
+            description=(
+                "Attach to the IAM principals (with an EKS access entry) that run `raytrain job submit`"
+            ),
         )
-        # Its service account and network policies exist first and go last.
-        self.job_manifest.node.add_dependency(self.manifest, self.association)
 
         qualifier = cdk.DefaultStackSynthesizer.DEFAULT_QUALIFIER
         self.review = ReviewValues(
@@ -257,4 +247,28 @@ class WorkloadStack(cdk.Stack):
             ),
             code_hash=self.code.asset_hash,
             checkpoint_uri=f"s3://{checkpoint_bucket_name(settings)}/{CHECKPOINT_PREFIX}",
+        )
+
+    def _submitter_policy(self, settings: Settings) -> iam.ManagedPolicy:
+        """What `raytrain job submit` needs in AWS, for the principals that run it (their EKS
+        access entry covers the Kubernetes side): add a code zip under code/ and read it back
+        (HeadObject is authorised by s3:GetObject; S3 API reference, HeadObject), with the
+        bucket's KMS key (SSE-KMS PutObject needs kms:GenerateDataKey, GetObject kms:Decrypt; S3
+        User Guide, SSE-KMS). No delete, no list, nothing outside code/: a submitter cannot touch
+        checkpoints or remove code a running job reads. An existing zip is never overwritten
+        (conditional write, If-None-Match; raytrain/job/code.py)."""
+        return iam.ManagedPolicy(
+            self,
+            "JobSubmitterPolicy",
+            managed_policy_name=f"{settings.stack_prefix}-job-submitter",
+            description=f"raytrain job submit for {settings.cluster.name}: upload training code",
+            statements=[
+                iam.PolicyStatement(
+                    actions=["s3:PutObject", "s3:GetObject"],
+                    resources=[self.bucket.arn_for_objects(f"{CODE_PREFIX}/*")],
+                ),
+                iam.PolicyStatement(
+                    actions=["kms:GenerateDataKey", "kms:Decrypt"], resources=[self.key.key_arn]
+                ),
+            ],
         )
