@@ -21,7 +21,14 @@ from aws_cdk import aws_s3_assets as s3_assets
 from constructs import Construct
 
 from cdk_constructs.buckets import kms_bucket_with_access_logs
-from config.locations import CHECKPOINT_PREFIX, CODE_PREFIX, S3Input, checkpoint_bucket_name, s3_inputs
+from config.locations import (
+    CHECKPOINT_PREFIX,
+    CODE_PREFIX,
+    S3Input,
+    checkpoint_bucket_name,
+    s3_inputs,
+)
+from config.locations import checkpoint_uri as checkpoint_uri_of
 from config.names import SERVICE_ACCOUNT
 from config.settings import Settings
 from k8s.chart import build_workload_chart
@@ -182,7 +189,11 @@ class WorkloadStack(cdk.Stack):
         )
 
         code_uri = f"s3://{self.code.s3_bucket_name}/{self.code.s3_object_key}"
-        checkpoint_uri = f"s3://{self.bucket.bucket_name}/{CHECKPOINT_PREFIX}"
+        # The bucket's literal name (it is named), not its token: shlex quotes a token's text
+        # ("${Token[...]}") in the entry point, and the RayJob `raytrain job submit` renders for the
+        # same settings must be byte-identical (tests/test_job_submit.py). The manifests depend on
+        # the bucket below instead.
+        checkpoint_uri = checkpoint_uri_of(settings)
         chart = build_workload_chart(
             cdk8s.App(),
             settings,
@@ -206,8 +217,8 @@ class WorkloadStack(cdk.Stack):
             # Let kubectl apply handle objects that exist (e.g. after a failed rollback).
             overwrite=True,
         )
-        # Pods start only once they can get credentials.
-        self.manifest.node.add_dependency(self.association)
+        # Pods start only once they can get credentials, and the bucket they write to exists.
+        self.manifest.node.add_dependency(self.association, self.bucket)
         # The RayJobs in a resource of their own whose logical ID carries their names (which carry
         # the hash of their spec and code). A change gives a new RayJob name, which the kubectl
         # handler would only `apply` (its --prune does not reach custom resources, and KubeRay
