@@ -95,7 +95,7 @@ def test_chart_applied_to_the_cluster_after_pod_identity(synthesized, env):
     deploys = synthesized[env].settings.job.deploy
     if env in ("dev", "prod"):
         assert deploys is (env == "dev")
-    assert (f'\\"kind\\":\\"RayJob\\"' in body) is deploys
+    assert ('\\"kind\\":\\"RayJob\\"' in body) is deploys
     assert '\\"kind\\":\\"Namespace\\"' not in body  # owned by the cluster stack
     association = next(iter(of_type(t, "AWS::EKS::PodIdentityAssociation")))
     assert all(association in m.get("DependsOn", []) for m in manifests)
