@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +10,7 @@ from pydantic import ValidationError
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
-from config.settings import FieldError, Settings
+from config.settings import FieldError, JobSettings, Settings
 
 CONFIG_DIR = Path(__file__).resolve().parent
 ENVIRONMENTS_DIR = CONFIG_DIR / "environments"
@@ -30,17 +31,69 @@ def environment_names(directory: Path = ENVIRONMENTS_DIR) -> list[str]:
     return sorted(p.stem for p in directory.glob("*.yaml") if p.stem not in NOT_ENVIRONMENTS)
 
 
-def load_settings(name: str, directory: Path = ENVIRONMENTS_DIR, *, check_memory: bool = True) -> Settings:
+def load_settings(
+    name: str,
+    directory: Path = ENVIRONMENTS_DIR,
+    *,
+    check_memory: bool = True,
+    overrides: list[str] | None = None,
+) -> Settings:
+    """`overrides`: `job.FIELD=VALUE` items (`raytrain job submit --set`), applied on top of the
+    file and validated with it by the same model, memory plan included."""
     path = environment_file(name, directory)
     if not path.is_file():
         known = ", ".join(environment_names(directory)) or "none"
         raise SettingsError(
             f"{_show(path)}: no such environment file for env={name!r}; known environments: {known}"
         )
-    return parse_settings(path.read_text(encoding="utf-8"), name=name, source=path, check_memory=check_memory)
+    return parse_settings(
+        path.read_text(encoding="utf-8"),
+        name=name,
+        source=path,
+        check_memory=check_memory,
+        overrides=overrides,
+    )
 
 
-def parse_settings(text: str, *, name: str, source: Path | str, check_memory: bool = True) -> Settings:
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """`job.FIELD=VALUE` items as {FIELD: value}; VALUE is read as a YAML scalar or flow collection
+    (`10`, `true`, `3e-4`, `[a, b]`), as the same text in the environment file would be."""
+    out: dict[str, Any] = {}
+    fields = sorted(JobSettings.model_fields)
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise SettingsError(f"--set {item!r}: expected job.FIELD=VALUE, e.g. --set job.steps=20")
+        section, _, field = key.partition(".")
+        if section != "job" or not field or "." in field:
+            raise SettingsError(
+                f"--set {item}: only job.FIELD can be set per job (the rest is infrastructure: "
+                "change the environment file and deploy)"
+            )
+        if field not in JobSettings.model_fields:
+            close = difflib.get_close_matches(field, fields, n=1)
+            hint = f"did you mean job.{close[0]}?" if close else f"job fields: {', '.join(fields)}"
+            raise SettingsError(f"--set {item}: unknown field job.{field}; {hint}")
+        if field in out:
+            raise SettingsError(f"--set {item}: job.{field} is set twice")
+        try:
+            value = YAML(typ="safe", pure=True).load(raw) if raw.strip() else ""
+        except YAMLError as exc:
+            problem = str(exc).splitlines()[0]
+            raise SettingsError(f"--set {item}: job.{field}: not a valid value ({problem})") from None
+        out[field] = value
+    return out
+
+
+def parse_settings(
+    text: str,
+    *,
+    name: str,
+    source: Path | str,
+    check_memory: bool = True,
+    overrides: list[str] | None = None,
+) -> Settings:
     """`check_memory=False` skips only the check that the job fits its GPU (for `raytrain plan`)."""
     where = _show(source)
     try:
@@ -55,12 +108,24 @@ def parse_settings(text: str, *, name: str, source: Path | str, check_memory: bo
         raise SettingsError(
             f"{where}: name: not allowed in the file; the environment's name is its file name ({name!r})"
         )
+    job_overrides = parse_overrides(overrides or [])
+    if job_overrides:
+        job = data.get("job") or {}
+        if not isinstance(job, dict):
+            raise SettingsError(f"{where}: job: expected a mapping of settings")
+        data = {**data, "job": {**job, **job_overrides}}
     try:
         return Settings.model_validate(
             {"name": name, **data}, context={"skip_memory_check": not check_memory}
         )
     except ValidationError as exc:
         lines = [_describe(err) for err in exc.errors(include_url=False)]
+        if job_overrides:
+            # Name the --set items: a refused value is the caller's, not the file's.
+            given = ", ".join(f"--set {item}" for item in overrides or [])
+            if len(lines) == 1:
+                raise SettingsError(f"{where} with {given}: {lines[0]}") from None
+            where = f"{where} with {given}"
         noun = "problem" if len(lines) == 1 else "problems"
         raise SettingsError(
             f"{where}: {len(lines)} settings {noun}:\n" + "\n".join(f"  - {line}" for line in lines)

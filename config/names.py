@@ -51,6 +51,17 @@ PART_OF_LABEL = "app.kubernetes.io/part-of"
 PART_OF = "ray-train"
 # The standing RayCluster's name (job.cluster: standing).
 STANDING_CLUSTER_NAME = "ray-train"
+# Labels of every RayJob: its checkpoint run name, and who applied it (the Workload stack's
+# `cdk deploy`, or `raytrain job submit`). `raytrain job` selects the jobs by PART_OF_LABEL.
+RUN_NAME_LABEL = "ray-train/run-name"
+STEP_LABEL = "ray-train/step"
+ORIGIN_LABEL = "ray-train/origin"
+DEPLOYED, SUBMITTED = "deployed", "submitted"
+# Deployed RayJobs are named rj-<run>-<hash> (k8s/job.py); submitted ones never start with it.
+DEPLOYED_JOB_PREFIX = "rj-"
+# A ConfigMap of the Workload stack that owns every submitted RayJob (ownerReferences), so that
+# deleting the stack deletes them while the KubeRay operator still runs (k8s/chart.py).
+JOBS_ANCHOR = "ray-train-jobs"
 
 # --- The pipeline's in-VPC verification -----------------------------------------------------------
 

@@ -7,12 +7,25 @@ module puts them into one cdk8s chart, for the workload stack and for review (`r
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import cdk8s
 import cdk8s_plus_27 as kplus
 
-from config.names import PART_OF, PART_OF_LABEL, SERVICE_ACCOUNT, STANDING_CLUSTER_NAME
+from config.names import (
+    DEPLOYED,
+    JOBS_ANCHOR,
+    ORIGIN_LABEL,
+    PART_OF,
+    PART_OF_LABEL,
+    RUN_NAME_LABEL,
+    SERVICE_ACCOUNT,
+    STANDING_CLUSTER_NAME,
+    STEP_LABEL,
+    SUBMITTED,
+)
 from config.settings import ClusterMode, Settings
 from k8s.cluster import ray_cluster_spec, worker_env
 from k8s.imports.raycluster.io import ray as rc
@@ -28,11 +41,13 @@ from k8s.job import (
 from k8s.network_policy import network_policies
 
 __all__ = [
+    "JobOwner",
     "build_workload_chart",
     "entrypoint",
     "ray_cluster_spec",
     "rayjob_name",
     "render_manifests",
+    "submitted_rayjob",
     "training_args",
     "worker_env",
 ]
@@ -47,14 +62,16 @@ def build_workload_chart(
     checkpoint_uri: str,
     service_account_name: str = SERVICE_ACCOUNT,
     include_namespace: bool = True,
+    include_jobs: bool = True,
 ) -> cdk8s.Chart:
     """The workload chart for one environment.
 
     `include_namespace=False` leaves the Namespace out, for a caller that creates it elsewhere
-    (e.g. before the KubeRay operator, whose namespaced RBAC needs it first).
+    (e.g. before the KubeRay operator, whose namespaced RBAC needs it first). `include_jobs=False`
+    leaves the RayJobs out (job.deploy false: jobs come from `raytrain job submit`).
     """
     ns = settings.workload.namespace
-    chart = cdk8s.Chart(scope, "workload", labels={PART_OF_LABEL: PART_OF})
+    chart = _chart(scope, "workload")
     if include_namespace:
         # No Pod Security Admission label: the EFA workers need IPC_LOCK, which the baseline
         # level forbids; the pods' own security contexts carry the restrictions instead.
@@ -72,22 +89,18 @@ def build_workload_chart(
             metadata=cdk8s.ApiObjectMetadata(name=STANDING_CLUSTER_NAME, namespace=ns),
             spec=ray_cluster_spec(settings, service_account_name=service_account_name),
         )
-    rj.RayJob(
-        chart,
-        "ray-job",
-        metadata=cdk8s.ApiObjectMetadata(
-            name=rayjob_name(settings, code_hash=code_hash, service_account_name=service_account_name),
-            namespace=ns,
-            labels={"ray-train/run-name": settings.job.run_name},
-        ),
-        spec=job_spec(
+    jobs_anchor(chart, settings)
+    if include_jobs:
+        add_rayjob(
+            chart,
             settings,
+            name=rayjob_name(settings, code_hash=code_hash, service_account_name=service_account_name),
+            origin=DEPLOYED,
             code_uri=code_uri,
             checkpoint_uri=checkpoint_uri,
             service_account_name=service_account_name,
-        ),
-    )
-    if settings.job.prepare_data:
+        )
+    if include_jobs and settings.job.prepare_data:
         rj.RayJob(
             chart,
             "prepare-job",
@@ -96,7 +109,11 @@ def build_workload_chart(
                     settings, code_hash=code_hash, service_account_name=service_account_name
                 ),
                 namespace=ns,
-                labels={"ray-train/run-name": settings.job.run_name, "ray-train/step": "prepare-data"},
+                labels={
+                    RUN_NAME_LABEL: settings.job.run_name,
+                    STEP_LABEL: "prepare-data",
+                    ORIGIN_LABEL: DEPLOYED,
+                },
             ),
             spec=prepare_job_spec(
                 settings,
@@ -107,6 +124,117 @@ def build_workload_chart(
         )
     network_policies(chart, settings)
     return chart
+
+
+def _chart(scope: cdk8s.App, chart_id: str) -> cdk8s.Chart:
+    # Every object carries part-of: `raytrain job` selects the environment's RayJobs by it.
+    return cdk8s.Chart(scope, chart_id, labels={PART_OF_LABEL: PART_OF})
+
+
+@dataclass(frozen=True)
+class JobOwner:
+    """The jobs anchor as it exists in the cluster: what a submitted RayJob's ownerReference names."""
+
+    uid: str
+    name: str = JOBS_ANCHOR
+
+
+def jobs_anchor(chart: cdk8s.Chart, settings: Settings) -> kplus.ConfigMap:
+    """The owner of every submitted RayJob, applied with the Workload stack's service account.
+
+    Deleting an owner deletes its dependents (Kubernetes garbage collection). This one carries the
+    `foregroundDeletion` finalizer from the start, so its deletion is foreground: "the owner object
+    first enters a deletion in progress state ... the garbage collector deletes the dependents
+    [with ownerReference.blockOwnerDeletion=true] ... after deleting all the blocking dependents,
+    the controller deletes the owner object" (Kubernetes docs, Garbage Collection, Foreground
+    cascading deletion; the garbage collector acts on any object whose deletion starts with that
+    finalizer present, pkg/controller/garbagecollector). The kubectl handler's `kubectl delete`
+    of the Workload stack's manifest waits for the objects to go, so CloudFormation moves on to the
+    Cluster stack (and the KubeRay operator) only after every submitted RayJob is gone: the
+    operator clears their `ray.io/rayjob-finalizer` (stopping their Ray jobs) while it still runs.
+    """
+    return kplus.ConfigMap(
+        chart,
+        "jobs-anchor",
+        metadata=cdk8s.ApiObjectMetadata(
+            name=JOBS_ANCHOR,
+            namespace=settings.workload.namespace,
+            finalizers=["foregroundDeletion"],
+        ),
+        data={
+            "purpose": (
+                "Owner of the RayJobs `raytrain job submit` creates: deleting it (the Workload "
+                "stack's destroy) deletes them first."
+            ),
+        },
+    )
+
+
+def add_rayjob(
+    chart: cdk8s.Chart,
+    settings: Settings,
+    *,
+    name: str,
+    origin: str,
+    code_uri: str,
+    checkpoint_uri: str,
+    service_account_name: str = SERVICE_ACCOUNT,
+    owner: JobOwner | None = None,
+) -> rj.RayJob:
+    """The training RayJob, the one way it is built: the Workload stack's chart (origin deployed)
+    and `raytrain job submit` (origin submitted, owned by the jobs anchor) both call this."""
+    owners = None
+    if owner is not None:
+        owners = [
+            cdk8s.OwnerReference(
+                api_version="v1",
+                kind="ConfigMap",
+                name=owner.name,
+                uid=owner.uid,
+                block_owner_deletion=True,
+            )
+        ]
+    return rj.RayJob(
+        chart,
+        "ray-job",
+        metadata=cdk8s.ApiObjectMetadata(
+            name=name,
+            namespace=settings.workload.namespace,
+            labels={RUN_NAME_LABEL: settings.job.run_name, ORIGIN_LABEL: origin},
+            owner_references=owners,
+        ),
+        spec=job_spec(
+            settings,
+            code_uri=code_uri,
+            checkpoint_uri=checkpoint_uri,
+            service_account_name=service_account_name,
+        ),
+    )
+
+
+def submitted_rayjob(
+    settings: Settings,
+    *,
+    name: str,
+    code_uri: str,
+    checkpoint_uri: str,
+    owner: JobOwner,
+    service_account_name: str = SERVICE_ACCOUNT,
+) -> dict[str, Any]:
+    """The RayJob `raytrain job submit` creates, as the object the Kubernetes API takes."""
+    chart = _chart(cdk8s.App(), "submitted")
+    add_rayjob(
+        chart,
+        settings,
+        name=name,
+        origin=SUBMITTED,
+        code_uri=code_uri,
+        checkpoint_uri=checkpoint_uri,
+        service_account_name=service_account_name,
+        owner=owner,
+    )
+    (obj,) = chart.to_json()
+    return dict(obj)
 
 
 def render_manifests(

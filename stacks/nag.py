@@ -106,6 +106,14 @@ def acknowledge_workload_findings(workload: WorkloadStack) -> None:
         "Ray Train writes one file per rank and checkpoint under the run's prefix; the names are "
         "not known in advance, so the object wildcard is limited to the checkpoints/ prefix.",
     )
+    code = (
+        f"AwsSolutions-IAM5[Resource::<{bucket_arn}.Arn>/code/*]",
+        "Submitted training code is one zip per content, code/<sha256>.zip, named at submit time; "
+        "the wildcard is limited to the code/ prefix (read only for the Ray pods; add and read for "
+        "submitters, who can neither delete nor list).",
+    )
+    acknowledge(workload.role.node.find_child("DefaultPolicy"), *code)
+    acknowledge(workload.submitter_policy, *code)
     for location in workload.inputs:
         for arn in location.object_arns(partition(workload.region)):
             if arn.endswith("*"):

@@ -21,6 +21,14 @@ from aws_cdk import aws_s3_assets as s3_assets
 from constructs import Construct
 
 from cdk_constructs.buckets import kms_bucket_with_access_logs
+from config.locations import (
+    CHECKPOINT_PREFIX,
+    CODE_PREFIX,
+    S3Input,
+    checkpoint_bucket_name,
+    s3_inputs,
+)
+from config.locations import checkpoint_uri as checkpoint_uri_of
 from config.names import SERVICE_ACCOUNT
 from config.settings import Settings
 from k8s.chart import build_workload_chart
@@ -28,7 +36,7 @@ from stacks import code_asset
 from stacks.common import partition, removal_policy
 
 TRAINING_DIR = Path(__file__).resolve().parents[1] / "training"
-CHECKPOINT_PREFIX = "checkpoints"
+__all__ = ["CHECKPOINT_PREFIX", "S3Input", "WorkloadStack", "checkpoint_bucket_name", "s3_inputs"]
 
 
 @dataclass(frozen=True)
@@ -55,34 +63,6 @@ def stage_training_code() -> Path:
     return stage
 
 
-@dataclass(frozen=True)
-class S3Input:
-    """An s3:// location the job only reads: `job.data` or `job.model` outside the checkpoint prefix."""
-
-    setting: str
-    bucket: str
-    prefix: str  # without a trailing "/"; "" for the whole bucket
-
-    def object_arns(self, partition: str) -> list[str]:
-        base = f"arn:{partition}:s3:::{self.bucket}"
-        if not self.prefix:
-            return [f"{base}/*"]
-        # The key itself too: pyarrow's GetFileInfo on a folder first HEADs the key without "/".
-        return [f"{base}/{self.prefix}", f"{base}/{self.prefix}/*"]
-
-
-def s3_inputs(settings: Settings) -> list[S3Input]:
-    """The job's read-only S3 inputs, from settings (the same values the RayJob passes as
-    --data and --model)."""
-    found = []
-    for field in ("data", "model"):
-        value = getattr(settings.job, field)
-        if value.startswith("s3://"):
-            bucket, _, prefix = value.removeprefix("s3://").partition("/")
-            found.append(S3Input(f"job.{field}", bucket, prefix.strip("/")))
-    return found
-
-
 def s3_via_service(key_arn: str) -> str:
     """The kms:ViaService value of S3 in a KMS key's region: S3's endpoint name there
     (s3.REGION.amazonaws.com; .amazonaws.com.cn in the China partition)."""
@@ -99,11 +79,6 @@ def auto_delete_of(bucket: s3.Bucket) -> cdk.CfnResource | None:
         if isinstance(child, cdk.CfnResource) and child.cfn_resource_type == AUTO_DELETE_TYPE:
             return child
     return None
-
-
-def checkpoint_bucket_name(settings: Settings) -> str:
-    # Named, so the job's storage path is known before deploy and shows in the reviewed manifests.
-    return f"{settings.cluster.name}-ckpt-{settings.account}-{settings.region}".lower()
 
 
 class WorkloadStack(cdk.Stack):
@@ -164,9 +139,16 @@ class WorkloadStack(cdk.Stack):
                 resources=[self.bucket.arn_for_objects(f"{CHECKPOINT_PREFIX}/*")],
             )
         )
+        # Code that `raytrain job submit` uploads (code/<sha256>.zip): read only.
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["s3:GetObject"], resources=[self.bucket.arn_for_objects(f"{CODE_PREFIX}/*")]
+            )
+        )
         self.role.add_to_policy(
             iam.PolicyStatement(actions=["kms:Decrypt", "kms:GenerateDataKey"], resources=[self.key.key_arn])
         )
+        self.submitter_policy = self._submitter_policy(settings)
         # No s3:prefix condition: pyarrow's S3 filesystem (Ray Train's storage, training/summary.py)
         # sends HeadBucket when it creates a directory, and S3 authorises HeadBucket with
         # s3:ListBucket (S3 API reference, HeadBucket "Permissions"); that request carries no prefix,
@@ -234,7 +216,11 @@ class WorkloadStack(cdk.Stack):
         )
 
         code_uri = f"s3://{self.code.s3_bucket_name}/{self.code.s3_object_key}"
-        checkpoint_uri = f"s3://{self.bucket.bucket_name}/{CHECKPOINT_PREFIX}"
+        # The bucket's literal name (it is named), not its token: shlex quotes a token's text
+        # ("${Token[...]}") in the entry point, and the RayJob `raytrain job submit` renders for the
+        # same settings must be byte-identical (tests/test_job_submit.py). The manifests depend on
+        # the bucket below instead.
+        checkpoint_uri = checkpoint_uri_of(settings)
         chart = build_workload_chart(
             cdk8s.App(),
             settings,
@@ -245,6 +231,8 @@ class WorkloadStack(cdk.Stack):
             # The cluster stack creates the namespace before the KubeRay operator (which binds
             # its Role there), so it outlives this stack's objects on destroy.
             include_namespace=False,
+            # job.deploy false: the deploy starts no job (`raytrain job submit` does).
+            include_jobs=settings.job.deploy,
         )
         objects = chart.to_json()
         jobs = [o for o in objects if o["kind"] == "RayJob"]
@@ -256,8 +244,8 @@ class WorkloadStack(cdk.Stack):
             # Let kubectl apply handle objects that exist (e.g. after a failed rollback).
             overwrite=True,
         )
-        # Pods start only once they can get credentials.
-        self.manifest.node.add_dependency(self.association)
+        # Pods start only once they can get credentials, and the bucket they write to exists.
+        self.manifest.node.add_dependency(self.association, self.bucket)
         # The RayJobs in a resource of their own whose logical ID carries their names (which carry
         # the hash of their spec and code). A change gives a new RayJob name, which the kubectl
         # handler would only `apply` (its --prune does not reach custom resources, and KubeRay
@@ -266,27 +254,41 @@ class WorkloadStack(cdk.Stack):
         # `kubectl delete` on the old RayJob (its cluster goes with it). On destroy this stack goes
         # before the Cluster stack, so the KubeRay operator still runs to clear the RayJob's
         # finalizer and the namespace can terminate.
-        digest = hashlib.sha256("\n".join(sorted(o["metadata"]["name"] for o in jobs)).encode()).hexdigest()
-        self.job_manifest = eks.KubernetesManifest(
-            self,
-            f"RayJob{digest[:12]}",
-            cluster=cluster,
-            manifest=jobs,
-            overwrite=True,
-        )
-        # Its service account and network policies exist first and go last.
-        self.job_manifest.node.add_dependency(self.manifest, self.association)
-        # Destroy while a job writes checkpoints: the RayJob (and its Ray cluster) and the standing
-        # cluster go before the checkpoint bucket is emptied. Without an edge CloudFormation runs
-        # the two deletes at once (it deletes a resource before the ones it depends on, and
-        # independent ones in parallel), and a checkpoint landing after the auto-delete handler
-        # listed the bucket leaves it non-empty: DeleteBucket fails and so does the destroy.
-        # CDK's handler also denies s3:PutObject to everyone before it empties the bucket
-        # (aws-s3 auto-delete-objects-handler), so the pods' last writes after that are refused.
+        self.job_manifest: eks.KubernetesManifest | None = None
+        if jobs:
+            digest = hashlib.sha256(
+                "\n".join(sorted(o["metadata"]["name"] for o in jobs)).encode()
+            ).hexdigest()
+            self.job_manifest = eks.KubernetesManifest(
+                self,
+                f"RayJob{digest[:12]}",
+                cluster=cluster,
+                manifest=jobs,
+                overwrite=True,
+            )
+            # Its service account and network policies exist first and go last.
+            self.job_manifest.node.add_dependency(self.manifest, self.association)
+        # Destroy while a job writes checkpoints: the RayJob (and its Ray cluster), the standing
+        # cluster and the submitted jobs' anchor go before the checkpoint bucket is emptied. Without
+        # an edge CloudFormation runs the deletes at once (it deletes a resource before the ones it
+        # depends on, and independent ones in parallel), and a checkpoint landing after the
+        # auto-delete handler listed the bucket leaves it non-empty: DeleteBucket fails and so does
+        # the destroy. CDK's handler also denies s3:PutObject to everyone before it empties the
+        # bucket (aws-s3 auto-delete-objects-handler), so the pods' last writes after that are refused.
         emptying = auto_delete_of(self.bucket)
         if emptying is not None:
-            self.manifest.node.add_dependency(emptying)
-            self.job_manifest.node.add_dependency(emptying)
+            for manifest in (self.manifest, self.job_manifest):
+                if manifest is not None:
+                    manifest.node.add_dependency(emptying)
+
+        cdk.CfnOutput(
+            self,
+            "JobSubmitterPolicyArn",
+            value=self.submitter_policy.managed_policy_arn,
+            description=(
+                "Attach to the IAM principals (with an EKS access entry) that run `raytrain job submit`"
+            ),
+        )
 
         qualifier = cdk.DefaultStackSynthesizer.DEFAULT_QUALIFIER
         self.review = ReviewValues(
@@ -295,4 +297,28 @@ class WorkloadStack(cdk.Stack):
             ),
             code_hash=self.code.asset_hash,
             checkpoint_uri=f"s3://{checkpoint_bucket_name(settings)}/{CHECKPOINT_PREFIX}",
+        )
+
+    def _submitter_policy(self, settings: Settings) -> iam.ManagedPolicy:
+        """What `raytrain job submit` needs in AWS, for the principals that run it (their EKS
+        access entry covers the Kubernetes side): add a code zip under code/ and read it back
+        (HeadObject is authorised by s3:GetObject; S3 API reference, HeadObject), with the
+        bucket's KMS key (SSE-KMS PutObject needs kms:GenerateDataKey, GetObject kms:Decrypt; S3
+        User Guide, SSE-KMS). No delete, no list, nothing outside code/: a submitter cannot touch
+        checkpoints or remove code a running job reads. An existing zip is never overwritten
+        (conditional write, If-None-Match; raytrain/job/code.py)."""
+        return iam.ManagedPolicy(
+            self,
+            "JobSubmitterPolicy",
+            managed_policy_name=f"{settings.stack_prefix}-job-submitter",
+            description=f"raytrain job submit for {settings.cluster.name}: upload training code",
+            statements=[
+                iam.PolicyStatement(
+                    actions=["s3:PutObject", "s3:GetObject"],
+                    resources=[self.bucket.arn_for_objects(f"{CODE_PREFIX}/*")],
+                ),
+                iam.PolicyStatement(
+                    actions=["kms:GenerateDataKey", "kms:Decrypt"], resources=[self.key.key_arn]
+                ),
+            ],
         )

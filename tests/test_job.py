@@ -55,7 +55,12 @@ def _rayjob(name: str, created: str, status: dict[str, Any], ns: str) -> dict[st
     return {
         "apiVersion": "ray.io/v1",
         "kind": "RayJob",
-        "metadata": {"name": name, "namespace": ns, "creationTimestamp": created},
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "creationTimestamp": created,
+            "labels": {"app.kubernetes.io/part-of": "ray-train", "ray-train/origin": "deployed"},
+        },
         "spec": {"entrypoint": "python -m training", "submissionMode": "K8sJobMode"},
         "status": status,
     }

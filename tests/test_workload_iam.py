@@ -481,3 +481,89 @@ def test_missing_key_is_access_denied_without_list_bucket(data_aws: Aws, enforce
         assert head_missing() == "403"
     finally:
         put(data_aws.policy)
+
+
+# --- submitted code: code/<sha256>.zip in the checkpoint bucket ---
+
+
+def test_ray_pods_read_submitted_code_and_cannot_write_it(aws: Aws, enforced: None) -> None:
+    s3 = aws.boto3_s3()
+    writes = [st for st in aws.policy["Statement"] if "s3:PutObject" in json.dumps(st)]
+    assert "code/" not in json.dumps(writes)
+    admin = boto3.client("s3", region_name=REGION, endpoint_url=aws.endpoint,
+                         aws_access_key_id="AKIAADMIN0000000000", aws_secret_access_key="x")  # fmt: skip
+    import moto.settings
+
+    count = moto.settings.INITIAL_NO_AUTH_ACTION_COUNT
+    moto.settings.INITIAL_NO_AUTH_ACTION_COUNT = 10**9
+    try:
+        admin.put_object(Bucket=aws.bucket, Key="code/" + "1" * 64 + ".zip", Body=b"PK")
+    finally:
+        moto.settings.INITIAL_NO_AUTH_ACTION_COUNT = count
+    assert s3.get_object(Bucket=aws.bucket, Key="code/" + "1" * 64 + ".zip")["Body"].read() == b"PK"
+    with pytest.raises(s3.exceptions.ClientError, match=r"AccessDenied|403"):
+        s3.put_object(Bucket=aws.bucket, Key="code/" + "0" * 64 + ".zip", Body=b"PK")
+
+
+def test_submitter_policy_uploads_code_and_nothing_else(
+    aws: Aws, synthesized: Any, enforced: None, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """raytrain job submit's own upload, with credentials that hold only the stack's JobSubmitter
+    policy; then the Ray pods' role reads what it wrote."""
+    import moto.settings
+
+    from raytrain.job import code
+
+    template = synthesized["dev"].template("Workload")
+    (doc,) = [
+        r["Properties"]["PolicyDocument"]
+        for r in template["Resources"].values()
+        if r["Type"] == "AWS::IAM::ManagedPolicy" and "job-submitter" in r["Properties"]["ManagedPolicyName"]
+    ]
+    _, bucket_id, key_id = _role_policy(template)
+    policy = resolve(doc, {bucket_id: f"arn:aws:s3:::{aws.bucket}", key_id: aws.key_arn})
+    admin = {"region_name": REGION, "endpoint_url": aws.endpoint,
+             "aws_access_key_id": "AKIAADMIN0000000000", "aws_secret_access_key": "x"}  # fmt: skip
+    monkeypatch.setattr(moto.settings, "INITIAL_NO_AUTH_ACTION_COUNT", 10**9)
+    iam = boto3.client("iam", **admin)
+    # A human's role (with an EKS access entry) that holds only this policy.
+    account = boto3.client("sts", **admin).get_caller_identity()["Account"]
+    trust = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
+             "Principal": {"AWS": f"arn:aws:iam::{account}:root"}}]}  # fmt: skip
+    role = iam.create_role(RoleName="job-submitter", AssumeRolePolicyDocument=json.dumps(trust))["Role"]
+    iam.put_role_policy(
+        RoleName="job-submitter", PolicyName="job-submitter", PolicyDocument=json.dumps(policy)
+    )
+    creds = boto3.client("sts", **admin).assume_role(RoleArn=role["Arn"], RoleSessionName="human")[
+        "Credentials"
+    ]
+    key = {"AccessKeyId": creds["AccessKeyId"], "SecretAccessKey": creds["SecretAccessKey"]}
+    monkeypatch.setattr(moto.settings, "INITIAL_NO_AUTH_ACTION_COUNT", 0)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", aws.endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", key["AccessKeyId"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", key["SecretAccessKey"])
+    monkeypatch.setenv("AWS_SESSION_TOKEN", creds["SessionToken"])
+    zipped = code.CodeZip(tmp_path / "c.zip", "ab" * 32, 4)
+    zipped.path.write_bytes(b"PK\x05\x06")
+    import hashlib
+
+    zipped = code.CodeZip(zipped.path, hashlib.sha256(zipped.path.read_bytes()).hexdigest(), 4)
+    assert code.upload(zipped, bucket=aws.bucket, region=REGION, policy_name="p") is True
+    assert code.upload(zipped, bucket=aws.bucket, region=REGION, policy_name="p") is False  # present
+    assert aws.boto3_s3().get_object(Bucket=aws.bucket, Key=zipped.key)["Body"].read() == b"PK\x05\x06"
+    submitter = boto3.client(
+        "s3",
+        region_name=REGION,
+        endpoint_url=aws.endpoint,
+        aws_access_key_id=key["AccessKeyId"],
+        aws_secret_access_key=key["SecretAccessKey"],
+        aws_session_token=creds["SessionToken"],
+    )
+    for call in (
+        lambda: submitter.put_object(Bucket=aws.bucket, Key="checkpoints/x", Body=b"x"),
+        lambda: submitter.get_object(Bucket=aws.bucket, Key="elsewhere/file"),
+        lambda: submitter.delete_object(Bucket=aws.bucket, Key=zipped.key),
+        lambda: submitter.list_objects_v2(Bucket=aws.bucket),
+    ):
+        with pytest.raises(submitter.exceptions.ClientError, match=r"AccessDenied|403"):
+            call()

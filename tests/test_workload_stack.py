@@ -89,8 +89,13 @@ def test_chart_applied_to_the_cluster_after_pod_identity(synthesized, env):
     t = synthesized[env].template("Workload")
     manifests = of_type(t, "Custom::AWSCDK-EKS-KubernetesResource").values()
     body = json.dumps([m["Properties"]["Manifest"] for m in manifests])
-    for kind in ("RayJob", "NetworkPolicy", "ServiceAccount"):
+    for kind in ("NetworkPolicy", "ServiceAccount", "ConfigMap"):
         assert f'\\"kind\\":\\"{kind}\\"' in body, kind
+    # job.deploy: dev's deploy starts its smoke job, prod's starts none.
+    deploys = synthesized[env].settings.job.deploy
+    if env in ("dev", "prod"):
+        assert deploys is (env == "dev")
+    assert ('\\"kind\\":\\"RayJob\\"' in body) is deploys
     assert '\\"kind\\":\\"Namespace\\"' not in body  # owned by the cluster stack
     association = next(iter(of_type(t, "AWS::EKS::PodIdentityAssociation")))
     assert all(association in m.get("DependsOn", []) for m in manifests)
@@ -160,6 +165,9 @@ def test_rayjobs_sit_in_a_manifest_resource_named_after_them(synthesized, env):
         for k, v in manifests.items()
         if '\\"kind\\":\\"RayJob\\"' in json.dumps(v["Properties"]["Manifest"])
     ]
+    if not synthesized[env].settings.job.deploy:
+        assert job_ids == []
+        return
     assert len(job_ids) == 1, job_ids
     (job_id,) = job_ids
     body = json.dumps(manifests[job_id]["Properties"]["Manifest"])

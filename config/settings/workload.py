@@ -227,6 +227,10 @@ class JobSettings(SettingsModel):
     """The RayJob: its cluster, lifecycle, and the arguments of `python -m training`."""
 
     cluster: ClusterMode = ClusterMode.OWN
+    # Whether `cdk deploy` also starts this job (a RayJob in the Workload stack): on for an
+    # environment whose pipeline verifies a smoke run (dev), off where jobs are only submitted with
+    # `raytrain job submit` (prod). Off: a deploy starts no GPU node (docs/jobs.md).
+    deploy: bool = False
     # GPU nodes of the job's Ray cluster: one worker pod per node, one Ray Train worker per GPU.
     # The Cluster Autoscaler starts them when the pods are pending (at most gpu_nodes.max_size).
     nodes: int = Field(default=2, ge=1)

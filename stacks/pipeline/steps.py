@@ -68,7 +68,13 @@ def start_commands(settings: Settings) -> list[str]:
 
 
 def check_smoke_environment(settings: Settings) -> None:
-    """The smoke step proves EFA only where the job expects EFA between nodes."""
+    """The smoke step waits for the job the deploy applied, and proves EFA only where that job
+    expects EFA between nodes."""
+    if not settings.job.deploy:
+        raise ValueError(
+            f"pipeline.smoke_job lists {settings.name!r}, but its job.deploy is false: its deploy "
+            "starts no job for the smoke step to wait for; set job.deploy: true there"
+        )
     if settings.job.transport(settings.gpu_nodes.efa) is not Transport.EFA:
         raise ValueError(
             f"pipeline.smoke_job lists {settings.name!r}, but its job does not expect EFA transport "

@@ -1,0 +1,115 @@
+"""`raytrain job stop` and `raytrain job delete`: end a job and give its GPU nodes back.
+
+Why stop deletes a running job rather than suspending it: KubeRay 1.7 refuses `spec.suspend` on a
+RayJob without shutdownAfterJobFinishes ("a RayJob with shutdownAfterJobFinishes set to false is
+not allowed to be suspended", ray-operator/controllers/ray/utils/validation.go, v1.7.0), and
+refuses shutdownAfterJobFinishes beside the deletion rules our jobs use (k8s/job.py); on a standing
+cluster (clusterSelector) suspend is refused too. Deleting the RayJob is KubeRay's own way to stop
+it: its finalizer `ray.io/rayjob-finalizer` stops the Ray job through the head's job API before
+the RayJob goes (rayjob_controller.go, Reconcile on deletionTimestamp), and its RayCluster (head
+and GPU workers) and submitter Job go with it by owner reference. Checkpoints stay in S3: a new
+job with the same run_name resumes from the latest one.
+
+A job that already ended holds no GPU worker, except one stopped from Ray (`ray job stop`, the
+dashboard): it ends STOPPED with deployment status Complete, which no KubeRay 1.7 deletion rule can
+name (RayJob CRD enums), so its cluster keeps its workers. `stop` releases them the way KubeRay's
+DeleteWorkers rule does (suspend every worker group; the head stays for its logs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from config.names import DEPLOYED, ORIGIN_LABEL
+from config.settings import Settings
+from raytrain import verify
+from raytrain.job.api import JobApi
+from raytrain.job.common import EXIT_OK, JobError, guarded
+from raytrain.job.find import Target, _meta, finished
+
+
+def run_stop(args: argparse.Namespace, console: Console | None = None) -> int:
+    console = console or Console()
+
+    def body(settings: Settings, api: JobApi) -> int:
+        target = Target(api, settings, args.job)
+        job, ns = _job(target), target.namespace
+        name = str(_meta(job, "name"))
+        status = job.get("status") or {}
+        if finished(job):
+            cluster = target.cluster
+            own = not (job.get("spec") or {}).get("clusterSelector")
+            if own and cluster is not None and not verify.workers_released(cluster):
+                api.suspend_workers(ns, cluster)
+                console.print(
+                    f"RayJob {ns}/{escape(name)} had ended ({status.get('jobStatus') or '-'}) but its "
+                    f"cluster {escape(target.cluster_name or '')} still held its GPU workers (a job "
+                    "stopped from Ray matches no deletion rule): workers released, head kept for its "
+                    f"logs; `raytrain job delete --env {settings.name} --job {name}` removes the rest",
+                    highlight=False,
+                    soft_wrap=True,
+                )
+                return EXIT_OK
+            console.print(
+                f"RayJob {ns}/{escape(name)} has ended ({status.get('jobDeploymentStatus')}, "
+                f"{status.get('jobStatus') or '-'}): it holds no GPU worker; nothing to stop",
+                highlight=False,
+            )
+            return EXIT_OK
+        _delete(api, ns, job, console, "stopping")
+        console.print(
+            f"its Ray job is stopped and its cluster deleted; checkpoints stay under the run "
+            f"{escape(str((_meta(job, 'labels') or {}).get('ray-train/run-name', '?')))}: a job "
+            "with the same job.run_name resumes from the latest",
+            highlight=False,
+            soft_wrap=True,
+        )
+        return _maybe_wait(args, api, ns, name, console)
+
+    return guarded(args, console, body)
+
+
+def run_delete(args: argparse.Namespace, console: Console | None = None) -> int:
+    console = console or Console()
+
+    def body(settings: Settings, api: JobApi) -> int:
+        target = Target(api, settings, args.job)
+        job = _job(target)
+        _delete(api, target.namespace, job, console, "deleting")
+        return _maybe_wait(args, api, target.namespace, str(_meta(job, "name")), console)
+
+    return guarded(args, console, body)
+
+
+def _job(target: Target) -> dict[str, Any]:
+    if target.job is None:  # --job is required: select_job raised for an unknown name
+        raise JobError(f"no RayJob in namespace {target.namespace!r}")
+    return target.job
+
+
+def _delete(api: JobApi, ns: str, job: dict[str, Any], console: Console, doing: str) -> None:
+    name = str(_meta(job, "name"))
+    if (_meta(job, "labels") or {}).get(ORIGIN_LABEL) == DEPLOYED:
+        console.print(
+            f"[yellow]{escape(name)} is the Workload stack's job[/]: CloudFormation does not recreate "
+            "it; set job.deploy: false before the next deploy if it should not run again",
+            highlight=False,
+            soft_wrap=True,
+        )
+    if api.delete_rayjob(ns, name) is None:
+        raise JobError(f"RayJob {ns}/{name} is gone already")
+    console.print(f"{doing} RayJob {ns}/{escape(name)}: deletion requested", highlight=False)
+
+
+def _maybe_wait(args: argparse.Namespace, api: JobApi, ns: str, name: str, console: Console) -> int:
+    if not args.wait:
+        return EXIT_OK
+    while api.rayjob(ns, name) is not None:
+        time.sleep(args.poll_seconds)
+    console.print(f"RayJob {ns}/{escape(name)} and its cluster are gone", highlight=False)
+    return EXIT_OK

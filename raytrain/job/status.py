@@ -1,0 +1,204 @@
+"""`raytrain job status`: the environment's RayJobs, and one job's RayCluster and pods."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from config.names import ORIGIN_LABEL, RUN_NAME_LABEL
+from config.settings import ClusterMode, Settings
+from raytrain import verify
+from raytrain.job.api import JobApi
+from raytrain.job.common import EXIT_FAILED, EXIT_OK, JOBS_SELECTOR, guarded
+from raytrain.job.find import Target, _created, _meta, _pod_ready, _restarts, _role, finished, gpu_nodes_held
+
+# Events that say why a pod waits: the scheduler's, and the Cluster Autoscaler's (it reports on
+# the pod whether it started a node for it, and why not, e.g. "max node group size reached").
+_WAIT_EVENTS = ("FailedScheduling", "NotTriggerScaleUp", "TriggeredScaleUp", "FailedCreate")
+
+_STATE_STYLE = {
+    "SUCCEEDED": "green",
+    "Complete": "green",
+    "RUNNING": "cyan",
+    "Running": "cyan",
+    "ready": "green",
+    "FAILED": "bold red",
+    "Failed": "bold red",
+    "STOPPED": "yellow",
+    "Suspended": "yellow",
+}
+
+
+def _styled(value: Any) -> str:
+    text = escape(str(value)) if value not in (None, "") else "-"
+    style = _STATE_STYLE.get(str(value))
+    return f"[{style}]{text}[/]" if style else text
+
+
+def job_failed(job: dict[str, Any]) -> bool:
+    status = job.get("status") or {}
+    return status.get("jobDeploymentStatus") == "Failed" or status.get("jobStatus") == "FAILED"
+
+
+def status_tables(target: Target) -> list[Table]:
+    ns = target.namespace
+    jobs = Table(title=f"RayJobs in {ns} ({target.settings.cluster.name}, {target.settings.region})")
+    for col in ("job", "from", "deployment", "ray job", "started", "ended", "cluster", "message"):
+        jobs.add_column(col, overflow="fold")
+    for job in sorted(target.jobs, key=lambda j: (_created(j), str(_meta(j, "name"))), reverse=True):
+        st = job.get("status") or {}
+        mark = "▶ " if job is target.job else "  "
+        jobs.add_row(
+            mark + escape(str(_meta(job, "name"))),
+            escape(str((_meta(job, "labels") or {}).get(ORIGIN_LABEL, "-"))),
+            _styled(st.get("jobDeploymentStatus")),
+            _styled(st.get("jobStatus")),
+            _styled(st.get("startTime")),
+            _styled(st.get("endTime")),
+            _styled(st.get("rayClusterName")),
+            _styled(st.get("message")),
+        )
+    tables = [jobs]
+
+    if target.cluster_name:
+        cl = Table(title=f"RayCluster {ns}/{target.cluster_name}")
+        for col in ("state", "workers ready", "head", "conditions"):
+            cl.add_column(col, overflow="fold")
+        if target.cluster is None:
+            cl.add_row("[yellow]not found[/]", "-", "-", "removed with its job, or not created yet")
+        else:
+            st = target.cluster.get("status") or {}
+            desired = st.get("desiredWorkerReplicas")
+            conds = ", ".join(
+                f"{c.get('type')}={c.get('status')}" for c in st.get("conditions") or [] if c.get("type")
+            )
+            head = st.get("head") or {}
+            workers = f"{st.get('readyWorkerReplicas', 0)}/{desired if desired is not None else '?'}"
+            if verify.workers_released(target.cluster):
+                workers = "released (job ended; head kept for inspection)"
+            cl.add_row(
+                _styled(st.get("state")),
+                workers,
+                escape(str(head.get("podName") or head.get("podIP") or "-")),
+                escape(conds) or "-",
+            )
+        tables.append(cl)
+
+    pods = target.submitter_pods() + target.cluster_pods("head") + target.cluster_pods("worker")
+    pt = Table(title="Pods")
+    for col in ("pod", "role", "phase", "ready", "restarts", "node"):
+        pt.add_column(col, overflow="fold")
+    for pod in pods:
+        st = pod.get("status") or {}
+        pt.add_row(
+            escape(str(_meta(pod, "name"))),
+            _role(pod),
+            _styled(st.get("phase")),
+            "[green]yes[/]" if _pod_ready(pod) else "[yellow]no[/]",
+            str(_restarts(pod)),
+            escape(str((pod.get("spec") or {}).get("nodeName") or "-")),
+        )
+    if not pods:
+        pt.add_row("-", "-", "-", "-", "-", "no pods (finished and cleaned up, or not started)")
+    tables.append(pt)
+    return tables
+
+
+def waiting_lines(target: Target) -> list[str]:
+    """Why the job's pods are Pending: their scheduling condition, the latest scheduler and
+    autoscaler events, and the GPU nodes other unfinished jobs hold against gpu_nodes.max_size."""
+    pods = target.submitter_pods() + target.cluster_pods("head") + target.cluster_pods("worker")
+    pending = [p for p in pods if (p.get("status") or {}).get("phase") == "Pending"]
+    lines = []
+    for pod in pending:
+        name = str(_meta(pod, "name"))
+        conds = (pod.get("status") or {}).get("conditions") or []
+        unscheduled = [c for c in conds if c.get("type") == "PodScheduled" and c.get("status") == "False"]
+        why = unscheduled[0].get("message") if unscheduled else "scheduled; starting (image pull, init)"
+        lines.append(f"[yellow]{escape(name)} is Pending:[/] {escape(str(why))}")
+        events = [
+            e for e in target.api.events(target.namespace, "Pod", name) if e.get("reason") in _WAIT_EVENTS
+        ]
+        events.sort(key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
+        for event in events[-3:]:
+            source = (event.get("source") or {}).get("component") or event.get("reportingComponent") or "-"
+            lines.append(
+                f"  {escape(str(source))} {event.get('reason')}: {escape(str(event.get('message')))}"
+            )
+    settings = target.settings
+    if pending and target.job is not None and settings.job.cluster is ClusterMode.OWN:
+        others = {
+            str(_meta(j, "name")): gpu_nodes_held(j)
+            for j in target.jobs
+            if j is not target.job and not finished(j) and gpu_nodes_held(j)
+        }
+        mine = gpu_nodes_held(target.job)
+        if others and sum(others.values()) + mine > settings.gpu_nodes.max_size:
+            held = ", ".join(f"{k} ({v})" for k, v in sorted(others.items()))
+            lines.append(
+                f"[yellow]waiting for GPU nodes:[/] this job needs {mine}, other unfinished jobs hold "
+                f"{sum(others.values())} ({held}) of gpu_nodes.max_size {settings.gpu_nodes.max_size}; "
+                f"it starts when they end, or fails after job.start_timeout_seconds "
+                f"({settings.job.start_timeout_seconds} s) without running"
+            )
+    return lines
+
+
+def run_list(args: argparse.Namespace, console: Console | None = None) -> int:
+    console = console or Console()
+
+    def body(settings: Settings, api: JobApi) -> int:
+        ns = settings.workload.namespace
+        jobs = api.rayjobs(ns, JOBS_SELECTOR)
+        table = Table(
+            title=f"RayJobs of {settings.name} in {ns} ({settings.cluster.name}, {settings.region})"
+        )
+        for col in ("job", "from", "run", "GPU nodes", "deployment", "ray job", "created", "ended"):
+            table.add_column(col, overflow="fold")
+        for job in sorted(jobs, key=lambda j: (_created(j), str(_meta(j, "name"))), reverse=True):
+            st, labels = job.get("status") or {}, _meta(job, "labels") or {}
+            table.add_row(
+                escape(str(_meta(job, "name"))),
+                escape(str(labels.get(ORIGIN_LABEL, "-"))),
+                escape(str(labels.get(RUN_NAME_LABEL, "-"))),
+                str(gpu_nodes_held(job) or "-"),
+                _styled(st.get("jobDeploymentStatus")),
+                _styled(st.get("jobStatus")),
+                _styled(_created(job)),
+                _styled(st.get("endTime")),
+            )
+        console.print(table)
+        if not jobs:
+            console.print(
+                f"no RayJob in namespace {ns!r}: `raytrain job submit --env {settings.name}` starts one"
+            )
+        return EXIT_OK
+
+    return guarded(args, console, body)
+
+
+def run_status(args: argparse.Namespace, console: Console | None = None) -> int:
+    console = console or Console()
+
+    def body(settings: Settings, api: JobApi) -> int:
+        target = Target(api, settings, args.job)
+        for table in status_tables(target):
+            console.print(table)
+        for line in waiting_lines(target):
+            console.print(line, highlight=False, soft_wrap=True)
+        if target.job is None:
+            console.print(
+                f"no RayJob in namespace {target.namespace!r} yet: `raytrain job submit --env "
+                f"{settings.name}` starts one (or the Workload stack, where job.deploy is true)"
+            )
+            return EXIT_OK
+        if job_failed(target.job):
+            console.print(f"[bold red]{escape(target.describe())} failed[/]")
+            return EXIT_FAILED
+        return EXIT_OK
+
+    return guarded(args, console, body)

@@ -1,0 +1,213 @@
+"""`raytrain job submit`: a RayJob from the environment's settings (plus `--set` overrides), in
+seconds, without CloudFormation.
+
+Order, so that nothing is created half-way: settings and overrides validated (the same model and
+memory plan as synthesis); the environment's jobs read (the Workload stack's jobs anchor must
+exist; the run name must not be in use by an unfinished job: two jobs would write the same
+checkpoints); the code zip built; the RayJob rendered by the chart's own function and validated by
+the API server without being stored (dryRun=All: its schema, CEL rules and admission); only then
+the code uploaded (skipped when that content is there) and the RayJob created.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import secrets
+import shlex
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from config.loader import SettingsError, load_settings
+from config.locations import S3Input, checkpoint_bucket_name, checkpoint_uri, s3_inputs
+from config.names import DEPLOYED_JOB_PREFIX, JOBS_ANCHOR, RUN_NAME_LABEL
+from config.settings import ClusterMode, Settings
+from raytrain.job import code
+from raytrain.job.api import JobApi
+from raytrain.job.common import EXIT_FAILED, EXIT_OK, JOBS_SELECTOR, JobError, guarded
+from raytrain.job.find import _meta, finished, gpu_nodes_held
+
+SUBMITTED_PREFIX = "rs-"
+# A DNS-1035 label of at most 47 characters: KubeRay appends 6 to name the job's cluster.
+_NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,45}[a-z0-9])?$")
+# What the deployed stack fixes; a job cannot change it (the change needs a deploy).
+_DEPLOYED_ONLY = {
+    "deploy": "says what `cdk deploy` starts",
+    "cluster": "own or standing is the deployed cluster's shape",
+    "input_kms_keys": "are IAM grants of the Ray pods' role",
+}
+
+
+def run_submit(args: argparse.Namespace, console: Console | None = None) -> int:
+    console = console or Console()
+    for item in args.overrides:
+        field = item.partition("=")[0].strip().removeprefix("job.")
+        if field in _DEPLOYED_ONLY:
+            console.print(
+                f"[bold red]--set {escape(item)}:[/] job.{field} {_DEPLOYED_ONLY[field]}: change it "
+                f"in config/environments/{args.env}.yaml and deploy",
+                highlight=False,
+                soft_wrap=True,
+            )
+            return 2
+
+    def body(settings: Settings, api: JobApi) -> int:
+        # The chart's code loads cdk8s (a jsii process): only this command pays for it.
+        from k8s.chart import JobOwner, submitted_rayjob
+
+        check_inputs_granted(settings, args.env)
+        name = job_name(args.name, settings)
+        ns = settings.workload.namespace
+        anchor = api.configmap(ns, JOBS_ANCHOR)
+        if anchor is None:
+            raise JobError(
+                f"no ConfigMap {ns}/{JOBS_ANCHOR}: the Workload stack of {settings.name} is not "
+                "deployed (or predates `job submit`): cdk deploy it first"
+            )
+        jobs = api.rayjobs(ns, JOBS_SELECTOR)
+        check_run_name(jobs, settings, name)
+        with tempfile.TemporaryDirectory(prefix="raytrain-submit-") as tmp:
+            zipped = code.build(Path(tmp))
+            bucket = checkpoint_bucket_name(settings)
+            manifest = submitted_rayjob(
+                settings,
+                name=name,
+                code_uri=f"s3://{bucket}/{zipped.key}",
+                checkpoint_uri=checkpoint_uri(settings),
+                owner=JobOwner(uid=str(_meta(anchor, "uid"))),
+            )
+            if args.dry_run:
+                print(json.dumps(manifest, indent=2, sort_keys=True))
+                return EXIT_OK
+            api.create_rayjob(ns, manifest, dry_run=True)
+            uploaded = code.upload(
+                zipped,
+                bucket=bucket,
+                region=settings.region,
+                policy_name=f"{settings.stack_prefix}-job-submitter",
+            )
+            api.create_rayjob(ns, manifest, dry_run=False)
+        state = "uploaded" if uploaded else "unchanged, already uploaded"
+        console.print(
+            f"code: s3://{bucket}/{zipped.key} ({state}, {zipped.size / 2**20:.1f} MiB)", highlight=False
+        )
+        console.print(
+            f"[green]submitted[/] RayJob {ns}/{name} (run {settings.job.run_name})", highlight=False
+        )
+        for line in capacity_lines(jobs, settings):
+            console.print(line, highlight=False, soft_wrap=True)
+        env = f"--env {shlex.quote(settings.name)}"
+        console.print("follow it with:", highlight=False)
+        for action in ("status", "logs --follow", "stop"):
+            console.print(f"  raytrain job {action} {env} --job {name}", highlight=False)
+        if args.wait:
+            return wait(api, ns, name, console, args.poll_seconds)
+        return EXIT_OK
+
+    return guarded(args, console, body, overrides=args.overrides)
+
+
+def job_name(given: str | None, settings: Settings) -> str:
+    """`--name`, or rs-<run name>-<UTC time>-<3 random>: never the deployed jobs' rj- names."""
+    if given is not None:
+        if not _NAME_RE.match(given):
+            raise JobError(
+                f"--name {given!r}: not a RayJob name: 1-47 of a-z, 0-9 and '-', starting with a "
+                "letter, not ending with '-'"
+            )
+        if given.startswith(DEPLOYED_JOB_PREFIX):
+            raise JobError(
+                f"--name {given!r}: names starting with {DEPLOYED_JOB_PREFIX!r} are the deployed jobs'"
+            )
+        return given
+    stamp = datetime.now(UTC).strftime("%y%m%d%H%M%S")
+    suffix = "".join(secrets.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(3))
+    slug = re.sub(r"[^a-z0-9-]+", "-", settings.job.run_name).strip("-")[:24].strip("-")
+    return f"{SUBMITTED_PREFIX}{slug}-{stamp}-{suffix}" if slug else f"{SUBMITTED_PREFIX}{stamp}-{suffix}"
+
+
+def check_inputs_granted(settings: Settings, env: str) -> None:
+    """An s3:// data or model set with --set must lie inside what the deployed role may read (the
+    environment file's locations): the grants come with a deploy, not with a job."""
+    try:
+        deployed = s3_inputs(load_settings(env))
+    except SettingsError:  # the file alone fails (e.g. memory plan): the overrides fixed it
+        deployed = []
+
+    def covered(loc: S3Input) -> bool:
+        return any(
+            d.bucket == loc.bucket
+            and (not d.prefix or loc.prefix == d.prefix or loc.prefix.startswith(d.prefix + "/"))
+            for d in deployed
+        ) or (loc.bucket == checkpoint_bucket_name(settings) and loc.prefix.startswith("checkpoints/"))
+
+    for loc in s3_inputs(settings):
+        if not covered(loc):
+            allowed = ", ".join(f"s3://{d.bucket}/{d.prefix}" for d in deployed) or "none"
+            raise JobError(
+                f"{loc.setting}: s3://{loc.bucket}/{loc.prefix} is not readable by the Ray pods' role "
+                f"(the deployed grants: {allowed}); set it in config/environments/{env}.yaml and deploy"
+            )
+
+
+def check_run_name(jobs: list[dict[str, Any]], settings: Settings, name: str) -> None:
+    for job in jobs:
+        if _meta(job, "name") == name:
+            raise JobError(f"RayJob {name!r} exists already: choose another --name, or delete it first")
+        labels = _meta(job, "labels") or {}
+        if labels.get(RUN_NAME_LABEL) == settings.job.run_name and not finished(job):
+            raise JobError(
+                f"job.run_name {settings.job.run_name!r} is in use by the unfinished RayJob "
+                f"{_meta(job, 'name')} (both would write {checkpoint_uri(settings)}/"
+                f"{settings.job.run_name}): stop it, or --set job.run_name=ANOTHER"
+            )
+
+
+def capacity_lines(jobs: list[dict[str, Any]], settings: Settings) -> list[str]:
+    """Say when this job will wait for GPU nodes other jobs hold (they queue; none is refused)."""
+    if settings.job.cluster is ClusterMode.STANDING:
+        return []
+    held = {str(_meta(j, "name")): gpu_nodes_held(j) for j in jobs if not finished(j)}
+    held = {k: v for k, v in held.items() if v}
+    in_use, cap = sum(held.values()), settings.gpu_nodes.max_size
+    if in_use + settings.job.nodes <= cap:
+        return []
+    others = ", ".join(f"{k} ({v})" for k, v in sorted(held.items()))
+    return [
+        f"[yellow]waits for GPU nodes:[/] it needs {settings.job.nodes}, gpu_nodes.max_size is {cap} "
+        f"and unfinished jobs hold {in_use}: {others}. Its pods stay Pending until nodes free up; "
+        f"it fails if not running within job.start_timeout_seconds ({settings.job.start_timeout_seconds} s). "
+        "`raytrain job status` shows why it waits."
+    ]
+
+
+_TERMINAL_DEPLOYMENT = ("Complete", "Failed", "ValidationFailed")
+
+
+def wait(api: JobApi, ns: str, name: str, console: Console, poll: float) -> int:
+    """Poll the RayJob until KubeRay reports an end; exit 0 only for SUCCEEDED."""
+    seen: tuple[Any, Any] | None = None
+    while True:
+        job = api.rayjob(ns, name)
+        if job is None:
+            raise JobError(f"RayJob {ns}/{name} was deleted while waiting")
+        status = job.get("status") or {}
+        now = (status.get("jobDeploymentStatus"), status.get("jobStatus"))
+        if now != seen:
+            console.print(
+                f"{datetime.now(UTC):%H:%M:%S} deployment {now[0] or '-'}, job {now[1] or '-'}"
+                + (f": {escape(str(status['message']))}" if status.get("message") else ""),
+                highlight=False,
+                soft_wrap=True,
+            )
+            seen = now
+        if now[0] in _TERMINAL_DEPLOYMENT:
+            return EXIT_OK if now[1] == "SUCCEEDED" else EXIT_FAILED
+        time.sleep(poll)

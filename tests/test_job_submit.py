@@ -1,0 +1,387 @@
+"""`raytrain job submit|stop|delete` against a fake Kubernetes API server and moto's S3 server,
+with the real kubernetes and boto3 clients.
+
+The fake server keeps RayJobs in memory, validates what is POSTed against the RayJob CRD's
+openAPIV3Schema (k8s/crds, KubeRay v1.7.0), honours dryRun=All (validates, stores nothing), and
+answers 409 for a name that exists, as the API server does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import json
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+import boto3
+import jsonschema
+import pytest
+from rich.console import Console
+from ruamel.yaml import YAML
+
+from config.loader import load_settings
+from config.locations import checkpoint_bucket_name, checkpoint_uri
+from config.names import JOBS_ANCHOR
+from raytrain import cli
+from tests.moto_server import running_moto_server
+
+ENV = "dev"
+REGION = "us-west-2"
+ANCHOR_UID = "5f0c3f4e-anchor-uid"
+CRD = Path(__file__).resolve().parents[1] / "k8s" / "crds" / "ray.io_rayjobs.yaml"
+
+
+def _schema() -> dict[str, Any]:
+    crd = YAML(typ="safe", pure=True).load(CRD.read_text())
+    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+    return dict(version["schema"]["openAPIV3Schema"])
+
+
+class Kube(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, namespace: str) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.ns = namespace
+        self.jobs: dict[str, dict[str, Any]] = {}
+        self.clusters: dict[str, dict[str, Any]] = {}
+        self.anchor = True
+        self.requests: list[tuple[str, str, Any]] = []  # method, path?query, body
+        self.refuse_create: tuple[int, str] | None = None
+        self.schema = _schema()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: Kube
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _body(self) -> Any:
+        n = int(self.headers.get("Content-Length") or 0)
+        return json.loads(self.rfile.read(n)) if n else None
+
+    def _send(self, code: int, body: Any) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _status(self, code: int, reason: str, message: str) -> None:
+        self._send(
+            code, {"kind": "Status", "status": "Failure", "reason": reason, "message": message, "code": code}
+        )
+
+    def do_GET(self) -> None:
+        url, s = urlparse(self.path), self.server
+        self.server.requests.append(("GET", self.path, None))
+        base = f"/apis/ray.io/v1/namespaces/{s.ns}/"
+        if url.path == f"/api/v1/namespaces/{s.ns}/configmaps/{JOBS_ANCHOR}" and s.anchor:
+            return self._send(
+                200, {"kind": "ConfigMap", "metadata": {"name": JOBS_ANCHOR, "uid": ANCHOR_UID}}
+            )
+        if url.path == base + "rayjobs":
+            selector = parse_qs(url.query).get("labelSelector", [""])[0]
+            want = dict(p.split("=", 1) for p in selector.split(",") if p)
+            items = [
+                j
+                for j in s.jobs.values()
+                if all(j["metadata"].get("labels", {}).get(k) == v for k, v in want.items())
+            ]
+            return self._send(200, {"kind": "RayJobList", "items": copy.deepcopy(items)})
+        if url.path.startswith(base + "rayjobs/") and url.path.rsplit("/", 1)[1] in s.jobs:
+            return self._send(200, s.jobs[url.path.rsplit("/", 1)[1]])
+        if url.path.startswith(base + "rayclusters/") and url.path.rsplit("/", 1)[1] in s.clusters:
+            return self._send(200, s.clusters[url.path.rsplit("/", 1)[1]])
+        self._status(404, "NotFound", "not found")
+
+    def do_POST(self) -> None:
+        url, s, body = urlparse(self.path), self.server, self._body()
+        s.requests.append(("POST", self.path, body))
+        if s.refuse_create:
+            return self._status(s.refuse_create[0], "Invalid", s.refuse_create[1])
+        try:
+            jsonschema.validate(body, s.schema)
+        except jsonschema.ValidationError as exc:
+            return self._status(422, "Invalid", f"RayJob is invalid: {exc.message}")
+        name = body["metadata"]["name"]
+        if name in s.jobs:
+            return self._status(409, "AlreadyExists", f'rayjobs.ray.io "{name}" already exists')
+        if parse_qs(url.query).get("dryRun") != ["All"]:
+            s.jobs[name] = {**body, "status": {"jobDeploymentStatus": "Initializing"}}
+        self._send(201, body)
+
+    def do_DELETE(self) -> None:
+        s = self.server
+        s.requests.append(("DELETE", self.path, self._body()))
+        name = urlparse(self.path).path.rsplit("/", 1)[1]
+        if s.jobs.pop(name, None) is None:
+            return self._status(404, "NotFound", "not found")
+        self._send(200, {"kind": "Status", "status": "Success"})
+
+    def do_PATCH(self) -> None:
+        s, body = self.server, self._body()
+        s.requests.append(("PATCH", self.path, {"type": self.headers["Content-Type"], "patch": body}))
+        name = urlparse(self.path).path.rsplit("/", 1)[1]
+        cluster = s.clusters.get(name)
+        if cluster is None:
+            return self._status(404, "NotFound", "not found")
+        for op in body:
+            _, _, _, index, field = op["path"].split("/")
+            cluster["spec"]["workerGroupSpecs"][int(index)][field] = op["value"]
+        self._send(200, cluster)
+
+
+@pytest.fixture
+def settings() -> Any:
+    return load_settings(ENV)
+
+
+@pytest.fixture
+def kube(serve_kube_api: Callable[[Kube], Kube], settings: Any) -> Kube:
+    return serve_kube_api(Kube(settings.workload.namespace))
+
+
+@pytest.fixture(scope="module")
+def moto_endpoint() -> Iterator[str]:
+    with running_moto_server() as endpoint:
+        yield endpoint
+
+
+@pytest.fixture
+def s3(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch, settings: Any) -> Iterator[Any]:
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", moto_endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAEXAMPLE000000000")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x")
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    client = boto3.client("s3", region_name=REGION, endpoint_url=moto_endpoint)
+    bucket = checkpoint_bucket_name(settings)
+    with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
+        client.create_bucket(Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": REGION})
+    yield client
+    # moto's state is the process's: leave no bucket behind for other modules' moto servers.
+    for obj in client.list_objects_v2(Bucket=bucket).get("Contents", []):
+        client.delete_object(Bucket=bucket, Key=obj["Key"])
+    client.delete_bucket(Bucket=bucket)
+
+
+def job(kube: Kube, *argv: str) -> tuple[int, str]:
+    args = cli.build_parser().parse_args(["job", *argv, "--env", ENV, "--kubeconfig", str(kube.kubeconfig)])  # type: ignore[attr-defined]
+    console = Console(record=True, width=300, force_terminal=False)
+    rc = args.func(args, console=console)
+    return rc, console.export_text()
+
+
+def _code_objects(s3: Any, settings: Any) -> list[dict[str, Any]]:
+    return list(s3.list_objects_v2(Bucket=checkpoint_bucket_name(settings)).get("Contents", []))
+
+
+def test_submit_uploads_the_code_then_creates_the_rayjob(kube: Kube, s3: Any, settings: Any) -> None:
+    rc, text = job(kube, "submit", "--set", "job.steps=10", "--set", "job.checkpoint_every=5")
+    assert rc == 0, text
+    (obj,) = _code_objects(s3, settings)
+    data = s3.get_object(Bucket=checkpoint_bucket_name(settings), Key=obj["Key"])["Body"].read()
+    assert obj["Key"] == f"code/{hashlib.sha256(data).hexdigest()}.zip"  # content-addressed
+    (name,) = kube.jobs
+    created = kube.jobs[name]
+    assert name.startswith("rs-dev-smoke-") and len(name) <= 47
+    meta = created["metadata"]
+    assert meta["labels"]["ray-train/origin"] == "submitted"
+    assert meta["labels"]["app.kubernetes.io/part-of"] == "ray-train"
+    assert meta["ownerReferences"] == [
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "name": JOBS_ANCHOR,
+            "uid": ANCHOR_UID,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    spec = created["spec"]
+    assert "--steps 10 " in spec["entrypoint"] and "--checkpoint-every 5 " in spec["entrypoint"]
+    assert json.loads(spec["runtimeEnvYAML"]) == {
+        "working_dir": f"s3://{checkpoint_bucket_name(settings)}/{obj['Key']}"
+    }
+    # The API server validated it (dry run) before the upload, then it was created.
+    posts = [r for r in kube.requests if r[0] == "POST"]
+    assert [("dryRun=All" in p[1]) for p in posts] == [True, False]
+    assert f"raytrain job logs --follow --env dev --job {name}" in text and "uploaded" in text
+
+    # Rerun, same code: a new job, nothing uploaded again.
+    rc, text = job(kube, "submit", "--name", "rerun-1", "--set", "job.run_name=dev-smoke-2")
+    assert rc == 0, text
+    assert "already uploaded" in text
+    assert [o["Key"] for o in _code_objects(s3, settings)] == [obj["Key"]]
+    assert set(kube.jobs) == {name, "rerun-1"}
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("job.stepz=3", "--set job.stepz=3: unknown field job.stepz; did you mean job.steps?"),
+        ("job.steps=0", "job.steps: Input should be greater than or equal to 1"),
+        ("job.micro_batch_size=64", "job.micro_batch_size: 64 is larger than global_batch_size"),
+        ("job.cluster=standing", "job.cluster own or standing is the deployed cluster's shape"),
+        (
+            "job.data=s3://someone-elses-bucket/corpus",
+            "job.data: s3://someone-elses-bucket/corpus is not readable",
+        ),
+        ("workload.image=x", "only job.FIELD can be set per job"),
+    ],
+)
+def test_a_refused_submit_uploads_and_creates_nothing(
+    kube: Kube, s3: Any, settings: Any, override: str, message: str
+) -> None:
+    rc, text = job(kube, "submit", "--set", override)
+    assert rc == 2 and message in " ".join(text.split()), text
+    assert len(text.strip().splitlines()) == 1, text
+    assert _code_objects(s3, settings) == [] and not kube.jobs
+    assert not [r for r in kube.requests if r[0] == "POST"]
+
+
+def test_what_the_api_server_refuses_uploads_nothing(kube: Kube, s3: Any, settings: Any) -> None:
+    kube.refuse_create = (422, "admission webhook denied the request: spec.entrypoint: Invalid value")
+    rc, text = job(kube, "submit")
+    assert rc == 2 and "HTTP 422" in text and "admission webhook denied" in text
+    assert _code_objects(s3, settings) == [] and not kube.jobs
+    kube.refuse_create = None
+    kube.anchor = False
+    rc, text = job(kube, "submit")
+    assert rc == 2 and "the Workload stack of dev is not deployed" in text
+    assert _code_objects(s3, settings) == []
+
+
+def test_a_run_name_in_use_and_a_taken_name_are_refused(kube: Kube, s3: Any, settings: Any) -> None:
+    assert job(kube, "submit", "--name", "first")[0] == 0
+    rc, text = job(kube, "submit", "--name", "second")
+    assert rc == 2 and "job.run_name 'dev-smoke' is in use by the unfinished RayJob first" in text
+    rc, text = job(kube, "submit", "--name", "first", "--set", "job.run_name=other")
+    assert rc == 2 and "RayJob 'first' exists already" in text
+    rc, text = job(kube, "submit", "--name", "rj-mine")
+    assert rc == 2 and "the deployed jobs'" in text
+    # Two jobs that need more GPU nodes than the group's max: the second is told it waits.
+    rc, text = job(kube, "submit", "--name", "second", "--set", "job.run_name=other")
+    assert rc == 0 and "waits for GPU nodes" in text and "first (2)" in text
+
+
+def test_stop_deletes_a_running_job_and_releases_a_ray_stopped_ones_workers(
+    kube: Kube, s3: Any, settings: Any
+) -> None:
+    assert job(kube, "submit", "--name", "running")[0] == 0
+    rc, text = job(kube, "stop", "--job", "running")
+    assert rc == 0, text
+    (delete,) = [r for r in kube.requests if r[0] == "DELETE"]
+    assert delete[1].endswith("/rayjobs/running?propagationPolicy=Foreground")
+    assert "running" not in kube.jobs
+    # Stopped from Ray: ended (Complete, STOPPED), its cluster still has its GPU workers.
+    assert job(kube, "submit", "--name", "stopped")[0] == 0
+    kube.jobs["stopped"]["status"] = {
+        "jobDeploymentStatus": "Complete",
+        "jobStatus": "STOPPED",
+        "rayClusterName": "stopped-abcde",
+    }
+    kube.clusters["stopped-abcde"] = {
+        "metadata": {"name": "stopped-abcde"},
+        "spec": {"workerGroupSpecs": [{"groupName": "gpu", "replicas": 2}]},
+        "status": {"state": "ready"},
+    }
+    rc, text = job(kube, "stop", "--job", "stopped")
+    assert rc == 0 and "workers released" in text, text
+    (patch,) = [r for r in kube.requests if r[0] == "PATCH"]
+    assert patch[2]["type"] == "application/json-patch+json"
+    assert kube.clusters["stopped-abcde"]["spec"]["workerGroupSpecs"][0]["suspend"] is True
+    rc, text = job(kube, "stop", "--job", "stopped")
+    assert rc == 0 and "nothing to stop" in text
+    rc, text = job(kube, "delete", "--job", "nope")
+    assert rc == 2 and "no RayJob 'nope'" in text and "stopped" in text
+    rc, text = job(kube, "delete", "--job", "stopped", "--wait")
+    assert rc == 0 and "are gone" in text and not kube.jobs
+
+
+def test_submitted_entrypoint_and_runtime_env_are_synthesis_own(synthesized: Any) -> None:
+    """The RayJob dev's Workload stack deploys, from its synthesized template (tokens resolved to
+    what CloudFormation gives them), against what submit renders for the same settings."""
+    from k8s.chart import JobOwner, submitted_rayjob
+    from tests.test_workload_stack import _manifests
+
+    s = synthesized["dev"]
+    template = s.template("Workload")
+    (bucket_id,) = [
+        k
+        for k, r in template["Resources"].items()
+        if r["Type"] == "AWS::S3::Bucket" and "BucketName" in r["Properties"]
+    ]
+    asset = "s3://ASSET-BUCKET/ASSET.zip"
+
+    def text(part: Any) -> str:
+        if isinstance(part, str):
+            return part
+        if part == {"Ref": bucket_id}:
+            return template["Resources"][bucket_id]["Properties"]["BucketName"]
+        return "\0"  # the asset's bucket and key
+
+    for resource in _manifests(template).values():
+        manifest = resource["Properties"]["Manifest"]
+        if isinstance(manifest, dict):
+            manifest = "".join(text(p) for p in manifest["Fn::Join"][1])
+        objects = [o for o in json.loads(manifest) if o["kind"] == "RayJob"]
+        if objects:
+            (deployed,) = objects
+    submitted = submitted_rayjob(
+        s.settings,
+        name="rs-x",
+        code_uri=asset,
+        checkpoint_uri=checkpoint_uri(s.settings),
+        owner=JobOwner(uid="u"),
+    )
+    assert deployed["spec"]["entrypoint"] == submitted["spec"]["entrypoint"]
+    runtime = json.loads(deployed["spec"]["runtimeEnvYAML"])
+    # The one difference: where the code lies (CDK's asset bucket vs the checkpoint bucket's code/).
+    assert runtime["working_dir"].startswith(f"s3://cdk-hnb659fds-assets-{s.settings.account}-")
+    assert (
+        json.dumps({**runtime, "working_dir": asset}, sort_keys=True) == submitted["spec"]["runtimeEnvYAML"]
+    )
+    # And the rest of the spec too: one way to build a RayJob.
+    assert {k: v for k, v in deployed["spec"].items() if k != "runtimeEnvYAML"} == {
+        k: v for k, v in submitted["spec"].items() if k != "runtimeEnvYAML"
+    }
+
+
+def test_submitted_code_unpacks_like_the_synthesized_asset(synthesized: Any, tmp_path: Path) -> None:
+    from ray._private.runtime_env.packaging import unzip_package
+
+    from raytrain.job import code
+
+    zipped = code.build(tmp_path)
+    assert (
+        code.build(tmp_path / "again" if (tmp_path / "again").mkdir() is None else tmp_path).sha256
+        == zipped.sha256
+    )
+    unzip_package(str(zipped.path), str(tmp_path / "wd"), remove_top_level_directory=True, unlink_zip=False)
+    directory = synthesized["dev"].directory
+    assets = json.loads((directory / "RayTrain-dev-Workload.assets.json").read_text())["files"]
+    (staged,) = [
+        directory / a["source"]["path"]
+        for a in assets.values()
+        if a["source"].get("packaging") == "zip"
+        and list((directory / a["source"]["path"]).rglob("__main__.py"))
+    ]
+    ours = {
+        p.relative_to(tmp_path / "wd").as_posix(): p.read_bytes()
+        for p in (tmp_path / "wd").rglob("*")
+        if p.is_file()
+    }
+    theirs = {
+        p.relative_to(staged / "job").as_posix(): p.read_bytes()
+        for p in (staged / "job").rglob("*")
+        if p.is_file()
+    }
+    assert ours == theirs
