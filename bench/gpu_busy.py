@@ -1,6 +1,6 @@
 """Is a training step launch-bound? How much of a host-synced step the GPU spends working.
 
-    python bench/gpu_busy.py [--configs bf16,float8] [--micro-batch 8] [--seq-len 2048]
+    python bench/gpu_busy.py [--configs bf16,float8,...] [--micro-batch 8] [--accum 1] [--seq-len 2048]
                              [--warmup 6] [--steps 4] [--out FILE]
 
 Each configuration runs the loop's own `_Trainer` (the GPU defaults of `python -m training`:
@@ -32,7 +32,16 @@ if str(ROOT) not in sys.path:
 
 from bench.one_rank import one_rank_group, release, trainer  # noqa: E402  (after the path: run as a script)
 
-CONFIGS: dict[str, list[str]] = {"bf16": ["--no-float8"], "float8": ["--float8"]}
+# Options over the GPU defaults. "-chunk4096": Liger's loss in chunks of 4,096 tokens instead of its
+# own ~64 per micro-batch; "-gathered": parameters kept gathered for the whole step.
+CONFIGS: dict[str, list[str]] = {
+    "bf16": ["--no-float8"],
+    "float8": ["--float8"],
+    "bf16-chunk4096": ["--no-float8", "--loss-chunk-tokens", "4096"],
+    "float8-chunk4096": ["--float8", "--loss-chunk-tokens", "4096"],
+    "bf16-gathered": ["--no-float8", "--no-reshard-after-forward"],
+    "float8-gathered": ["--float8", "--no-reshard-after-forward"],
+}
 
 
 def busy_and_gaps(intervals: list[tuple[int, int]]) -> tuple[int, list[int]]:
@@ -79,12 +88,14 @@ def summarize(
 
 
 def profile(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    import torch
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
     steps = args.warmup + 2 * args.steps
-    tr = trainer(args.shape, args.seq_len, args.micro_batch, steps, CONFIGS[name])
+    batch = ["--global-batch-size", str(args.micro_batch * args.accum)]
+    tr = trainer(args.shape, args.seq_len, args.micro_batch, steps, [*CONFIGS[name], *batch])
     for _ in range(args.warmup):
         tr.train_step()
     plain = [tr.train_step()["step_time_s"] for _ in range(args.steps)]
@@ -95,8 +106,10 @@ def profile(name: str, args: argparse.Namespace) -> dict[str, Any]:
     intervals = [(e.start_ns(), e.start_ns() + e.duration_ns()) for e in events]
     # Copies and memsets count as busy; only kernels are counted and sized as launches.
     kernels = [e.duration_ns() for e in events if not e.name().startswith(("Memcpy", "Memset"))]
-    row = {"config": name, "micro_batch": args.micro_batch, "seq_len": args.seq_len,
-           "step_time_unprofiled_s": statistics.fmean(plain)}  # fmt: skip
+    row = {"config": name, "micro_batch": args.micro_batch, "accum": args.accum, "seq_len": args.seq_len,
+           "step_time_unprofiled_s": statistics.fmean(plain),
+           "tokens_per_s": args.micro_batch * args.accum * args.seq_len / statistics.fmean(plain),
+           "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30}  # fmt: skip
     row.update(summarize(intervals, kernels, profiled))
     del tr, prof
     release()
@@ -110,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--configs", default="bf16,float8", help=f"any of {', '.join(CONFIGS)}")
     parser.add_argument("--shape", default="qwen2.5-1.5b")
     parser.add_argument("--micro-batch", type=int, default=8)
+    parser.add_argument("--accum", type=int, default=1, help="micro-batches per optimizer step")
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--warmup", type=int, default=6, help="steps before any is measured")
     parser.add_argument("--steps", type=int, default=4, help="steps measured, with and without the profiler")
@@ -119,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [c for c in configs if c not in CONFIGS]
     if unknown or not configs:
         parser.error(f"--configs: any of {', '.join(CONFIGS)}; unknown: {unknown}")
-    for flag in ("micro_batch", "seq_len", "warmup", "steps"):
+    for flag in ("micro_batch", "accum", "seq_len", "warmup", "steps"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')}: a positive integer")
 

@@ -65,6 +65,12 @@ class Instance:
     # address per card. The VPC CNI handles EFA-only interfaces from v1.18.4 (terraform-aws-eks).
     efa_only: bool = False
     network_gbps: float = 0.0
+    # How the GPUs of one node reach each other, and its bandwidth per direction in GB/s (the step-time
+    # model's intra-node link, training/step_time.py). PCIe Gen4 x16: 32 GB/s per direction (L4, L40S,
+    # A10G data sheets: "PCIe Gen4 x16, 64 GB/s" bidirectional); NVLink: H100 SXM 900 GB/s and A100
+    # 600 GB/s bidirectional per GPU (H100 / A100 data sheets), so 450 / 300 per direction.
+    gpu_link: str = "PCIe"
+    gpu_link_gbytes: float = 32.0
     max_pods: int = 110
     # CPU architecture: every type here is x86_64, matching the node groups' AL2023 x86_64 AMI types.
     arch: str = "x86_64"
@@ -216,6 +222,8 @@ _TYPES = [
         gpus=8,
         gpu_model="A100",
         gpu_memory_gib=40,
+        gpu_link="NVLink",
+        gpu_link_gbytes=300.0,
         efa_interfaces=4,
         network_cards=4,
         network_gbps=400,
@@ -228,6 +236,8 @@ _TYPES = [
         gpus=8,
         gpu_model="H100",
         gpu_memory_gib=80,
+        gpu_link="NVLink",
+        gpu_link_gbytes=450.0,
         efa_interfaces=32,
         network_cards=32,
         # EC2's P5 EFA configuration: card 0 EFA (with ENA), cards 1-31 EFA-only.

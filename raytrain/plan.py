@@ -22,6 +22,8 @@ from config.loader import ENVIRONMENTS_DIR, SettingsError, load_settings
 from config.memory import accumulation, capacity_bytes, job_memory, largest_micro_batch_for
 from config.settings import Settings
 from training.memory_plan import GIB, Dims
+from training.sharding import mesh_shape
+from training.step_time import Hardware, StepTime, step_time
 
 EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_UNUSABLE = 0, 1, 2
 SEQ_LENS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
@@ -40,7 +42,104 @@ def register(subparsers: Any) -> None:
         default=ENVIRONMENTS_DIR,
         help="directory of the environment files (default: config/environments)",
     )
+    parser.add_argument(
+        "--json", action="store_true", help="print the memory plan and the predicted step as JSON"
+    )
     parser.set_defaults(func=run)
+
+
+def hardware(settings: Settings) -> Hardware:
+    """The step-time model's view of the job's nodes (config/catalogue.py)."""
+    gpu = settings.gpu_nodes.instance
+    return Hardware(
+        gpu=str(gpu.gpu_model),
+        gpus_per_node=gpu.gpus,
+        nodes=settings.job.nodes,
+        intra_link=gpu.gpu_link,
+        intra_gbytes=gpu.gpu_link_gbytes,
+        inter_link="efa" if settings.gpu_nodes.efa and gpu.efa else "tcp",
+        inter_gbytes=gpu.network_gbps / 8,
+    )
+
+
+def predict(settings: Settings, **overrides: Any) -> StepTime:
+    job, gpu = settings.job, settings.gpu_nodes.instance
+    world = settings.num_workers
+    options: dict[str, Any] = dict(
+        seq_len=job.seq_len,
+        micro_batch=job.micro_batch_size,
+        accum=accumulation(job.global_batch_size, job.micro_batch_size, world),
+        mesh=mesh_shape(str(job.sharding), world, gpu.gpus),
+        float8=job.float8_on(gpu),
+        liger=job.liger,
+    )
+    options.update(overrides)
+    return step_time(str(job.shape), hardware(settings), **options)
+
+
+def speed(settings: Settings) -> dict[str, Any]:
+    """Predicted step, job time and cost, and what each alternative would change (unmeasured on
+    this hardware unless BENCHMARKS.md says so)."""
+    from raytrain.cost import estimate
+
+    job = settings.job
+    base = predict(settings)
+    per_hour = estimate(settings).running_with(job.nodes)
+    world = settings.num_workers
+    options = base.inputs
+    alternatives = {
+        "accumulate 2x more": dict(accum=options["accum"] * 2),
+        "float8 on" if not options["float8"] else "float8 off": dict(float8=not options["float8"]),
+        "Liger loss in 4,096-token chunks (--loss-chunk-tokens 4096)": dict(loss_chunk_tokens=4096),
+        "micro-batch x2 (activation checkpointing if it does not fit)": dict(
+            micro_batch=options["micro_batch"] * 2, accum=max(1, options["accum"] // 2)
+        ),
+        "full sharding" if len(options["mesh"]) == 2 else "HSDP": dict(
+            mesh=(world,)
+            if len(options["mesh"]) == 2
+            else mesh_shape("hsdp", world, settings.gpu_nodes.instance.gpus)
+        ),
+    }
+    moves = []
+    for name, change in alternatives.items():
+        alt = predict(settings, **change)
+        moves.append(
+            {"change": name, "tokens_per_s": alt.tokens_per_s, "vs_now": alt.tokens_per_s / base.tokens_per_s}
+        )
+    return {
+        "predicted": base.as_dict(),
+        "job_hours": job.steps * base.step_s / 3600,
+        "job_cost_usd": job.steps * base.step_s / 3600 * per_hour,
+        "running_per_hour_usd": per_hour,
+        "usd_per_billion_tokens": per_hour / (base.tokens_per_s * 3600) * 1e9,
+        "moves": sorted(moves, key=lambda m: -m["vs_now"]),
+        "checked": "the model is checked against H200 runs and the AWS sample's 2 x g6.12xlarge figures "
+        "(tests/test_step_time.py); no L4 step of this job has been measured",
+    }
+
+
+def speed_table(result: dict[str, Any]) -> Table:
+    p = result["predicted"]
+    table = Table(
+        title=(
+            f"predicted step: {p['step_s']:.3f} s, {p['tokens_per_s']:,.0f} tokens/s, MFU {p['mfu']:.1%}; "
+            f"bottleneck: {p['bottleneck']}\njob: {result['job_hours']:.2f} h, ${result['job_cost_usd']:.2f} "
+            f"at ${result['running_per_hour_usd']:.2f}/h; "
+            f"${result['usd_per_billion_tokens']:,.0f} per billion tokens"
+        ),
+        caption=result["checked"],
+    )
+    table.add_column("term")
+    table.add_column("s", justify="right")
+    for name, value in p["compute_s"].items():
+        table.add_row(f"GPU: {name}", f"{value:.3f}")
+    table.add_row("host (launches, hooks)", f"{p['host_s']:.3f}")
+    for name, value in p["comm_s"].items():
+        table.add_row(f"traffic: {name}", f"{value:.3f}")
+    table.add_row("exposed communication", f"{p['exposed_comm_s']:.3f}")
+    for move in result["moves"]:
+        table.add_row(f"[dim]if {move['change']}[/]", f"[dim]{move['vs_now']:.2f}x tokens/s[/]")
+    return table
 
 
 def run(args: argparse.Namespace, console: Console | None = None) -> int:
@@ -55,10 +154,22 @@ def run(args: argparse.Namespace, console: Console | None = None) -> int:
     if not gpu.gpus:
         console.print(f"[bold red]{gpu.name} has no GPUs[/]")
         return EXIT_UNUSABLE
-    for table in (breakdown(settings), micro_batches(settings)):
-        console.print(table)
     need = job_memory(settings.job, gpu, settings.num_workers // gpu.gpus)
     have = capacity_bytes(gpu)
+    try:
+        result = speed(settings)
+    except (ValueError, LookupError) as exc:
+        console.print(f"[bold red]step-time model:[/] {exc}", highlight=False, soft_wrap=True)
+        return EXIT_UNUSABLE
+    if getattr(args, "json", False):
+        import json
+
+        memory = {"device_gib": need.device_bytes / GIB, "allocated_gib": need.allocated_bytes / GIB,
+                  "capacity_gib": gpu.gpu_memory_cuda_gib, "fits": need.fits(have)}  # fmt: skip
+        print(json.dumps({"env": settings.name, "memory": memory, **result}, indent=2))
+        return EXIT_FITS if need.fits(have) else EXIT_DOES_NOT_FIT
+    for table in (breakdown(settings), micro_batches(settings), speed_table(result)):
+        console.print(table)
     headroom = (have - need.device_bytes) / GIB
     if need.fits(have):
         console.print(

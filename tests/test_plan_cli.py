@@ -44,7 +44,7 @@ def test_dev_fits_and_shows_every_term_and_the_margin(envdir: Path) -> None:
         assert term in out, term
     assert "one rank of 8 (2 x g6.12xlarge, 4 x L4 21.96 GiB usable)" in out
     # What the job runs with: dev's 1 x 2048 micro-batch is below float8's default threshold.
-    assert re.search(r"compiled\s+layers,\s+Liger\s+loss\s", out) and "float8" not in out, out
+    assert re.search(r"compiled\s+layers,\s+Liger\s+loss\s", out) and "float8 linears" not in out, out
     assert re.search(r"fits: 18\.\d GiB of 21\.96 GiB per L4, 3\.\d GiB \(1\d%\) to spare", out), out
     # The table of micro-batches: seq 2048 row, accumulating and not (dev accumulates 2).
     row = next(line for line in out.splitlines() if re.match(r"\W*2048\W", line))
@@ -69,3 +69,24 @@ def test_unusable_settings_exit_2(envdir: Path) -> None:
     code, out = run(envdir, "nosuch")
     assert code == plan_cmd.EXIT_UNUSABLE
     assert "no such environment file" in out
+
+
+def test_plan_json_predicts_the_step_and_its_cost() -> None:
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        [sys.executable, "-m", "raytrain", "plan", "--env", "dev", "--json"],
+        cwd=root, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    predicted = data["predicted"]
+    assert predicted["step_s"] > 0 and 0 < predicted["mfu"] < 1
+    assert predicted["inputs"]["mesh"] == [2, 4]  # auto: HSDP over two g6.12xlarge
+    assert data["usd_per_billion_tokens"] > 0 and data["job_cost_usd"] > 0
+    assert {m["change"] for m in data["moves"]} >= {"full sharding", "accumulate 2x more"}
+    assert data["memory"]["fits"] is True

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from training import checkpoint, emf
 from training.data import Batches
 from training.flops import count_params, flops_per_token, mfu, peak_tflops
+from training.loss_chunks import chunk_mem_const
 from training.model import (
     apply_float8,
     apply_fsdp,
@@ -221,6 +222,15 @@ class _Trainer:
             prefetch=True,
             pin=self.on_gpu,
         )
+        # Liger's loss in chunks of --loss-chunk-tokens (training/loss_chunks.py), passed through the
+        # model's forward kwargs, which Liger's patched forward hands to its loss.
+        self.loss_kwargs = (
+            {"chunk_mem_const": chunk_mem_const(
+                micro * opts.seq_len, mcfg.vocab_size, mcfg.hidden_size, opts.loss_chunk_tokens
+            )}
+            if self.liger
+            else {}
+        )  # fmt: skip
         self.step, self.position = 0, 0
         self.history: list[dict[str, Any]] = []
         self.resumes: list[dict[str, Any]] = []
@@ -290,7 +300,11 @@ class _Trainer:
             data_wait += time.perf_counter() - tw
             # Reduce-scatter gradients only after the step's last micro-batch.
             model.set_requires_gradient_sync(mb == self.accum - 1)
-            loss = model(input_ids=ids, labels=ids, use_cache=False).loss / self.accum
+            if not opts.reshard_after_forward:
+                # Keep the gathered parameters from one micro-batch to the next (FSDP2's
+                # set_reshard_after_backward): one all-gather per layer per step.
+                model.set_reshard_after_backward(mb == self.accum - 1)
+            loss = model(input_ids=ids, labels=ids, use_cache=False, **self.loss_kwargs).loss / self.accum
             loss.backward()
             loss_sum += loss.detach().float()
         grad_norm = None

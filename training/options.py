@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from training.batch import accumulation_steps
+from training.loss_chunks import LOSS_CHUNK_TOKENS
 from training.precision import FLOAT8_MIN_TOKENS
 from training.shapes import SHAPES as SHAPE_TABLE
 
@@ -61,6 +62,7 @@ class TrainOptions:
     float8: bool | None  # None: on for compiled GPU workers with FP8 tensor cores (see --float8)
     float8_all_gather: bool
     reshard_after_forward: bool
+    loss_chunk_tokens: int
     expect_transport: str
     emulate_hosts: int | None
     profile: str | None
@@ -203,7 +205,18 @@ def build_parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="free each layer's gathered parameters after its forward (default); --no-... keeps them "
-        "for the backward: fewer all-gathers, more memory",
+        "for the backward and, when accumulating, until the step's last backward: one all-gather "
+        "per layer per step instead of two per micro-batch, for 2 B x the layers' parameters",
+    )
+    g.add_argument(
+        "--loss-chunk-tokens",
+        type=_non_negative_int,
+        default=0,
+        metavar="TOKENS",
+        help="with Liger's loss, at least this many tokens per chunk of logits (rounded up to a power "
+        f"of two, e.g. {LOSS_CHUNK_TOKENS}: 2 B x TOKENS x vocab of logits at once); 0 (default) = "
+        "Liger's own chunks (~64 per micro-batch for a 152k vocabulary, each re-reading the lm_head "
+        "weight). Not yet measured faster: BENCHMARKS.md",
     )
     g = p.add_argument_group("data")
     g.add_argument(

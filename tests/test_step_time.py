@@ -1,0 +1,105 @@
+"""The step-time model against every measured point (BENCHMARKS.md, DESIGN.md), each with its tolerance."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from training.step_time import Hardware, original_recipe_step, step_time
+
+ROOT = Path(__file__).resolve().parents[1]
+SHAPE = "qwen2.5-1.5b"
+H200 = Hardware("H200", gpus_per_node=1, nodes=1)
+
+# (micro-batch, accumulation, float8, measured ms, source). One H200, host-synced.
+ONE_GPU = [
+    (1, 1, False, 259, "gpu_busy.py --micro-batch 1: 42 % busy, ~150 ms idle (issue 30)"),
+    (8, 1, False, 350, "gpu_busy.py bf16 micro-batch 8, unprofiled"),
+    (16, 1, False, 633, "gpu_busy.py bf16 micro-batch 16, unprofiled"),
+    (1, 2, False, 4096 / 10.8e3 * 1e3, "Ray Train 1 x 2048 x 2: 10.8k tokens/s (issue 30)"),
+    (2, 2, False, 8192 / 22.0e3 * 1e3, "Ray Train 2 x 2048 x 2: 22.0k tokens/s"),
+    (4, 2, False, 16384 / 37.2e3 * 1e3, "Ray Train 4 x 2048 x 2: 37.2k tokens/s"),
+    (1, 2, True, 4096 / 8.0e3 * 1e3, "Ray Train float8 1 x 2048 x 2: 8.0k tokens/s"),
+    (4, 2, True, 16384 / 31.3e3 * 1e3, "Ray Train float8 4 x 2048 x 2: 31.3k tokens/s"),
+    (16, 1, True, 543, "gpu_busy.py float8 micro-batch 16, unprofiled"),
+]
+
+
+@pytest.mark.parametrize(("micro", "accum", "float8", "measured_ms", "source"), ONE_GPU)
+def test_one_h200_within_eight_percent(
+    micro: int, accum: int, float8: bool, measured_ms: float, source: str
+) -> None:
+    predicted = step_time(SHAPE, H200, seq_len=2048, micro_batch=micro, accum=accum, float8=float8)
+    assert predicted.step_s * 1e3 == pytest.approx(measured_ms, rel=0.08), source
+
+
+def test_small_micro_batches_are_host_bound_on_the_h200_and_not_on_the_l4() -> None:
+    h200 = step_time(SHAPE, H200, seq_len=2048, micro_batch=1, accum=2)
+    assert h200.bottleneck.startswith("host")
+    l4 = step_time(SHAPE, Hardware("L4", 1, 1, "PCIe", 32.0), seq_len=2048, micro_batch=1, accum=2)
+    assert l4.gpu_s > 3 * l4.host_s
+
+
+def test_two_h200s_over_nvlink_hide_fsdp_traffic() -> None:
+    # 634 ms per step at 16 x 2048 per GPU, against 631 on one GPU (99.6 % weak scaling).
+    two = step_time(SHAPE, Hardware("H200", 2, 1), seq_len=2048, micro_batch=16, mesh=(2,))
+    assert two.step_s == pytest.approx(0.634, rel=0.05)
+    assert two.exposed_comm_s < 0.01 * two.step_s
+
+
+@pytest.mark.parametrize(
+    ("mesh", "measured_s", "tolerance"),
+    [
+        ((2,), 2.042, 0.10),
+        # HSDP (2, 1) measured 20 % above the model: its all-reduce follows each layer's
+        # reduce-scatter on one stream and overlaps the backward less than the model assumes.
+        ((2, 1), 2.268, 0.20),
+    ],
+)
+def test_two_emulated_hosts_over_sockets(mesh: tuple[int, ...], measured_s: float, tolerance: float) -> None:
+    hw = Hardware("H200", 1, 2, inter_link="sockets")
+    predicted = step_time(SHAPE, hw, seq_len=2048, micro_batch=16, mesh=mesh)
+    assert predicted.step_s == pytest.approx(measured_s, rel=tolerance)
+
+
+G6_PAIR = dict(gpus_per_node=4, nodes=2, intra_link="PCIe", intra_gbytes=32.0, inter_gbytes=5.0)
+
+
+def test_aws_sample_over_efa_within_ten_percent() -> None:
+    # 2 x g6.12xlarge, 8 ranks, seq 128, batch 1: 0.517 steps/s over EFA (DESIGN.md).
+    step = original_recipe_step(
+        SHAPE, Hardware("L4", inter_link="efa", **G6_PAIR), seq_len=128, micro_batch=1
+    )
+    assert 1 / step == pytest.approx(0.517, rel=0.10)
+
+
+def test_aws_sample_over_tcp_is_underestimated() -> None:
+    # 0.251 steps/s over TCP sockets. The model uses the socket transport's 3.4 GB/s measured on the
+    # H200 machine; the sample's step implies ~2.1 GB/s (8.1 GB in 3.98 s) through EC2's ENA, where
+    # a TCP flow is capped at 5 Gbps (10 in a cluster placement group) and NCCL opens a few. The model
+    # predicts 0.38 steps/s: 50 % fast. Kept as a stated miss, not fitted.
+    step = original_recipe_step(
+        SHAPE, Hardware("L4", inter_link="tcp", **G6_PAIR), seq_len=128, micro_batch=1
+    )
+    assert 1 / step == pytest.approx(0.251, rel=0.6)
+    assert 1 / step > 0.251
+
+
+def test_bad_values_are_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="micro_batch"):
+        step_time(SHAPE, H200, seq_len=2048, micro_batch=0)
+    with pytest.raises(ValueError, match="gpu"):
+        Hardware("T4", 1, 1)
+    with pytest.raises(ValueError, match="inter_link"):
+        Hardware("L4", 1, 1, inter_link="ib")
+
+
+def test_importing_the_model_loads_no_torch() -> None:
+    code = (
+        "import sys, training.step_time; "
+        "heavy = [m for m in ('torch', 'ray', 'transformers') if m in sys.modules]; assert not heavy, heavy"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)

@@ -1,0 +1,41 @@
+"""How many tokens Liger's fused linear cross-entropy computes at once, without torch.
+
+Liger (liger_kernel/ops/fused_linear_cross_entropy.py) splits a micro-batch's tokens into chunks
+so the [chunk, vocab] logits stay about as large as the [tokens, hidden] input:
+chunk = next_pow2(ceil(tokens / ceil(vocab / (C x hidden)))) with C = chunk_mem_const (1 by
+default), so Qwen2.5-1.5B (vocab 151,936, hidden 1,536) always runs about 64 chunks: 32 tokens
+each at 1 x 2048. Every chunk reads the whole lm_head weight twice and reads and writes its
+gradient (4 x vocab x hidden x 2 B = 1.87 GB): at 1 x 2048 on an H200 the loss took 41 ms of GPU
+time per micro-batch, the decoder layers' 28 forwards and backwards 33 ms (profile in
+BENCHMARKS.md), and on an L4 (300 GB/s) the weight traffic alone would be ~0.4 s per micro-batch.
+Chunks of LOSS_CHUNK_TOKENS (`--loss-chunk-tokens 4096`) would make that traffic small next to
+the chunk's GEMMs (one pass over the weight per 4,096 tokens: 1.87 GB against 5.7 TFLOP) for
+2 B x 4,096 x vocab of logits (1.16 GiB). Its effect on a step has not been measured yet, so the
+loop keeps Liger's own chunks unless asked (the memory plan counts those).
+"""
+
+from __future__ import annotations
+
+import math
+
+LOSS_CHUNK_TOKENS = 4096
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def chunk_mem_const(tokens: int, vocab: int, hidden: int, chunk_tokens: int = LOSS_CHUNK_TOKENS) -> int:
+    """Liger's `chunk_mem_const` that gives chunks of at least min(tokens, chunk_tokens) tokens
+    (0: Liger's own default, 1)."""
+    if chunk_tokens <= 0:
+        return 1
+    chunks = math.ceil(tokens / min(tokens, _next_pow2(chunk_tokens)))
+    # inc_factor = ceil(vocab / (C x hidden)) must not exceed `chunks`.
+    return max(1, math.ceil(vocab / (hidden * chunks)))
+
+
+def chunk_tokens(tokens: int, vocab: int, hidden: int, mem_const: int = 1) -> int:
+    """The chunk Liger computes for this input (its formula, as above)."""
+    inc_factor = math.ceil(vocab / (mem_const * hidden))
+    return min(tokens, _next_pow2(math.ceil(tokens / inc_factor)))

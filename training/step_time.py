@@ -1,0 +1,231 @@
+"""How long a training step takes, from the job's settings and the hardware, without torch.
+
+Beside the memory plan (training/memory_plan.py): synthesis-light, used by `raytrain plan`.
+A step of `accum` micro-batches of `micro` sequences on one rank is three things that overlap:
+
+GPU work (G), per micro-batch:
+  tokens    T x 2048-token sequence cost: SEQ_MS_H200 on an H200 at 989 TFLOP/s (the slope between
+            micro-batch 8 and 16 of the GPU-busy profile, bf16: 335 -> 621 ms busy, BENCHMARKS.md),
+            scaled by the GPU's dense bf16 peak (training/flops.py), times a small-GEMM penalty
+            1 + SMALL_K / u^2 with u = tokens per SM (calibrated on the H200's micro-batch 1: 108.6 ms
+            busy); float8 multiplies it by FLOAT8_TOKEN_FACTOR (H200 micro-batch 16: 527 ms busy)
+  loss      Liger's fused loss runs ~64 chunks whatever the micro-batch (training/loss_chunks.py);
+            each reads the lm_head weight twice and reads and writes its gradient: 4 x V x d x 2 B per
+            chunk, at the GPU's memory bandwidth x MEM_EFFICIENCY
+ and once per step the fused AdamW: 28 B per local parameter (read p, g, m, v; write p, m, v in fp32)
+  at the same bandwidth (12.7 ms for 1.54 B parameters on an H200: 3.4 TB/s, 71 % of 4.8 TB/s).
+Host work (H): HOST_STEP_MS + accum x HOST_MICRO_MS (Python, FSDP2 hooks and ~2,600 kernel launches
+  per micro-batch), from the H200 machine: 1 x 1 steps of 259 ms with the GPU busy 42 % (gpu_busy.py),
+  1 x 2 through Ray 379 ms; float8 launches 1.51x the kernels (4,215 against 2,787 per step). The
+  host of a g6 node is assumed to be as fast (not measured: no such machine here).
+Host and GPU overlap: the step is (H^P + G^P)^(1/P), which is max(H, G) when one dominates and more
+  when they are close (each is the bottleneck for part of the step). P is calibrated on the H200's
+  4 x 2 point (379 ms of host against 383 ms of GPU work measured 440 ms).
+Communication (C), per rank per step, ring collectives (each rank moves (n-1)/n of the buffer):
+  FSDP   all-gather of bf16 parameters in each micro-batch's forward and again in its backward
+         (reshard after forward), reduce-scatter of fp32 gradients once per step (accumulation
+         keeps them unsharded until the last micro-batch), over the shard group's link
+  HSDP   the same inside a node, then an all-reduce of each rank's fp32 gradient shard across nodes
+         (2 (R-1)/R x 4 B x N / S, all the node's GPUs through its one NIC)
+  links  inside a node the catalogue's gpu_link (NVLink or PCIe) x LINK_EFFICIENCY; between nodes
+         EFA at network_gbps, TCP sockets at SOCKET_GBYTES (measured between emulated hosts on the
+         H200 machine's eth0: NCCL's socket transport, not EC2's NIC)
+  overlap FSDP2 prefetches the next layer's all-gather and reduces the previous layer's gradients
+         while a layer computes: communication hides behind G except what exceeds it, plus one
+         layer's share (the first all-gather and the root's reduce-scatter have nothing to hide
+         behind).
+Tests: tests/test_step_time.py checks every measured point within its stated tolerance.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from training.flops import PEAK_BF16_TFLOPS, flops_per_token
+from training.loss_chunks import chunk_mem_const, chunk_tokens
+from training.memory_plan import Dims
+
+# GPU constants. Memory bandwidth per the data sheets: H100 SXM 3.35 TB/s, H200 4.8 TB/s,
+# L4 300 GB/s, L40S 864 GB/s, A100 40 GB 1,555 GB/s, A10G 600 GB/s (A10 data sheet).
+# SMs: H100/H200 SXM 132, L4 58, L40S 142, A100 108, A10G 80 (NVIDIA architecture white papers).
+MEM_GBYTES = {"H200": 4800.0, "H100": 3350.0, "L4": 300.0, "L40S": 864.0, "A100": 1555.0, "A10G": 600.0}
+SMS = {"H200": 132, "H100": 132, "L4": 58, "L40S": 142, "A100": 108, "A10G": 80}
+# A10G: no NVIDIA data sheet of its own (training/flops.py leaves it out); the A10's 125 is used.
+PEAK = {**{k: v for k, v in PEAK_BF16_TFLOPS if v}, "A10G": 125.0}
+
+# Calibration on the H200 (BENCHMARKS.md; one 2048-token sequence of Qwen2.5-1.5B: 21.1 TFLOP).
+SEQ_MS_H200 = 35.8  # GPU ms per sequence at large micro-batches: (621 - 335) / 8
+SMALL_K = 161.0  # penalty 1 + K / u^2: 59.9 ms of token work at u = 2048 / 132 (micro-batch 1)
+FLOAT8_TOKEN_FACTOR = 0.835  # (527 - 12.7 - 36) / (16 x 35.8): H200 micro-batch 16, float8
+FLOAT8_HOST_FACTOR = 4215 / 2787  # kernels per step, float8 against bf16 (gpu_busy.py)
+MEM_EFFICIENCY = 0.71  # fused AdamW: 43 GB in 12.7 ms on an H200 (4.8 TB/s peak)
+HOST_STEP_MS = 139.0  # 259 ms (1 x 1) - 120 ms
+HOST_MICRO_MS = 120.0  # 379 ms (1 x 2, through Ray) - 259 ms (1 x 1)
+OVERLAP_P = 4.4
+# Collectives: NCCL reaches about 70 % of a link's nominal bandwidth as bus bandwidth (an assumption
+# for PCIe and EFA, which cannot be measured here); the socket transport's 3.4 GB/s was measured.
+LINK_EFFICIENCY = 0.7
+SOCKET_GBYTES = 3.4
+DEFAULT_NVLINK_GBYTES = 450.0  # H200 SXM: 900 GB/s bidirectional (H200 data sheet)
+
+
+@dataclass(frozen=True)
+class Hardware:
+    gpu: str
+    gpus_per_node: int
+    nodes: int
+    intra_link: str = "NVLink"
+    intra_gbytes: float = DEFAULT_NVLINK_GBYTES
+    inter_link: str = "efa"  # efa, tcp, sockets (emulated hosts)
+    inter_gbytes: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.gpu not in PEAK:
+            raise ValueError(
+                f"gpu: no step-time constants for {self.gpu!r}; known: {', '.join(sorted(PEAK))}"
+            )
+        if self.inter_link not in ("efa", "tcp", "sockets"):
+            raise ValueError(f"inter_link must be efa, tcp or sockets, got {self.inter_link!r}")
+
+
+@dataclass(frozen=True)
+class StepTime:
+    step_s: float
+    gpu_s: float
+    host_s: float
+    compute_s: dict[str, float]
+    comm_s: dict[str, float]
+    exposed_comm_s: float
+    tokens_per_s: float
+    mfu: float
+    bottleneck: str
+    inputs: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _ring(n: int) -> float:
+    return (n - 1) / n if n > 1 else 0.0
+
+
+def step_time(  # noqa: PLR0915  (one formula, term by term)
+    shape: str | Dims,
+    hw: Hardware,
+    *,
+    seq_len: int,
+    micro_batch: int,
+    accum: int = 1,
+    mesh: tuple[int, ...] = (1,),
+    float8: bool = False,
+    liger: bool = True,
+    loss_chunk_tokens: int = 0,
+    reshard_after_forward: bool = True,
+) -> StepTime:
+    """One rank's step of `python -m training` (compiled layers) on `hw` with this mesh."""
+    dims = shape if isinstance(shape, Dims) else Dims.of(shape)
+    for name, value in (("seq_len", seq_len), ("micro_batch", micro_batch), ("accum", accum)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    n, d, v = dims.params, dims.hidden, dims.vocab
+    world = math.prod(mesh)
+    shard = mesh[-1]
+    replicas = mesh[0] if len(mesh) == 2 else 1
+    tokens = micro_batch * seq_len
+    gpu = hw.gpu
+    bandwidth = MEM_GBYTES[gpu] * 1e9 * MEM_EFFICIENCY
+    f_tok = flops_per_token(n, dims.layers, d, seq_len)
+    # The token-proportional work, scaled from the H200 by dense peak and by FLOPs per token.
+    f_ref = flops_per_token(n, dims.layers, d, 2048)
+    per_token_s = SEQ_MS_H200 / 1e3 / 2048 * (f_tok / f_ref) * (PEAK["H200"] / PEAK[gpu])
+    per_sm = tokens / SMS[gpu]
+    token_s = tokens * per_token_s * (1 + SMALL_K / per_sm**2)
+    if float8:
+        token_s *= FLOAT8_TOKEN_FACTOR
+    loss_s = 0.0
+    if liger:
+        c = chunk_mem_const(tokens, v, d, loss_chunk_tokens)
+        chunks = math.ceil(tokens / chunk_tokens(tokens, v, d, c))
+        loss_s = chunks * 4 * v * d * 2 / bandwidth
+    optimizer_s = 28 * n / shard / bandwidth
+    compute = {
+        "layers and loss GEMMs": accum * token_s,
+        "loss weight traffic": accum * loss_s,
+        "optimizer": optimizer_s,
+    }
+    gpu_s = sum(compute.values())
+    host_s = (HOST_STEP_MS + accum * HOST_MICRO_MS * (FLOAT8_HOST_FACTOR if float8 else 1.0)) / 1e3
+    busy = (host_s**OVERLAP_P + gpu_s**OVERLAP_P) ** (1 / OVERLAP_P)
+
+    # Communication, per rank per step.
+    nodes = hw.nodes
+    shard_crosses_nodes = len(mesh) == 1 and nodes > 1
+    inter = (SOCKET_GBYTES if hw.inter_link != "efa" else hw.inter_gbytes) * 1e9
+    intra = hw.intra_gbytes * LINK_EFFICIENCY * 1e9
+    gathers = accum * (2 if reshard_after_forward else 1)
+    fsdp_bytes = _ring(shard) * (gathers * 2 * n + 4 * n)
+    comm: dict[str, float] = {}
+    if shard > 1:
+        if shard_crosses_nodes:
+            # A ring over every rank crosses each node's NIC once per direction: every byte a rank
+            # receives passes some NIC, and a node's GPUs share one.
+            comm[f"FSDP over {hw.inter_link}"] = fsdp_bytes / inter
+        else:
+            comm[f"FSDP over {hw.intra_link}"] = fsdp_bytes / intra
+    if replicas > 1:
+        per_rank = 2 * _ring(replicas) * 4 * n / shard
+        comm[f"HSDP all-reduce over {hw.inter_link}"] = per_rank * hw.gpus_per_node / inter
+    total_comm = sum(comm.values())
+    exposed = max(0.0, total_comm - gpu_s) + total_comm / dims.layers
+    step_s = busy + exposed
+    tps = world * accum * tokens / step_s
+    mfu = tps * f_tok / (world * PEAK[gpu] * 1e12)
+    if exposed > 0.25 * step_s:
+        bottleneck = max(comm, key=comm.__getitem__)
+    elif host_s > gpu_s:
+        bottleneck = "host (kernel launches, FSDP hooks)"
+    elif loss_s > token_s:
+        bottleneck = "loss weight traffic (Liger's ~64 chunks)"
+    else:
+        bottleneck = "GPU compute"
+    inputs = dict(
+        seq_len=seq_len, micro_batch=micro_batch, accum=accum, mesh=list(mesh), float8=float8,
+        liger=liger, loss_chunk_tokens=loss_chunk_tokens, reshard_after_forward=reshard_after_forward,
+        gpu=gpu, nodes=nodes, gpus_per_node=hw.gpus_per_node, intra_link=hw.intra_link,
+        inter_link=hw.inter_link,
+    )  # fmt: skip
+    return StepTime(
+        step_s=step_s,
+        gpu_s=gpu_s,
+        host_s=host_s,
+        compute_s=compute,
+        comm_s=comm,
+        exposed_comm_s=exposed,
+        tokens_per_s=tps,
+        mfu=mfu,
+        bottleneck=bottleneck,
+        inputs=inputs,
+    )
+
+
+def original_recipe_step(shape: str | Dims, hw: Hardware, *, seq_len: int, micro_batch: int) -> float:
+    """The AWS sample's step (bf16 model, FSDP1 full sharding over every rank, plain AdamW, HF loss):
+    its traffic is bf16 all-gathers in forward and backward and a bf16 reduce-scatter, 6 B x N x
+    (world-1)/world per rank; its compute at seq 128 is small next to that. Used to check the model
+    against the sample's published two-node figures."""
+    dims = shape if isinstance(shape, Dims) else Dims.of(shape)
+    n = dims.params
+    world = hw.nodes * hw.gpus_per_node
+    bandwidth = MEM_GBYTES[hw.gpu] * 1e9 * MEM_EFFICIENCY
+    # At 128 tokens every GEMM is bound by reading its weights: 2 B x N in the forward, twice that in
+    # the backward; plain AdamW in bf16 reads and writes 14 B per local parameter.
+    gpu_s = 6 * n / bandwidth + 14 * n / world / bandwidth
+    host_s = (HOST_STEP_MS + HOST_MICRO_MS) / 1e3
+    busy = (host_s**OVERLAP_P + gpu_s**OVERLAP_P) ** (1 / OVERLAP_P)
+    inter = (SOCKET_GBYTES if hw.inter_link != "efa" else hw.inter_gbytes) * 1e9
+    comm = _ring(world) * 6 * n / inter
+    # FSDP1 overlaps less (one unit per ~10 M parameters, no per-layer prefetch of the backward's
+    # reduce-scatter); the traffic is counted in full.
+    return busy + comm
