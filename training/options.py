@@ -13,6 +13,7 @@ from typing import Any, NoReturn
 from training.batch import accumulation_steps
 from training.precision import FLOAT8_MIN_TOKENS
 from training.shapes import SHAPES as SHAPE_TABLE
+from training.uri import LocationError, check_input, check_output
 
 SHAPES = tuple(SHAPE_TABLE)
 SHARDINGS = ("auto", "full", "hsdp")
@@ -26,6 +27,15 @@ _HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 class OptionError(Exception):
     """A bad option: the message names it and says what is valid."""
+
+
+def location_option(option: str, value: str, *, output: bool = False, s3_only: bool = False) -> str:
+    """A location option checked by the one URI rule (training.uri), in its canonical form."""
+    schemes = ("s3",) if s3_only else ("s3", "file")
+    try:
+        return str((check_output if output else check_input)(option, value, schemes=schemes))
+    except LocationError as exc:
+        raise OptionError(str(exc)) from None
 
 
 @dataclasses.dataclass
@@ -343,13 +353,13 @@ def _check_run(d: dict[str, Any]) -> None:
         raise OptionError(f"--keep-checkpoints: must be >= 2, got {d['keep_checkpoints']}")
     if d["output_dir"] is None:
         d["output_dir"] = os.path.join("runs", d["run_name"])
-    d["output_dir"] = os.path.abspath(d["output_dir"])
+    if "://" in d["output_dir"]:
+        raise OptionError(f"--output-dir: a local folder, got {d['output_dir']!r}")
+    d["output_dir"] = location_option("--output-dir", d["output_dir"], output=True)
     if d["storage_path"] is None:
         d["storage_path"] = os.path.join(d["output_dir"], "checkpoints")
-    if not d["storage_path"].startswith("s3://"):
-        if "://" in d["storage_path"]:
-            raise OptionError(f"--storage-path: a local dir or s3://…, got {d['storage_path']!r}")
-        d["storage_path"] = os.path.abspath(d["storage_path"])
+    # Ray Train's storage: S3 or a local folder (file:// would be a second spelling of the latter).
+    d["storage_path"] = location_option("--storage-path", d["storage_path"], output=True, s3_only=True)
 
 
 def _check_prepared(d: dict[str, Any]) -> dict[str, Any] | None:
@@ -361,12 +371,12 @@ def _check_prepared(d: dict[str, Any]) -> dict[str, Any] | None:
         if d["prepared_data"] is not None:
             raise OptionError("--prepared-data: only with jsonl/parquet --data, not 'random'")
         return None
+    d["data"] = location_option("--data", d["data"])
     location = shards.manifest_location(d["data"])
     if location is None:
         if d["prepared_data"] is None:
             d["prepared_data"] = shards.join(d["storage_path"], "_prepared", d["run_name"])
-        elif not shards.is_remote(d["prepared_data"]):
-            d["prepared_data"] = os.path.abspath(d["prepared_data"])
+        d["prepared_data"] = location_option("--prepared-data", d["prepared_data"], output=True)
         return None
     d["prepared_data"] = None  # already prepared: nothing to prepare (the chart always passes it)
     try:
@@ -380,8 +390,6 @@ def _check_prepared(d: dict[str, Any]) -> dict[str, Any] | None:
             f"--seq-len: {d['seq_len']}, but {location} holds blocks of {manifest['seq_len']} tokens; "
             f"drop --seq-len or prepare the data again with --seq-len {d['seq_len']}"
         )
-    if not shards.is_remote(d["data"]):
-        d["data"] = os.path.abspath(d["data"])
     return manifest
 
 
@@ -449,8 +457,11 @@ def profile_range(text: str | None) -> tuple[int, int] | None:
 
 
 def _check_model_ref(model: str) -> None:
-    if "://" in model:
-        return  # a remote prefix: checked when the driver fetches its config (check_model)
+    if "://" in model or ":" in model.split("/", 1)[0]:
+        # A remote prefix: well formed here; its files are checked when the driver fetches its
+        # config (check_model).
+        location_option("--model", model)
+        return
     if os.path.isdir(model):
         if not (Path(model) / "config.json").is_file():
             raise OptionError(f"--model: {model} has no config.json (not a Hugging Face model dir)")

@@ -31,7 +31,7 @@ import numpy as np
 
 from training import shards
 from training.data import ByteTokenizer, load_tokenizer
-from training.options import OptionError, check_data_path, check_text_field, data_files
+from training.options import OptionError, check_data_path, check_text_field, data_files, location_option
 
 DEFAULT_SEGMENT_MB = 64
 DOCS_PER_CALL = 512  # documents per tokenizer call: bounds a task's Python objects, not its input
@@ -337,6 +337,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.seq_len <= 0 or args.segment_mb <= 0:
             raise OptionError("--seq-len and --segment-mb: must be > 0")
+        args.data = location_option("--data", args.data)
+        args.out = location_option("--out", args.out, output=True)
         from training.driver import init_ray_at
 
         init_ray_at(args.address)
