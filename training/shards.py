@@ -24,13 +24,15 @@ from typing import Any
 
 import numpy as np
 
+from training.errors import InputError
+
 FORMAT = "raytrain-token-shards/1"
 MANIFEST = "manifest.json"
 DTYPE = np.dtype("<u4")
 TOKEN_BYTES = DTYPE.itemsize
 
 
-class ShardError(ValueError):
+class ShardError(InputError, ValueError):
     """Prepared data that cannot be used; the message names the location and what is wrong."""
 
 
