@@ -154,6 +154,11 @@ def resolve_data(opts: TrainOptions, vocab_size: int) -> str | None:
         manifest = shards.read_manifest(location)
     except shards.ShardError as exc:
         raise OptionError(f"--data: {exc}") from None
+    from training import shard_check
+
+    # Sizes, counts and the recorded token bound against the manifest: once, here, before any
+    # worker starts, without reading a shard.
+    shard_check.validate(location, manifest, vocab_size=vocab_size)
     tok = manifest["tokenizer"]
     if tok["vocab_size"] > vocab_size:
         raise OptionError(

@@ -173,6 +173,7 @@ def write_segment(seg: Segment, settings: Settings, out: str) -> dict[str, Any]:
     fs, path = shards.filesystem(out)
     carry = np.zeros(0, dtype=shards.DTYPE)
     docs = blocks = 0
+    top = 0  # the largest token id written: the manifest's bound for the vocabulary check
     with fs.open_output_stream(path) as sink:
         for texts in _segment_texts(seg, settings.text_field):
             parts = [carry]
@@ -184,9 +185,10 @@ def write_segment(seg: Segment, settings: Settings, out: str) -> dict[str, Any]:
             if full:
                 sink.write(stream[:full].tobytes())
                 blocks += full // seq
+                top = max(top, int(stream[:full].max()))
             carry = stream[full:]
     return {"index": seg.index, "blocks": blocks, "documents": docs, "dropped_tokens": len(carry),
-            "bytes": blocks * seq * shards.TOKEN_BYTES}  # fmt: skip
+            "bytes": blocks * seq * shards.TOKEN_BYTES, "max_token": top}  # fmt: skip
 
 
 def _write_segments(batch: dict[str, Any], *, settings: dict[str, Any], shard_dir: str) -> dict[str, Any]:
@@ -278,7 +280,7 @@ def prepare(
         raise RuntimeError(f"[prepare] {len(counts)} of {len(segments)} segments reported back")
     shard_rows: list[dict[str, Any]] = [
         {"name": f"{shard_dir}/{shard_name(int(r['index']))}", "blocks": int(r["blocks"]),
-         "bytes": int(r["bytes"]), "documents": int(r["documents"])}
+         "bytes": int(r["bytes"]), "documents": int(r["documents"]), "max_token": int(r["max_token"])}
         for r in counts
     ]  # fmt: skip
     n_blocks = sum(s["blocks"] for s in shard_rows)
@@ -302,6 +304,7 @@ def prepare(
         "shards": shard_rows,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+    manifest["checksum"] = shards.manifest_checksum(manifest)  # what write_manifest records
     uri = shards.write_manifest(out, manifest)
     log(
         f"[prepare] wrote {n_blocks} blocks ({manifest['tokens']:,} tokens, {manifest['documents']} "
