@@ -339,7 +339,7 @@ def parse_args(argv: list[str]) -> TrainOptions:
     manifest = _check_prepared(d)
     _check_training(d)
     if d["data"] != "random" and manifest is None:
-        check_text_field(check_data_path(d["data"])[0], d["text_field"])
+        check_text_field(check_data_path(d["data"]), d["text_field"])
     if d["init"] == "pretrained" or (d["prepared_data"] is not None and d["shape"] != "tiny"):
         _check_model_ref(d["model"])
     return TrainOptions(**d)
@@ -472,8 +472,22 @@ def _check_model_ref(model: str) -> None:
         )
 
 
+def check_skipped_fraction(value: float) -> float:
+    if not 0 <= value < 1:
+        raise OptionError(f"--max-skipped-fraction: a share of the records, 0 <= F < 1; got {value}")
+    return value
+
+
 def data_files(data: str) -> list[str]:
     """The jsonl/parquet files a --data value names, sorted (the order is part of the data order)."""
+    return corpus_listing(data)[0]
+
+
+def corpus_listing(data: str) -> tuple[list[str], list[str]]:
+    """(the jsonl/parquet files under `data`, sorted; the other files there, which are not used).
+
+    A folder that cannot be listed is an error, not a silent hole in the corpus (Path.rglob skips
+    what it cannot read; os.walk reports it)."""
     if "://" in data:  # s3://, or any URI pyarrow reads (file:// in tests)
         import pyarrow.fs as pafs
 
@@ -487,13 +501,40 @@ def data_files(data: str) -> list[str]:
             paths = [i.path for i in fs.get_file_info(sel) if i.type == pafs.FileType.File]
         else:
             raise OptionError(f"--data: {data} does not exist or cannot be read")
-        return sorted(f"{scheme}://{p}" for p in paths if p.endswith(DATA_SUFFIXES))
+        uris = sorted(f"{scheme}://{p}" for p in paths)
+        return _split_corpus(uris, single=info.type == pafs.FileType.File)
     path = Path(data)
     if path.is_file():
-        return [str(path.resolve())]
+        return _split_corpus([str(path.resolve())], single=True)
     if path.is_dir():
-        return sorted(str(p.resolve()) for p in path.rglob("*") if p.suffix in DATA_SUFFIXES)
+
+        def refuse(exc: OSError) -> None:
+            raise OptionError(f"--data: cannot read folder {exc.filename}: {exc.strerror}")
+
+        found = []
+        for folder, _, names in os.walk(path, onerror=refuse, followlinks=True):
+            found += [str(Path(folder, n).resolve()) for n in names]
+        return _split_corpus(sorted(found), single=False)
     raise OptionError(f"--data: {data} does not exist ('random', a file, a folder or s3://…)")
+
+
+_COMPRESSED_DATA = re.compile(r"\.(jsonl|json|parquet)\.(gz|zst|zstd|bz2|xz|zip)$", re.IGNORECASE)
+
+
+def _split_corpus(files: list[str], *, single: bool) -> tuple[list[str], list[str]]:
+    from training.corpus import FORMATS
+
+    for f in files:
+        if _COMPRESSED_DATA.search(f):
+            raise OptionError(f"--data: {f} is compressed; decompress it first (valid: {FORMATS})")
+    if single:  # named on its own: whatever it is, it is meant as data
+        if not files[0].endswith(DATA_SUFFIXES):
+            name = files[0].rsplit("/", 1)[-1]
+            kind = "." + name.rsplit(".", 1)[1] if "." in name else "no suffix"
+            raise OptionError(f"--data: {files[0]} has {kind}, not a supported format (valid: {FORMATS})")
+        return files, []
+    used = [f for f in files if f.endswith(DATA_SUFFIXES)]
+    return used, [f for f in files if not f.endswith(DATA_SUFFIXES)]
 
 
 def check_data_path(data: str) -> list[str]:
@@ -513,23 +554,26 @@ def check_data_path(data: str) -> list[str]:
     return files
 
 
-def check_text_field(first_file: str, field: str) -> None:
-    """Read only the first record's keys (or the parquet schema) of the first file."""
-    import pyarrow.fs as pafs
+def check_text_field(files: str | list[str], field: str) -> None:
+    """Read only the first record's keys (or the parquet schema) of the first non-empty file."""
+    from training.corpus import first_record_keys
+    from training.errors import DataError
 
-    fs, path = pafs.FileSystem.from_uri(first_file if "://" in first_file else "file://" + first_file)
-    try:
-        if first_file.endswith(".parquet"):
-            import pyarrow.parquet as pq
-
-            with fs.open_input_file(path) as f:
-                names = pq.read_schema(f).names
-        else:
-            with fs.open_input_stream(path) as f:
-                head = f.read(1 << 20).decode("utf-8", errors="replace").lstrip()
-            first = head.splitlines()[0] if head else ""
-            names = list(json.loads(first)) if first.startswith("{") else []
-    except Exception as exc:
-        raise OptionError(f"--data: cannot read {first_file}: {exc}") from None
-    if field not in names:
-        raise OptionError(f"--text-field: no field {field!r} in {first_file} (has {names})")
+    candidates = [files] if isinstance(files, str) else files
+    for first_file in candidates:
+        try:
+            names = first_record_keys(first_file)
+        except DataError as exc:
+            raise OptionError(f"--data: {exc}") from None
+        except Exception as exc:
+            raise OptionError(f"--data: cannot read {first_file}: {exc}") from None
+        if names is None:  # empty: the next file has the first record
+            continue
+        if field not in names:
+            raise OptionError(
+                f"--text-field: no field {field!r} in the first record of {first_file} (has {names})"
+            )
+        return
+    raise OptionError(
+        f"--data: {candidates[0]} is empty" if len(candidates) == 1 else "--data: every file is empty"
+    )
