@@ -148,7 +148,8 @@ def resolve_data(opts: TrainOptions, vocab_size: int) -> str | None:
 
         assert opts.prepared_data is not None  # set by parse_args for raw data
         prepare(opts.data, opts.prepared_data, seq_len=opts.seq_len, text_field=opts.text_field,
-                shape=opts.shape, model=opts.model, log=lambda line: print(line, flush=True))  # fmt: skip
+                shape=opts.shape, model=opts.model, max_skipped_fraction=opts.max_skipped_fraction,
+                log=lambda line: print(line, flush=True))  # fmt: skip
         location = shards.join(opts.prepared_data, shards.MANIFEST)
     try:
         manifest = shards.read_manifest(location)

@@ -78,6 +78,7 @@ class TrainOptions:
     log_every: int
     report_every: int
     metrics_cluster: str | None = None  # CloudWatch EMF step metrics (training/emf.py) when set
+    max_skipped_fraction: float = 0.0  # of the raw --data records, when the driver prepares it
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -230,6 +231,15 @@ def build_parser() -> argparse.ArgumentParser:
         "STORAGE_PATH/_prepared/RUN_NAME); unchanged input is not prepared twice",
     )
     g.add_argument("--text-field", default="text", help="text column of the jsonl/parquet records")
+    g.add_argument(
+        "--max-skipped-fraction",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="with jsonl/parquet --data: share of records (0 <= F < 1) that may lack a string text "
+        "field or be malformed, skipped and counted; default 0: the first one is an error naming "
+        "its file and line",
+    )
     g.add_argument("--seq-len", type=pos_int, help="tokens per sequence (default 2048; 256 for --shape tiny)")
     g.add_argument(
         "--global-batch-size",
@@ -394,6 +404,7 @@ def _check_prepared(d: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _check_training(d: dict[str, Any]) -> None:
+    check_skipped_fraction(d["max_skipped_fraction"])
     if d["seq_len"] is None:
         d["seq_len"] = 256 if d["init"] == "random" and d["shape"] == "tiny" else 2048
     if d["warmup_steps"] is None:

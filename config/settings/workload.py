@@ -241,6 +241,10 @@ class JobSettings(SettingsModel):
     data: str = "random"
     # The text field of the jsonl/parquet records.
     text_field: str = Field(default="text", min_length=1, max_length=200)
+    # Share of the text records that may be skipped, counted, when they have no usable text
+    # (missing, null or non-string field, malformed line); 0: the first one fails the job,
+    # named (docs/data-errors.md). Passed to the preparation and to training's own preparation.
+    max_skipped_fraction: float = Field(default=0.0, ge=0, lt=1)
     # Text data: also a RayJob that prepares it ahead of training (python -m training.prepare), into
     # the location the training job reads. Whichever job comes second finds the manifest's
     # fingerprint matching and does nothing.
