@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.training.unprivileged import as_unprivileged
 from training.__main__ import main
 from training.uri import Location, LocationError, check_input, check_output, parse
 
@@ -71,11 +72,19 @@ def test_inputs_must_exist_and_outputs_be_creatable(tmp_path: Path) -> None:
     with pytest.raises(LocationError, match="is a file, not a folder"):
         check_output("--out", str(tmp_path / "file" / "sub"))
     locked = tmp_path / "locked"
-    locked.mkdir(mode=0o500)
-    if os.access(locked, os.W_OK):  # running as root: permissions do not apply
-        pytest.skip("root ignores directory permissions")
-    with pytest.raises(LocationError, match="is not writable"):
-        check_output("--out", str(locked / "x"))
+    locked.mkdir(mode=0o755)  # root's: nobody may not write there
+
+    def refused() -> str:
+        try:
+            check_output("--out", str(locked / "x"))
+        except LocationError as exc:
+            return str(exc)
+        return "accepted"
+
+    assert (
+        as_unprivileged(refused, tmp_path)
+        == f"--out: {locked / 'x'}: cannot create it: {locked} is not writable"
+    )
 
 
 @pytest.mark.parametrize(
