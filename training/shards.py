@@ -166,8 +166,15 @@ class TokenBlocks:
                     else:
                         n = int(self.manifest["shards"][shard]["blocks"])
                         h = np.memmap(uri, dtype=DTYPE, mode="r", shape=(n, self.seq_len))
-                except (OSError, ValueError) as exc:  # missing; shorter than n blocks ("mmap length")
-                    raise ShardError(f"{self.location}: shard {self._names[shard]}: {exc}") from None
+                except FileNotFoundError:
+                    raise ShardError(
+                        f"{self.location}: shard {self._names[shard]} is missing; prepare the data again"
+                    ) from None
+                except (OSError, ValueError) as exc:  # numpy: "mmap length is greater than file size"
+                    raise ShardError(
+                        f"{self.location}: shard {self._names[shard]} cannot be read as its manifest "
+                        f"says ({exc}); prepare the data again"
+                    ) from None
                 self._open[shard] = h
             return h
 
