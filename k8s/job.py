@@ -60,6 +60,7 @@ def prepare_args(settings: Settings, *, checkpoint_uri: str) -> list[str]:
         "--shape", job.shape.value,
         "--seq-len", str(job.seq_len),
         "--text-field", job.text_field,
+        "--max-skipped-fraction", repr(job.max_skipped_fraction),
         "--address", "auto",
     ]  # fmt: skip
 
@@ -101,7 +102,8 @@ def training_args(settings: Settings, *, checkpoint_uri: str) -> list[str]:
         args += ["--output-dir", job.output_dir]
     prepared = prepared_data_uri(settings, checkpoint_uri=checkpoint_uri)
     if prepared is not None:  # ignored by the job when `data` is already prepared shards
-        args += ["--text-field", job.text_field, "--prepared-data", prepared]
+        args += ["--text-field", job.text_field, "--prepared-data", prepared,
+                 "--max-skipped-fraction", repr(job.max_skipped_fraction)]  # fmt: skip
     if settings.observability.metrics:
         # Step metrics as CloudWatch EMF lines (training/emf.py), dimension ClusterName.
         args += ["--metrics-cluster", settings.cluster.name]

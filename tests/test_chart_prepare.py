@@ -16,7 +16,8 @@ from k8s.job import PREPARED_DIR
 from training.options import build_parser as training_parser
 from training.prepare import build_parser as prepare_parser
 
-TEXT = {"data": "s3://corpus-bucket/text/", "text_field": "body", "seq_len": 1024, "prepare_data": True}
+TEXT = {"data": "s3://corpus-bucket/text/", "text_field": "body", "seq_len": 1024, "prepare_data": True,
+        "max_skipped_fraction": 0.001}  # fmt: skip
 
 
 def _jobs(objs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -46,10 +47,10 @@ def test_preparation_job_agrees_with_the_training_job(cluster: str) -> None:
     t = training_parser().parse_args(_argv(train, "training"))
     out = f"{CHECKPOINT_URI}/{PREPARED_DIR}/{s.job.run_name}"
     assert p.out == t.prepared_data == out  # one location, written once
-    assert (p.data, p.seq_len, p.text_field, p.model, p.shape) == (
-        t.data, t.seq_len, t.text_field, t.model, t.shape
+    assert (p.data, p.seq_len, p.text_field, p.model, p.shape, p.max_skipped_fraction) == (
+        t.data, t.seq_len, t.text_field, t.model, t.shape, t.max_skipped_fraction
     )  # fmt: skip
-    assert (p.data, p.seq_len, p.text_field) == (TEXT["data"], 1024, "body")
+    assert (p.data, p.seq_len, p.text_field, p.max_skipped_fraction) == (TEXT["data"], 1024, "body", 0.001)
     assert p.address == "auto"
     # The same cluster (a copy, or the standing one) and lifecycle; no extra packages to install.
     assert prep["spec"].get("rayClusterSpec") == train["spec"].get("rayClusterSpec")

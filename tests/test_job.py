@@ -282,6 +282,30 @@ def test_status_of_a_failed_job_exits_one(tmp_path: Path, api_server: FakeApi, s
     assert "failed" in text
 
 
+def test_status_shows_the_line_a_refused_input_ended_with(
+    tmp_path: Path, api_server: FakeApi, settings: Settings
+) -> None:
+    """What Ray's job supervisor writes for a failed entry point, and KubeRay copies into the
+    RayJob's status: the exit code and the CLI's one line, not the whole log tail."""
+    routes = cluster_routes(settings)
+    ns = settings.workload.namespace
+    newest = routes[f"/apis/ray.io/v1/namespaces/{ns}/rayjobs"]["items"][1]
+    line = "python -m training: error: checkpoint b/run/ckpt (step 50): train_state.json is not valid JSON"
+    newest["status"] = {
+        "jobDeploymentStatus": "Failed",
+        "jobStatus": "FAILED",
+        "message": "Job entrypoint command failed with exit code 4, last available logs (truncated to "
+        f"20,000 chars):\n[train] data: 10 blocks\n(RayTrainWorker pid=1) Traceback ...\n{line}\n",
+        "rayClusterName": CLUSTER,
+    }
+    api_server.routes = routes
+    rc, text = run(tmp_path, api_server, "status")
+    assert rc == 1
+    flat = " ".join(text.split())
+    assert "exit code 4: python -m training: error: checkpoint" in flat, text
+    assert "Traceback" not in text and "20,000" not in text
+
+
 def test_status_picks_a_job_by_name_and_names_the_choices(
     tmp_path: Path, api_server: FakeApi, settings: Settings
 ) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from training.driver import TransportGateFailed, run
+from training.errors import INPUT_ERROR_EXIT, InputError
 from training.options import OptionError, parse_args
 
 PROG = "python -m training"
@@ -18,6 +19,10 @@ def main(argv: list[str] | None = None) -> int:
         # One line: messages quoted from libraries (hub errors) can span several.
         print(f"{PROG}: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
+    except InputError as exc:
+        # A data file, shard or checkpoint: the same input fails the same way on every attempt.
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return INPUT_ERROR_EXIT
     except TransportGateFailed as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 3

@@ -26,6 +26,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from training.errors import CheckpointError
+
 STATE_FILE = "train_state.json"
 
 
@@ -156,13 +158,64 @@ class ArrowCheckpointReader(FileSystemReader):
         self.arrow = ArrowFileSystem(fs)
         self.fs = self.arrow  # type: ignore[assignment]  # FileSystemReader's own is local-only
         self.path = self.arrow.init_path(path)
+        self.metadata: Any = None
+
+    def set_up_storage_reader(self, metadata: Any, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        # DCP hands every rank the checkpoint's metadata here (state_dict_loader._load_state_dict):
+        # kept to compare what was saved with what was asked for.
+        self.metadata = metadata
+        super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
+
+
+_RESHAPE_HINT = "train with the --model/--shape it was saved with, or start over under a new --run-name"
+
+
+def _dcp_reason(exc: BaseException) -> str:
+    """One line for a failed dcp.load. DCP raises CheckpointException (a BaseException) holding
+    each rank's (exception, traceback) in `failures` (torch/distributed/checkpoint/api.py)."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        first = failures[min(failures)]
+        exc = first[0] if isinstance(first, tuple) else first
+    text = " ".join(str(exc).split())
+    if "Size mismatch" in text or "Missing key" in text:
+        return f"it was saved by a model of another shape ({text}): {_RESHAPE_HINT}"
+    return (
+        f"it is incomplete or corrupt ({type(exc).__name__}: {text[:300]}): start over under a new --run-name"
+    )
+
+
+def _state_meta(files: ArrowFileSystem, path: str) -> dict[str, Any]:
+    """train_state.json, checked: a CheckpointError naming the file when it is not usable."""
+    where = files.concat_path(path, STATE_FILE)
+    try:
+        meta = json.loads(files.read_bytes(where))
+    except FileNotFoundError:
+        raise CheckpointError(
+            f"checkpoint {path}: no {STATE_FILE} (not written by python -m training, or incomplete): "
+            "start over under a new --run-name"
+        ) from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise CheckpointError(
+            f"checkpoint {path}: {STATE_FILE} is not valid JSON ({exc}): the checkpoint is corrupt; "
+            "start over under a new --run-name"
+        ) from None
+    bad = [
+        k
+        for k in ("step", "position", "world_size")
+        if not isinstance(meta.get(k) if isinstance(meta, dict) else None, int)
+    ]
+    if bad:
+        raise CheckpointError(
+            f"checkpoint {path}: {STATE_FILE} lacks integer {', '.join(bad)}: not a checkpoint of "
+            "python -m training; start over under a new --run-name"
+        )
+    return dict(meta)
 
 
 def read_state(filesystem: Any, path: str) -> dict[str, Any]:
     """train_state.json of a checkpoint (Ray: `checkpoint.filesystem`, `checkpoint.path`) alone."""
-    with filesystem.open_input_stream(f"{path.rstrip('/')}/{STATE_FILE}") as f:
-        state: dict[str, Any] = json.loads(f.read())
-    return state
+    return _state_meta(ArrowFileSystem(filesystem), path.rstrip("/"))
 
 
 def load(
@@ -186,21 +239,48 @@ def load(
 
         filesystem = pafs.LocalFileSystem()
     reader = ArrowCheckpointReader(filesystem, path)
-    dcp.load(state, storage_reader=reader)
-    set_state_dict(
-        model,
-        optimizer,
-        model_state_dict=state["model"],
-        optim_state_dict=state["optim"],
-        options=StateDictOptions(strict=True),
-    )
     files = reader.arrow
-    meta: dict[str, Any] = json.loads(files.read_bytes(files.concat_path(path, STATE_FILE)))
+    meta = _state_meta(files, path)
+    where = f"checkpoint {path} (step {meta['step']})"
+    wanted = {f"model.{k}" for k in model_sd}
+    try:
+        dcp.load(state, storage_reader=reader)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # DCP's CheckpointException is a BaseException
+        raise CheckpointError(f"{where}: {_dcp_reason(exc)}") from None
+    # DCP loads the keys asked for and ignores the rest: a checkpoint of a deeper model would
+    # load into a shallower one without a word.
+    saved = {k for k in reader.metadata.state_dict_metadata if k.startswith("model.")}
+    if saved != wanted:
+        extra, missing = sorted(saved - wanted), sorted(wanted - saved)
+        diff = f"{len(extra)} saved parameters this model lacks (first {extra[0]})" if extra else ""
+        diff += (", " if diff and missing else "") + (
+            f"{len(missing)} parameters it lacks (first {missing[0]})" if missing else ""
+        )
+        raise CheckpointError(f"{where}: it was saved by a model of another shape ({diff}): {_RESHAPE_HINT}")
+    try:
+        set_state_dict(
+            model,
+            optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
+            options=StateDictOptions(strict=True),
+        )
+    except (KeyError, RuntimeError, ValueError) as exc:
+        raise CheckpointError(f"{where}: {_dcp_reason(exc)}") from None
     meta["step"] = int(state["train"]["step"])
     meta["position"] = int(state["train"]["position"])
     rng_file = files.concat_path(path, f"rng-rank{dist.get_rank()}.pt")
     if meta.get("world_size") == dist.get_world_size() and files.exists(rng_file):
-        set_rng_state(torch.load(io.BytesIO(files.read_bytes(rng_file)), weights_only=False))
+        try:
+            rng = torch.load(io.BytesIO(files.read_bytes(rng_file)), weights_only=False)
+            set_rng_state(rng)
+        except Exception as exc:
+            raise CheckpointError(
+                f"{where}: {os.path.basename(rng_file)} is corrupt ({type(exc).__name__}: {exc}): "
+                "start over under a new --run-name"
+            ) from None
         meta["rng_restored"] = True
     else:
         meta["rng_restored"] = False

@@ -121,8 +121,24 @@ class Batches:
         first = rank_slice(position, self.micro, self.world, self.rank, mb)
         idx = sequence_indices(first, self.micro, len(self.blocks), self.seed)
         rows = self.blocks[idx] if isinstance(self.blocks, np.ndarray) else self.blocks.take(idx)
+        if rows.size and int(rows.max()) >= self.vocab:
+            self._out_of_vocabulary(idx, rows)
         ids = torch.from_numpy(rows.astype(np.int64))
         return ids.pin_memory() if self.pin else ids
+
+    def _out_of_vocabulary(self, idx: list[int], rows: np.ndarray) -> None:
+        """An id beyond the embedding table would end in an indexing error (a device-side assert
+        on CUDA) deep inside the forward: name the block instead. Checking costs one max over
+        micro x seq_len integers, in the prefetch thread."""
+        from training.shards import ShardError
+
+        row = int(np.argmax(rows.max(axis=1) >= self.vocab))
+        where = self.blocks.where(idx[row]) if hasattr(self.blocks, "where") else f"block {idx[row]}"
+        raise ShardError(
+            f"{getattr(self.blocks, 'location', 'data')}: {where} holds token id {int(rows[row].max())}, "
+            f"beyond the model's vocabulary of {self.vocab}: a shard changed after preparation, or "
+            "it was prepared with another tokenizer; prepare the data again"
+        )
 
     def micro_batch(self, position: int, mb: int) -> torch.Tensor:
         """Token ids [micro, seq_len] for micro-batch mb of the step whose batch starts at position."""

@@ -13,6 +13,7 @@ from typing import Any
 
 from training import summary as summary_mod
 from training.batch import accumulation_steps
+from training.errors import find_input_error
 from training.options import OptionError, TrainOptions
 
 
@@ -31,6 +32,28 @@ class _GateVerdict:
 
     def get(self) -> tuple[str, dict[str, Any]] | None:
         return self.failure
+
+
+def stop_on_input_error() -> Any:
+    """A Ray Train callback that ends the run, without FailureConfig retries, when a worker raised
+    an InputError: the same data or checkpoint would fail the same way on every attempt.
+
+    How (Ray 2.58 and 2.60, ray/train/v2/_internal): the controller polls the workers and hands
+    their errors to the user callbacks' after_exception (UserCallbackHandler, called from
+    WorkerGroup.poll_status) before its failure policy sees them. An exception raised there
+    leaves the control-loop iteration, which wraps it in a ControllerError; DefaultFailurePolicy
+    retries a ControllerError only for worker-group start-up failures, so the decision is RAISE,
+    the workers are shut down, and fit() raises that ControllerError, our error inside it.
+    """
+    from ray.train import UserCallback
+
+    class StopOnInputError(UserCallback):
+        def after_exception(self, run_context: Any, worker_exceptions: dict[int, Exception]) -> None:
+            found = find_input_error(worker_exceptions.values())
+            if found is not None:
+                raise found
+
+    return StopOnInputError()
 
 
 def check_model(opts: TrainOptions) -> Any:
@@ -125,12 +148,18 @@ def resolve_data(opts: TrainOptions, vocab_size: int) -> str | None:
 
         assert opts.prepared_data is not None  # set by parse_args for raw data
         prepare(opts.data, opts.prepared_data, seq_len=opts.seq_len, text_field=opts.text_field,
-                shape=opts.shape, model=opts.model, log=lambda line: print(line, flush=True))  # fmt: skip
+                shape=opts.shape, model=opts.model, max_skipped_fraction=opts.max_skipped_fraction,
+                log=lambda line: print(line, flush=True))  # fmt: skip
         location = shards.join(opts.prepared_data, shards.MANIFEST)
     try:
         manifest = shards.read_manifest(location)
     except shards.ShardError as exc:
         raise OptionError(f"--data: {exc}") from None
+    from training import shard_check
+
+    # Sizes, counts and the recorded token bound against the manifest: once, here, before any
+    # worker starts, without reading a shard.
+    shard_check.validate(location, manifest, vocab_size=vocab_size)
     tok = manifest["tokenizer"]
     if tok["vocab_size"] > vocab_size:
         raise OptionError(
@@ -182,9 +211,16 @@ def run(opts: TrainOptions) -> dict[str, Any]:
             storage_path=opts.storage_path,
             failure_config=FailureConfig(max_failures=opts.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=opts.keep_checkpoints),
+            callbacks=[stop_on_input_error()],
         ),
     )
-    result = trainer.fit()
+    try:
+        result = trainer.fit()
+    except Exception as exc:
+        found = find_input_error(exc)
+        if found is None:
+            raise
+        raise found from None
     failure = ray.get(verdict.get.remote())
     if failure is not None:
         message, gate = failure

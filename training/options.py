@@ -14,6 +14,7 @@ from training.batch import accumulation_steps
 from training.loss_chunks import LOSS_CHUNK_TOKENS
 from training.precision import FLOAT8_MIN_TOKENS
 from training.shapes import SHAPES as SHAPE_TABLE
+from training.uri import LocationError, check_input, check_output
 
 SHAPES = tuple(SHAPE_TABLE)
 SHARDINGS = ("auto", "full", "hsdp")
@@ -27,6 +28,15 @@ _HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 class OptionError(Exception):
     """A bad option: the message names it and says what is valid."""
+
+
+def location_option(option: str, value: str, *, output: bool = False, s3_only: bool = False) -> str:
+    """A location option checked by the one URI rule (training.uri), in its canonical form."""
+    schemes = ("s3",) if s3_only else ("s3", "file")
+    try:
+        return str((check_output if output else check_input)(option, value, schemes=schemes))
+    except LocationError as exc:
+        raise OptionError(str(exc)) from None
 
 
 @dataclasses.dataclass
@@ -70,6 +80,7 @@ class TrainOptions:
     log_every: int
     report_every: int
     metrics_cluster: str | None = None  # CloudWatch EMF step metrics (training/emf.py) when set
+    max_skipped_fraction: float = 0.0  # of the raw --data records, when the driver prepares it
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -233,6 +244,15 @@ def build_parser() -> argparse.ArgumentParser:
         "STORAGE_PATH/_prepared/RUN_NAME); unchanged input is not prepared twice",
     )
     g.add_argument("--text-field", default="text", help="text column of the jsonl/parquet records")
+    g.add_argument(
+        "--max-skipped-fraction",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="with jsonl/parquet --data: share of records (0 <= F < 1) that may lack a string text "
+        "field or be malformed, skipped and counted; default 0: the first one is an error naming "
+        "its file and line",
+    )
     g.add_argument("--seq-len", type=pos_int, help="tokens per sequence (default 2048; 256 for --shape tiny)")
     g.add_argument(
         "--global-batch-size",
@@ -342,7 +362,7 @@ def parse_args(argv: list[str]) -> TrainOptions:
     manifest = _check_prepared(d)
     _check_training(d)
     if d["data"] != "random" and manifest is None:
-        check_text_field(check_data_path(d["data"])[0], d["text_field"])
+        check_text_field(check_data_path(d["data"]), d["text_field"])
     if d["init"] == "pretrained" or (d["prepared_data"] is not None and d["shape"] != "tiny"):
         _check_model_ref(d["model"])
     return TrainOptions(**d)
@@ -356,13 +376,13 @@ def _check_run(d: dict[str, Any]) -> None:
         raise OptionError(f"--keep-checkpoints: must be >= 2, got {d['keep_checkpoints']}")
     if d["output_dir"] is None:
         d["output_dir"] = os.path.join("runs", d["run_name"])
-    d["output_dir"] = os.path.abspath(d["output_dir"])
+    if "://" in d["output_dir"]:
+        raise OptionError(f"--output-dir: a local folder, got {d['output_dir']!r}")
+    d["output_dir"] = location_option("--output-dir", d["output_dir"], output=True)
     if d["storage_path"] is None:
         d["storage_path"] = os.path.join(d["output_dir"], "checkpoints")
-    if not d["storage_path"].startswith("s3://"):
-        if "://" in d["storage_path"]:
-            raise OptionError(f"--storage-path: a local dir or s3://…, got {d['storage_path']!r}")
-        d["storage_path"] = os.path.abspath(d["storage_path"])
+    # Ray Train's storage: S3 or a local folder (file:// would be a second spelling of the latter).
+    d["storage_path"] = location_option("--storage-path", d["storage_path"], output=True, s3_only=True)
 
 
 def _check_prepared(d: dict[str, Any]) -> dict[str, Any] | None:
@@ -374,12 +394,12 @@ def _check_prepared(d: dict[str, Any]) -> dict[str, Any] | None:
         if d["prepared_data"] is not None:
             raise OptionError("--prepared-data: only with jsonl/parquet --data, not 'random'")
         return None
+    d["data"] = location_option("--data", d["data"])
     location = shards.manifest_location(d["data"])
     if location is None:
         if d["prepared_data"] is None:
             d["prepared_data"] = shards.join(d["storage_path"], "_prepared", d["run_name"])
-        elif not shards.is_remote(d["prepared_data"]):
-            d["prepared_data"] = os.path.abspath(d["prepared_data"])
+        d["prepared_data"] = location_option("--prepared-data", d["prepared_data"], output=True)
         return None
     d["prepared_data"] = None  # already prepared: nothing to prepare (the chart always passes it)
     try:
@@ -393,12 +413,11 @@ def _check_prepared(d: dict[str, Any]) -> dict[str, Any] | None:
             f"--seq-len: {d['seq_len']}, but {location} holds blocks of {manifest['seq_len']} tokens; "
             f"drop --seq-len or prepare the data again with --seq-len {d['seq_len']}"
         )
-    if not shards.is_remote(d["data"]):
-        d["data"] = os.path.abspath(d["data"])
     return manifest
 
 
 def _check_training(d: dict[str, Any]) -> None:
+    check_skipped_fraction(d["max_skipped_fraction"])
     if d["seq_len"] is None:
         d["seq_len"] = 256 if d["init"] == "random" and d["shape"] == "tiny" else 2048
     if d["warmup_steps"] is None:
@@ -462,8 +481,11 @@ def profile_range(text: str | None) -> tuple[int, int] | None:
 
 
 def _check_model_ref(model: str) -> None:
-    if "://" in model:
-        return  # a remote prefix: checked when the driver fetches its config (check_model)
+    if "://" in model or ":" in model.split("/", 1)[0]:
+        # A remote prefix: well formed here; its files are checked when the driver fetches its
+        # config (check_model).
+        location_option("--model", model)
+        return
     if os.path.isdir(model):
         if not (Path(model) / "config.json").is_file():
             raise OptionError(f"--model: {model} has no config.json (not a Hugging Face model dir)")
@@ -474,8 +496,22 @@ def _check_model_ref(model: str) -> None:
         )
 
 
+def check_skipped_fraction(value: float) -> float:
+    if not 0 <= value < 1:
+        raise OptionError(f"--max-skipped-fraction: a share of the records, 0 <= F < 1; got {value}")
+    return value
+
+
 def data_files(data: str) -> list[str]:
     """The jsonl/parquet files a --data value names, sorted (the order is part of the data order)."""
+    return corpus_listing(data)[0]
+
+
+def corpus_listing(data: str) -> tuple[list[str], list[str]]:
+    """(the jsonl/parquet files under `data`, sorted; the other files there, which are not used).
+
+    A folder that cannot be listed is an error, not a silent hole in the corpus (Path.rglob skips
+    what it cannot read; os.walk reports it)."""
     if "://" in data:  # s3://, or any URI pyarrow reads (file:// in tests)
         import pyarrow.fs as pafs
 
@@ -489,13 +525,40 @@ def data_files(data: str) -> list[str]:
             paths = [i.path for i in fs.get_file_info(sel) if i.type == pafs.FileType.File]
         else:
             raise OptionError(f"--data: {data} does not exist or cannot be read")
-        return sorted(f"{scheme}://{p}" for p in paths if p.endswith(DATA_SUFFIXES))
+        uris = sorted(f"{scheme}://{p}" for p in paths)
+        return _split_corpus(uris, single=info.type == pafs.FileType.File)
     path = Path(data)
     if path.is_file():
-        return [str(path.resolve())]
+        return _split_corpus([str(path.resolve())], single=True)
     if path.is_dir():
-        return sorted(str(p.resolve()) for p in path.rglob("*") if p.suffix in DATA_SUFFIXES)
+
+        def refuse(exc: OSError) -> None:
+            raise OptionError(f"--data: cannot read folder {exc.filename}: {exc.strerror}")
+
+        found = []
+        for folder, _, names in os.walk(path, onerror=refuse, followlinks=True):
+            found += [str(Path(folder, n).resolve()) for n in names]
+        return _split_corpus(sorted(found), single=False)
     raise OptionError(f"--data: {data} does not exist ('random', a file, a folder or s3://…)")
+
+
+_COMPRESSED_DATA = re.compile(r"\.(jsonl|json|parquet)\.(gz|zst|zstd|bz2|xz|zip)$", re.IGNORECASE)
+
+
+def _split_corpus(files: list[str], *, single: bool) -> tuple[list[str], list[str]]:
+    from training.corpus import FORMATS
+
+    for f in files:
+        if _COMPRESSED_DATA.search(f):
+            raise OptionError(f"--data: {f} is compressed; decompress it first (valid: {FORMATS})")
+    if single:  # named on its own: whatever it is, it is meant as data
+        if not files[0].endswith(DATA_SUFFIXES):
+            name = files[0].rsplit("/", 1)[-1]
+            kind = "." + name.rsplit(".", 1)[1] if "." in name else "no suffix"
+            raise OptionError(f"--data: {files[0]} has {kind}, not a supported format (valid: {FORMATS})")
+        return files, []
+    used = [f for f in files if f.endswith(DATA_SUFFIXES)]
+    return used, [f for f in files if not f.endswith(DATA_SUFFIXES)]
 
 
 def check_data_path(data: str) -> list[str]:
@@ -515,23 +578,26 @@ def check_data_path(data: str) -> list[str]:
     return files
 
 
-def check_text_field(first_file: str, field: str) -> None:
-    """Read only the first record's keys (or the parquet schema) of the first file."""
-    import pyarrow.fs as pafs
+def check_text_field(files: str | list[str], field: str) -> None:
+    """Read only the first record's keys (or the parquet schema) of the first non-empty file."""
+    from training.corpus import first_record_keys
+    from training.errors import DataError
 
-    fs, path = pafs.FileSystem.from_uri(first_file if "://" in first_file else "file://" + first_file)
-    try:
-        if first_file.endswith(".parquet"):
-            import pyarrow.parquet as pq
-
-            with fs.open_input_file(path) as f:
-                names = pq.read_schema(f).names
-        else:
-            with fs.open_input_stream(path) as f:
-                head = f.read(1 << 20).decode("utf-8", errors="replace").lstrip()
-            first = head.splitlines()[0] if head else ""
-            names = list(json.loads(first)) if first.startswith("{") else []
-    except Exception as exc:
-        raise OptionError(f"--data: cannot read {first_file}: {exc}") from None
-    if field not in names:
-        raise OptionError(f"--text-field: no field {field!r} in {first_file} (has {names})")
+    candidates = [files] if isinstance(files, str) else files
+    for first_file in candidates:
+        try:
+            names = first_record_keys(first_file)
+        except DataError as exc:
+            raise OptionError(f"--data: {exc}") from None
+        except Exception as exc:
+            raise OptionError(f"--data: cannot read {first_file}: {exc}") from None
+        if names is None:  # empty: the next file has the first record
+            continue
+        if field not in names:
+            raise OptionError(
+                f"--text-field: no field {field!r} in the first record of {first_file} (has {names})"
+            )
+        return
+    raise OptionError(
+        f"--data: {candidates[0]} is empty" if len(candidates) == 1 else "--data: every file is empty"
+    )

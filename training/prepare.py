@@ -29,9 +29,18 @@ from typing import Any
 
 import numpy as np
 
-from training import shards
+from training import corpus, shards
 from training.data import ByteTokenizer, load_tokenizer
-from training.options import OptionError, check_data_path, check_text_field, data_files
+from training.errors import INPUT_ERROR_EXIT, DataError, InputError
+from training.options import (
+    OptionError,
+    check_data_path,
+    check_skipped_fraction,
+    check_text_field,
+    corpus_listing,
+    data_files,
+    location_option,
+)
 
 DEFAULT_SEGMENT_MB = 64
 DOCS_PER_CALL = 512  # documents per tokenizer call: bounds a task's Python objects, not its input
@@ -53,6 +62,9 @@ class Settings:
     shape: str
     model: str
     segment_bytes: int
+    # Share of the records that may be skipped (missing/null/non-string text, malformed lines)
+    # before preparation fails; 0: the first one fails it, naming its file and line.
+    max_skipped_fraction: float = 0.0
 
 
 def tokenizer_identity(shape: str, model: str) -> dict[str, Any]:
@@ -96,8 +108,12 @@ def plan_segments(inputs: list[dict[str, Any]], segment_bytes: int) -> list[Segm
         uri, size = item["uri"], item["size"]
         if uri.endswith(".parquet"):
             fs, path = shards.filesystem(uri)
-            with fs.open_input_file(path) as f:
-                meta = pq.read_metadata(f)  # the footer only
+            try:
+                with fs.open_input_file(path) as f:
+                    meta = pq.read_metadata(f)  # the footer only
+            except Exception as exc:
+                corpus.check_kind(uri)  # a better name for what it is, when there is one
+                raise DataError(f"{uri} is a truncated or corrupt Parquet file ({exc})") from None
             first, acc = 0, 0
             for rg in range(meta.num_row_groups):
                 acc += meta.row_group(rg).total_byte_size
@@ -124,38 +140,64 @@ def _line_start_at_or_after(f: Any, pos: int, size: int) -> int:
     return size
 
 
-def _segment_texts(seg: Segment, field: str) -> Iterator[list[Any]]:
-    """The segment's values of `field`, in order, DOCS_PER_CALL at a time."""
-    import pyarrow as pa
-    import pyarrow.json as pj
+def _segment_texts(seg: Segment, field: str, skipped: corpus.Skipped | None = None) -> Iterator[list[str]]:
+    """The segment's strings in `field`, in order, DOCS_PER_CALL at a time. Records without one
+    are counted in `skipped` (training.corpus), with the first one's position."""
     import pyarrow.parquet as pq
 
+    skipped = skipped if skipped is not None else corpus.Skipped()
     fs, path = shards.filesystem(seg.uri)
     with fs.open_input_file(path) as f:
-        if seg.parquet:
-            pf = pq.ParquetFile(f)
-            rgs = list(range(seg.start, seg.end))
-            for batch in pf.iter_batches(DOCS_PER_CALL, row_groups=rgs, columns=[field]):
-                yield batch.column(0).to_pylist()
-            return
         size = f.size()
+        if seg.parquet:
+            try:
+                pf = pq.ParquetFile(f)
+                corpus.check_parquet_column(seg.uri, pf.schema_arrow, field)
+                row = sum(pf.metadata.row_group(i).num_rows for i in range(seg.start))
+                rgs = list(range(seg.start, seg.end))
+                for batch in pf.iter_batches(DOCS_PER_CALL, row_groups=rgs, columns=[field]):
+                    yield list(corpus.parquet_texts(batch.column(0), row, seg.uri, field, skipped))
+                    row += batch.num_rows
+            except DataError:
+                raise
+            except Exception as exc:
+                raise DataError(
+                    f"{seg.uri} row groups {seg.start}-{seg.end - 1}: cannot read ({exc}): a truncated "
+                    "or corrupt Parquet file"
+                ) from None
+            return
+        if size == 0:
+            return  # an empty file: no records, nothing lost (prepare fails if every file is)
+        if seg.start == 0:  # what the file is, once per file
+            problem = corpus.kind_problem(seg.uri, bytes(f.read_at(min(corpus.HEAD_BYTES, size), 0)), size)
+            if problem:
+                raise DataError(f"{seg.uri} {problem}")
         begin = _line_start_at_or_after(f, seg.start, size)
         stop = _line_start_at_or_after(f, seg.end, size) if seg.end < size else size
         if stop <= begin:
             return
-        raw = f.read_at(stop - begin, begin)
-    if bytes(raw[-1:]) != b"\n":
-        raw = pa.py_buffer(bytes(raw) + b"\n")
-    table = pj.read_json(pa.BufferReader(raw))
-    if field not in table.column_names:
-        raise ValueError(f"{seg.uri}: no field {field!r} in the records at bytes {begin}-{stop}")
-    column = table.column(field)
-    for at in range(0, len(column), DOCS_PER_CALL):
-        yield column.slice(at, DOCS_PER_CALL).to_pylist()
+        raw = bytes(f.read_at(stop - begin, begin))
+    texts: list[str] = []
+    for text in corpus.jsonl_texts(raw, begin, seg.uri, field, skipped):
+        texts.append(text)
+        if len(texts) == DOCS_PER_CALL:
+            yield texts
+            texts = []
+    if texts:
+        yield texts
 
 
-def _encode(tok: Any, texts: list[Any]) -> list[np.ndarray]:
-    texts = [t if isinstance(t, str) else "" for t in texts]  # nulls and non-text values: empty
+def _strict(skipped: corpus.Skipped, settings: Settings) -> None:
+    """With no skipping allowed, the first skipped record ends the preparation, named."""
+    if skipped.records and settings.max_skipped_fraction == 0 and skipped.first is not None:
+        raise DataError(
+            f"{corpus.describe(skipped.first)}: {skipped.first['reason']}; every record must be a JSON "
+            f"object with a string {settings.text_field!r} (--max-skipped-fraction lets a share of "
+            "such records be skipped and counted)"
+        )
+
+
+def _encode(tok: Any, texts: list[str]) -> list[np.ndarray]:
     if isinstance(tok, ByteTokenizer):
         return [np.frombuffer(t.encode("utf-8"), dtype=np.uint8) for t in texts]
     return [np.asarray(ids, dtype=np.int64) for ids in tok(texts, add_special_tokens=False)["input_ids"]]
@@ -173,8 +215,11 @@ def write_segment(seg: Segment, settings: Settings, out: str) -> dict[str, Any]:
     fs, path = shards.filesystem(out)
     carry = np.zeros(0, dtype=shards.DTYPE)
     docs = blocks = 0
+    top = 0  # the largest token id written: the manifest's bound for the vocabulary check
+    skipped = corpus.Skipped()
     with fs.open_output_stream(path) as sink:
-        for texts in _segment_texts(seg, settings.text_field):
+        for texts in _segment_texts(seg, settings.text_field, skipped):
+            _strict(skipped, settings)
             parts = [carry]
             for ids in _encode(tok, texts):
                 parts += [ids.astype(shards.DTYPE, copy=False), eos]
@@ -184,9 +229,12 @@ def write_segment(seg: Segment, settings: Settings, out: str) -> dict[str, Any]:
             if full:
                 sink.write(stream[:full].tobytes())
                 blocks += full // seq
+                top = max(top, int(stream[:full].max()))
             carry = stream[full:]
+    _strict(skipped, settings)
     return {"index": seg.index, "blocks": blocks, "documents": docs, "dropped_tokens": len(carry),
-            "bytes": blocks * seq * shards.TOKEN_BYTES}  # fmt: skip
+            "skipped": json.dumps(skipped.to_dict()),
+            "bytes": blocks * seq * shards.TOKEN_BYTES, "max_token": top}  # fmt: skip
 
 
 def _write_segments(batch: dict[str, Any], *, settings: dict[str, Any], shard_dir: str) -> dict[str, Any]:
@@ -195,7 +243,14 @@ def _write_segments(batch: dict[str, Any], *, settings: dict[str, Any], shard_di
     rows = []
     for i in range(len(batch["index"])):
         seg = Segment(**{k: _py(batch[k][i]) for k in ("index", "uri", "parquet", "start", "end")})
-        rows.append(write_segment(seg, s, shards.join(shard_dir, shard_name(seg.index))))
+        try:
+            row = {**write_segment(seg, s, shards.join(shard_dir, shard_name(seg.index))), "error": ""}
+        except InputError as exc:
+            # Returned, not raised: Ray Data wraps a UDF's exception in UserCodeException, and its
+            # chained cause does not survive the trip to the driver (pickling drops __cause__).
+            row = {"index": seg.index, "blocks": 0, "documents": 0, "dropped_tokens": 0, "bytes": 0,
+                   "max_token": 0, "skipped": "", "error": str(exc)}  # fmt: skip
+        rows.append(row)
     return {k: np.array([r[k] for r in rows]) for k in rows[0]}
 
 
@@ -229,6 +284,7 @@ def prepare(
     shape: str = "tiny",
     model: str = "",
     segment_mb: float = DEFAULT_SEGMENT_MB,
+    max_skipped_fraction: float = 0.0,
     log: Any = print,
 ) -> dict[str, Any]:
     """Prepare `data` into `out` unless a manifest of the same fingerprint is there; returns it.
@@ -238,8 +294,14 @@ def prepare(
     import ray.data
 
     files = check_data_path(data)
-    check_text_field(files[0], text_field)
-    settings = Settings(seq_len, text_field, shape, model, max(1, int(segment_mb * 2**20)))
+    check_text_field(files, text_field)
+    ignored = corpus_listing(data)[1]
+    if ignored:
+        log(f"[prepare] ignoring {len(ignored)} files that are not {'/'.join(corpus.JSONL_SUFFIXES)}/"
+            f"{corpus.PARQUET_SUFFIX} (first: {ignored[0]})")  # fmt: skip
+    settings = Settings(
+        seq_len, text_field, shape, model, max(1, int(segment_mb * 2**20)), max_skipped_fraction
+    )
     try:
         tokenizer = tokenizer_identity(shape, model)
     except OptionError:
@@ -253,6 +315,7 @@ def prepare(
     except shards.ShardError:
         existing = None
     if existing is not None and existing.get("fingerprint") == fp:
+        _check_skipped(data, existing, max_skipped_fraction)  # prepared under a looser threshold?
         log(f"[prepare] {out}: up to date ({existing['blocks']} blocks of {seq_len} tokens); nothing to do")
         return existing
 
@@ -273,15 +336,16 @@ def prepare(
         fn_kwargs={"settings": asdict(settings), "shard_dir": shards.join(out, shard_dir)},
         num_cpus=1,
     )
-    counts = sorted(ds.take_all(), key=lambda r: int(r["index"]))
+    counts = _take_all(ds)
     if [int(r["index"]) for r in counts] != list(range(len(segments))):
         raise RuntimeError(f"[prepare] {len(counts)} of {len(segments)} segments reported back")
     shard_rows: list[dict[str, Any]] = [
         {"name": f"{shard_dir}/{shard_name(int(r['index']))}", "blocks": int(r["blocks"]),
-         "bytes": int(r["bytes"]), "documents": int(r["documents"])}
+         "bytes": int(r["bytes"]), "documents": int(r["documents"]), "max_token": int(r["max_token"])}
         for r in counts
     ]  # fmt: skip
     n_blocks = sum(s["blocks"] for s in shard_rows)
+    docs, summary = _tally(data, counts, max_skipped_fraction)
     if n_blocks == 0:
         raise OptionError(f"--data: {data} holds fewer than --seq-len {seq_len} tokens per segment")
     manifest: dict[str, Any] = {
@@ -294,7 +358,9 @@ def prepare(
         "text_field": text_field,
         "segment_bytes": settings.segment_bytes,
         "inputs": inputs,
-        "documents": sum(int(r["documents"]) for r in counts),
+        "documents": docs,
+        "skipped": summary,
+        "ignored_files": {"count": len(ignored), "first": ignored[0] if ignored else None},
         "blocks": n_blocks,
         "tokens": n_blocks * seq_len,
         "dropped_tokens": sum(int(r["dropped_tokens"]) for r in counts),
@@ -302,12 +368,56 @@ def prepare(
         "shards": shard_rows,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+    manifest["checksum"] = shards.manifest_checksum(manifest)  # what write_manifest records
     uri = shards.write_manifest(out, manifest)
+    if summary["records"]:
+        reasons = ", ".join(f"{n} {why}" for why, n in summary["reasons"].items())
+        log(f"[prepare] skipped {summary['records']} of {summary['of_records']} records ({reasons}); "
+            f"first: {summary['first']['at']}")  # fmt: skip
     log(
         f"[prepare] wrote {n_blocks} blocks ({manifest['tokens']:,} tokens, {manifest['documents']} "
         f"documents) in {len(shard_rows)} shards; manifest {uri} ({time.time() - t0:.1f} s)"
     )
     return manifest
+
+
+def _take_all(ds: Any) -> list[dict[str, Any]]:
+    """The segments' rows of counts, in order. The first segment that reports an input error
+    stops the preparation: leaving the iterator shuts the streaming executor down."""
+    rows = []
+    for row in ds.iter_rows():
+        if row["error"]:
+            raise DataError(str(row["error"]))
+        rows.append(row)
+    return sorted(rows, key=lambda r: int(r["index"]))
+
+
+def _tally(data: str, counts: list[dict[str, Any]], allowed: float) -> tuple[int, dict[str, Any]]:
+    """Documents used and the skipped records' summary, checked against --max-skipped-fraction."""
+    skipped = corpus.Skipped()
+    for r in counts:
+        skipped.merge(json.loads(str(r["skipped"])))
+    summary = skipped.to_dict()
+    if skipped.first is not None:  # the file's line number, computed once, for the first only
+        summary["first"]["at"] = corpus.describe(skipped.first)
+    docs = sum(int(r["documents"]) for r in counts)
+    summary["of_records"] = docs + skipped.records
+    _check_skipped(data, {"skipped": summary}, allowed)
+    if docs == 0:
+        raise DataError(f"{data}: no records (its files are empty)")
+    return docs, summary
+
+
+def _check_skipped(data: str, manifest: dict[str, Any], allowed: float) -> None:
+    """More records skipped than --max-skipped-fraction allows: an error naming the first."""
+    info = manifest.get("skipped") or {}
+    n, total = int(info.get("records", 0)), int(info.get("of_records", 0))
+    if n and n > allowed * total:
+        first = info.get("first") or {}
+        raise DataError(
+            f"{data}: {n} of {total} records ({n / total:.2%}) have no usable text, more than "
+            f"--max-skipped-fraction {allowed:g} allows; first: {first.get('at')}: {first.get('reason')}"
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -328,6 +438,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--segment-mb", type=float, default=DEFAULT_SEGMENT_MB, help="input MiB per task and shard"
     )
+    p.add_argument(
+        "--max-skipped-fraction",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="share of records (0 <= F < 1) that may lack a string text field or be malformed, "
+        "skipped and counted; default 0: the first one is an error naming its file and line",
+    )
     p.add_argument("--address", help="Ray cluster address ('auto' on the cluster); none = local Ray")
     return p
 
@@ -337,14 +455,21 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.seq_len <= 0 or args.segment_mb <= 0:
             raise OptionError("--seq-len and --segment-mb: must be > 0")
+        check_skipped_fraction(args.max_skipped_fraction)
+        args.data = location_option("--data", args.data)
+        args.out = location_option("--out", args.out, output=True)
         from training.driver import init_ray_at
 
         init_ray_at(args.address)
         prepare(args.data, args.out, seq_len=args.seq_len, text_field=args.text_field,
-                shape=args.shape, model=args.model, segment_mb=args.segment_mb)  # fmt: skip
+                shape=args.shape, model=args.model, segment_mb=args.segment_mb,
+                max_skipped_fraction=args.max_skipped_fraction)  # fmt: skip
     except OptionError as exc:
         print(f"python -m training.prepare: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
+    except InputError as exc:
+        print(f"python -m training.prepare: error: {exc}", file=sys.stderr)
+        return INPUT_ERROR_EXIT
     finally:
         if "ray" in sys.modules:
             sys.modules["ray"].shutdown()

@@ -15,6 +15,7 @@ shard that a manifest written earlier (and a run reading it) still points to.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import threading
@@ -24,13 +25,15 @@ from typing import Any
 
 import numpy as np
 
+from training.errors import InputError
+
 FORMAT = "raytrain-token-shards/1"
 MANIFEST = "manifest.json"
 DTYPE = np.dtype("<u4")
 TOKEN_BYTES = DTYPE.itemsize
 
 
-class ShardError(ValueError):
+class ShardError(InputError, ValueError):
     """Prepared data that cannot be used; the message names the location and what is wrong."""
 
 
@@ -70,6 +73,13 @@ def manifest_location(data: str) -> str | None:
     return None
 
 
+def manifest_checksum(manifest: dict[str, Any]) -> str:
+    """sha256 of the manifest's canonical JSON without its own checksum: any edit (a seq_len, a
+    block count) changes it, so a reader trusts only the manifest preparation wrote."""
+    body = {k: v for k, v in manifest.items() if k != "checksum"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode("utf-8")).hexdigest()
+
+
 def read_manifest(location: str) -> dict[str, Any]:
     """Load and check a manifest (a manifest.json URI/path, or the folder holding it)."""
     uri = location if location.partition("?")[0].endswith(MANIFEST) else join(location, MANIFEST)
@@ -84,6 +94,9 @@ def read_manifest(location: str) -> dict[str, Any]:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         got = manifest.get("format") if isinstance(manifest, dict) else None
         raise ShardError(f"{uri}: format {got!r} is not {FORMAT!r}; prepare the data again")
+    if manifest.get("checksum") != manifest_checksum(manifest):
+        why = "has no checksum (written by an older version)" if "checksum" not in manifest else "was edited"
+        raise ShardError(f"{uri}: the manifest {why}: its shards cannot be trusted; prepare the data again")
     counted = sum(int(s["blocks"]) for s in manifest["shards"])
     if counted != manifest["blocks"]:
         raise ShardError(f"{uri}: shards hold {counted} blocks, the manifest says {manifest['blocks']}")
@@ -94,6 +107,7 @@ def write_manifest(location: str, manifest: dict[str, Any]) -> str:
     """Write manifest.json atomically: a local temp file renamed over it, or one S3 PUT (S3 never
     exposes a partially written object: a PUT or a completed multipart upload appears whole)."""
     uri = join(location, MANIFEST)
+    manifest = {**manifest, "checksum": manifest_checksum(manifest)}
     data = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode("utf-8")
     fs, path = filesystem(uri)
     if is_remote(location) and not uri.startswith("file://"):
@@ -145,12 +159,22 @@ class TokenBlocks:
             h = self._open.get(shard)
             if h is None:
                 uri = join(self._base, *self._names[shard].split("/"))
-                if self._remote:
-                    fs, path = filesystem(uri)
-                    h = fs.open_input_file(path)
-                else:
-                    n = int(self.manifest["shards"][shard]["blocks"])
-                    h = np.memmap(uri, dtype=DTYPE, mode="r", shape=(n, self.seq_len))
+                try:
+                    if self._remote:
+                        fs, path = filesystem(uri)
+                        h = fs.open_input_file(path)
+                    else:
+                        n = int(self.manifest["shards"][shard]["blocks"])
+                        h = np.memmap(uri, dtype=DTYPE, mode="r", shape=(n, self.seq_len))
+                except FileNotFoundError:
+                    raise ShardError(
+                        f"{self.location}: shard {self._names[shard]} is missing; prepare the data again"
+                    ) from None
+                except (OSError, ValueError) as exc:  # numpy: "mmap length is greater than file size"
+                    raise ShardError(
+                        f"{self.location}: shard {self._names[shard]} cannot be read as its manifest "
+                        f"says ({exc}); prepare the data again"
+                    ) from None
                 self._open[shard] = h
             return h
 
@@ -164,6 +188,11 @@ class TokenBlocks:
         if len(buf) != nbytes:
             raise ShardError(f"{self.location}: shard {self._names[shard]} is shorter than its manifest says")
         return np.frombuffer(buf, dtype=DTYPE)
+
+    def where(self, index: int) -> str:
+        """Block `index` as a person finds it: the shard file and the block inside it."""
+        shard, local = self._locate(index)
+        return f"shard {self._names[shard]} block {local}"
 
     def take(self, indices: Sequence[int]) -> np.ndarray:
         """Blocks [len(indices), seq_len] as uint32, in the order given."""

@@ -14,18 +14,32 @@ from config.names import KUBERAY_NAMESPACE, RAY_NAMESPACE
 from config.settings.base import SEMVER_RE, FieldError, SettingsModel
 from training.netprobe import GATE_LOG_ENV, gate_log_problem
 from training.precision import FLOAT8_MIN_TOKENS
+from training.uri import LocationError
+from training.uri import parse as parse_location
 
 _DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _IMAGE_DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _RUN_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{0,39}$")
 _HF_MODEL_RE = re.compile(r"^([A-Za-z0-9][\w.-]{0,95}/)?[A-Za-z0-9][\w.-]{0,95}$")
-_S3_URI_RE = re.compile(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?$")
 # A KMS key's ARN: a key id (UUID) or a multi-Region key id (mrk- and 32 hex digits).
 _KMS_KEY_ARN_RE = re.compile(
     r"^arn:(aws|aws-cn|aws-us-gov):kms:[a-z]{2}(-[a-z]+)+-\d:\d{12}:key/(mrk-[0-9a-f]{32}|[0-9a-f-]{36})$"
 )
 _ABS_PATH_RE = re.compile(r"^/\S*$")
+
+
+def _is_s3_uri(value: str, field: str) -> bool:
+    """An s3:// URI by the training CLI's own rule (training.uri): what passes here, the job
+    accepts. A malformed one is refused with that rule's reason."""
+    if not value.lower().startswith("s3:"):
+        return False
+    try:
+        return parse_location(field, value, schemes=("s3",)).scheme == "s3"
+    except LocationError as exc:
+        raise ValueError(str(exc).split(": ", 1)[1]) from None
+
+
 _RESERVED_NAMESPACES = {"default", "kube-system", "kube-public", "kube-node-lease", KUBERAY_NAMESPACE}
 # Worker variables the chart owns; a worker_env entry for them would be silently ignored.
 _MANAGED_ENV = {
@@ -248,6 +262,10 @@ class JobSettings(SettingsModel):
     data: str = "random"
     # The text field of the jsonl/parquet records.
     text_field: str = Field(default="text", min_length=1, max_length=200)
+    # Share of the text records that may be skipped, counted, when they have no usable text
+    # (missing, null or non-string field, malformed line); 0: the first one fails the job,
+    # named (docs/data-errors.md). Passed to the preparation and to training's own preparation.
+    max_skipped_fraction: float = Field(default=0.0, ge=0, lt=1)
     # Text data: also a RayJob that prepares it ahead of training (python -m training.prepare), into
     # the location the training job reads. Whichever job comes second finds the manifest's
     # fingerprint matching and does nothing.
@@ -317,12 +335,12 @@ class JobSettings(SettingsModel):
         """The model's config, tokenizer (and weights) come from the Hugging Face hub: `model` is a
         hub id, not an s3:// URI or a path inside the container. Random init still reads the config
         and tokenizer."""
-        return not (_S3_URI_RE.match(self.model) or _ABS_PATH_RE.match(self.model))
+        return not (_is_s3_uri(self.model, "model") or _ABS_PATH_RE.match(self.model))
 
     @field_validator("model")
     @classmethod
     def _model(cls, value: str) -> str:
-        if _HF_MODEL_RE.match(value) or _S3_URI_RE.match(value) or _ABS_PATH_RE.match(value):
+        if _HF_MODEL_RE.match(value) or _is_s3_uri(value, "model") or _ABS_PATH_RE.match(value):
             return value
         raise ValueError(
             f"{value!r} is not a model: use a Hugging Face id like Qwen/Qwen2.5-1.5B, an "
@@ -332,7 +350,7 @@ class JobSettings(SettingsModel):
     @field_validator("data")
     @classmethod
     def _data(cls, value: str) -> str:
-        if value == "random" or _S3_URI_RE.match(value) or _ABS_PATH_RE.match(value):
+        if value == "random" or _is_s3_uri(value, "data") or _ABS_PATH_RE.match(value):
             return value
         raise ValueError(
             f"{value!r} is not a data source: use 'random', an s3://bucket/prefix URI, or an "

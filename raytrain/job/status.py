@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any
 
 from rich.console import Console
@@ -39,6 +40,24 @@ def _styled(value: Any) -> str:
     return f"[{style}]{text}[/]" if style else text
 
 
+# Ray's job supervisor (ray/dashboard/modules/job/job_supervisor.py) reports a failed entry point
+# as this header and the tail of its logs, and KubeRay copies it into the RayJob's status.message
+# (rayjob_controller.go: `Status.Message = jobInfo.Message`). The training and preparation CLIs
+# end a refused input with one line (docs/data-errors.md): show that line and the exit code.
+_ENTRYPOINT_FAILED = re.compile(r"^Job entrypoint command failed with exit code (-?\d+)(?:, [^\n]*:\n|\.)")
+
+
+def message_cell(message: Any) -> str:
+    """The status message as the table shows it: for a failed entry point, its exit code and the
+    last line it printed, not 20,000 characters of log."""
+    text = str(message or "")
+    m = _ENTRYPOINT_FAILED.match(text)
+    if not m:
+        return _styled(message)
+    lines = [line for line in text[m.end() :].splitlines() if line.strip()]
+    return escape(f"exit code {m.group(1)}: {lines[-1].strip() if lines else 'no logs'}")
+
+
 def job_failed(job: dict[str, Any]) -> bool:
     status = job.get("status") or {}
     return status.get("jobDeploymentStatus") == "Failed" or status.get("jobStatus") == "FAILED"
@@ -60,7 +79,7 @@ def status_tables(target: Target) -> list[Table]:
             _styled(st.get("startTime")),
             _styled(st.get("endTime")),
             _styled(st.get("rayClusterName")),
-            _styled(st.get("message")),
+            message_cell(st.get("message")),
         )
     tables = [jobs]
 

@@ -70,7 +70,8 @@ def test_ranks_split_the_global_batch_exactly(micro: int, accum: int, world: int
 def _global_batch(blocks: np.ndarray | None, world: int, micro: int, accum: int, position: int):
     rows = []
     for rank in range(world):
-        b = Batches(blocks, seq_len=16, vocab=257, seed=3, micro=micro, accum=accum, world=world, rank=rank)
+        # Every id of the test blocks (0 .. 37 x 16) is inside the vocabulary the reader checks.
+        b = Batches(blocks, seq_len=16, vocab=1024, seed=3, micro=micro, accum=accum, world=world, rank=rank)
         rows += [r.tolist() for mb in range(accum) for r in b.micro_batch(position, mb)]
     return sorted(rows)
 

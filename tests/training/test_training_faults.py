@@ -215,3 +215,37 @@ def test_emulated_hosts_count_as_nodes_and_auto_shards_one_worker_hosts_fully(
     assert summary["options"]["sharding"] == "auto"
     assert summary["transport"]["nodes"] == 2
     assert summary["transport"]["node_names"] == ["emulated-host-0", "emulated-host-1"]
+
+
+def test_input_error_in_a_worker_stops_the_run_without_retries(
+    ray_session: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A corrupt train_state.json in the checkpoint a run resumes from: every attempt would fail
+    the same way, so the first worker error ends the run (no --max-failures restarts) and the
+    driver prints one line naming the checkpoint, exit 4."""
+    from ray.util.state import list_actors
+
+    from training.__main__ import main
+    from training.errors import INPUT_ERROR_EXIT
+
+    argv = _argv(tmp_path, "corrupt")
+    at = argv.index("--steps")
+    first = [*argv[:at], "--steps", "2", *argv[at + 2 :], "--checkpoint-every", "2"]
+    assert main(first) == 0
+    (ckpt,) = [d for d in (tmp_path / "storage" / "corrupt").glob("checkpoint_*") if d.is_dir()]
+    (ckpt / checkpoint.STATE_FILE).write_text('{"step": 2, "posit')
+    capsys.readouterr()
+
+    def workers() -> set[str]:
+        return {
+            a.actor_id
+            for a in list_actors(address=ray_session, filters=[("class_name", "=", "RayTrainWorker")])
+        }
+
+    before = workers()
+    assert main([*first[:at], "--steps", "4", *first[at + 2 :]]) == INPUT_ERROR_EXIT
+    started = workers() - before
+    assert len(started) == 2, f"{len(started)} workers started: the run was retried"
+    last = capsys.readouterr().err.rstrip("\n").splitlines()[-1]
+    assert last.startswith(f"python -m training: error: checkpoint {ckpt}"), last
+    assert "train_state.json is not valid JSON" in last and "--run-name" in last

@@ -152,3 +152,41 @@ def test_driver_memory_stays_bounded_for_a_corpus_larger_than_the_bound(
     total, heap, _ = _peak_during(read_epoch_share)
     print(f"read {total} blocks ({total * 1024 / 2**20:.1f} MiB) with heap peak {heap / 2**20:.2f} MiB")
     assert total * 256 * 4 > bound and heap < bound
+
+
+def test_bad_records_fail_the_preparation_or_are_counted(
+    ray_session: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Through the Ray Data tasks: strict by default, one line naming the file and line, exit 4,
+    no manifest; with --max-skipped-fraction the records are skipped and counted in the manifest."""
+    from training.errors import INPUT_ERROR_EXIT
+    from training.prepare import main as prepare_main
+
+    corpus = tmp_path / "c.jsonl"
+    docs = _docs()
+    lines = [json.dumps({"text": t}) for t in docs]
+    lines[5] = '{"text": null}'
+    lines[9] = '{"text": "cut off'
+    corpus.write_text("\n".join(lines) + "\n")
+    argv = ["--data", str(corpus), "--out", str(tmp_path / "out"), "--shape", "tiny", "--seq-len", "64"]
+    assert prepare_main(argv) == INPUT_ERROR_EXIT
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == (
+        f"python -m training.prepare: error: {corpus} line 6: 'text' is null; every record must be a "
+        "JSON object with a string 'text' (--max-skipped-fraction lets a share of such records be "
+        "skipped and counted)"
+    ), err
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+    assert prepare_main([*argv, "--max-skipped-fraction", "0.1"]) == 0
+    manifest = shards.read_manifest(str(tmp_path / "out"))
+    assert manifest["documents"] == len(docs) - 2
+    assert manifest["skipped"]["records"] == 2 and manifest["skipped"]["of_records"] == len(docs)
+    assert manifest["skipped"]["reasons"] == {"'text' is null": 1, "malformed JSON": 1}
+    assert manifest["skipped"]["first"]["at"] == f"{corpus} line 6"
+    # Prepared under a looser threshold: a strict run does not take it as up to date.
+    assert prepare_main(argv) == INPUT_ERROR_EXIT
+    assert "2 of " in capsys.readouterr().err
+    # Too many for the threshold: named with the first.
+    assert prepare_main([*argv, "--max-skipped-fraction", "0.01"]) == INPUT_ERROR_EXIT
+    assert f"more than --max-skipped-fraction 0.01 allows; first: {corpus} line 6" in capsys.readouterr().err

@@ -149,5 +149,5 @@ def test_options_take_seq_len_from_prepared_data(tmp_path: Path) -> None:
     )
     raw = parse_args([*base, "--data", str(SAMPLE_DATA)])
     assert raw.prepared_data == str(tmp_path / "run" / "checkpoints" / "_prepared" / "train")
-    remote = parse_args([*base, "--data", str(SAMPLE_DATA), "--storage-path", "s3://b/ckpt"])
-    assert remote.prepared_data == "s3://b/ckpt/_prepared/train"
+    remote = parse_args([*base, "--data", str(SAMPLE_DATA), "--storage-path", "s3://bkt/ckpt"])
+    assert remote.prepared_data == "s3://bkt/ckpt/_prepared/train"
