@@ -240,7 +240,9 @@ class ClusterStack(cdk.Stack):
         obs = settings.observability
         self.node_monitoring: eks.Addon | None = None
         if obs.node_monitoring:
-            self.node_monitoring = node_monitoring_agent(self, "NodeMonitoringAgent", self.cluster_ref)
+            self.node_monitoring = node_monitoring_agent(
+                self, "NodeMonitoringAgent", self.cluster_ref, settings.addons.node_monitoring_agent
+            )
             self.node_monitoring.node.add_dependency(self.system_nodes.nodegroup)
         self.container_insights: ContainerInsights | None = None
         self.dashboard: TrainingDashboard | None = None

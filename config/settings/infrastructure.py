@@ -59,6 +59,18 @@ def _chart_version(value: str) -> str:
 
 ChartVersion = Annotated[str, AfterValidator(_chart_version)]
 
+# An EKS add-on version as `aws eks describe-addon-versions` lists it: v1.7.0-eksbuild.1.
+EKS_ADDON_VERSION_RE = re.compile(r"^v(?P<chart>\d+\.\d+\.\d+)-eksbuild\.\d+$")
+
+
+def _eks_addon_version(value: str) -> str:
+    if not EKS_ADDON_VERSION_RE.match(value):
+        raise ValueError(f"{value!r} is not a pinned EKS add-on version like v1.7.0-eksbuild.1")
+    return value
+
+
+EksAddonVersion = Annotated[str, AfterValidator(_eks_addon_version)]
+
 
 class EndpointAccess(StrEnum):
     # Both keep the private endpoint on: requests from inside the VPC (nodes, the pipeline's
@@ -208,7 +220,7 @@ class GpuNodeSettings(SettingsModel):
 
 
 class AddonSettings(SettingsModel):
-    """Pinned Helm chart versions."""
+    """Pinned Helm chart and EKS add-on versions."""
 
     nvidia_device_plugin: ChartVersion = "0.20.0"
     efa_device_plugin: ChartVersion = "0.5.30"
@@ -216,6 +228,19 @@ class AddonSettings(SettingsModel):
     # kubernetes.github.io/autoscaler; its image follows the cluster's Kubernetes minor
     # (cdk_constructs/cluster_autoscaler.py).
     cluster_autoscaler: ChartVersion = "9.59.0"
+    # The EKS add-on eks-node-monitoring-agent (observability.node_monitoring). Pinned, so what
+    # runs is the chart the tests render: add-on vX.Y.Z-eksbuild.N installs the chart of tag vX.Y.Z
+    # of aws/eks-node-monitoring-agent, whose values.yaml sets the agent image to that add-on version
+    # (nodeAgent.image.tag: v1.7.0-eksbuild.1 at tag v1.7.0). Unpinned, EKS picks its default
+    # version at create time and keeps it, whatever the tests saw.
+    node_monitoring_agent: EksAddonVersion = "v1.7.0-eksbuild.1"
+
+    @property
+    def node_monitoring_agent_chart(self) -> str:
+        """The chart version (and source tag without its `v`) the add-on version installs."""
+        match = EKS_ADDON_VERSION_RE.match(self.node_monitoring_agent)
+        assert match is not None  # validated above
+        return match["chart"]
 
 
 class StorageSettings(SettingsModel):
