@@ -168,6 +168,7 @@ class ContainerInsights(Construct):
         *,
         cluster: eks.ICluster,
         cluster_name: str,
+        version: str,
         ray_namespace: str,
         retention: logs.RetentionDays,
         removal_policy: cdk.RemovalPolicy,
@@ -221,6 +222,8 @@ class ContainerInsights(Construct):
             "Addon",
             cluster=cluster,
             addon_name=CLOUDWATCH_ADDON,
+            # Pinned (settings addons.cloudwatch_observability): the chart the tests render.
+            addon_version=version,
             # The literal name (not the group's token): the add-on's configuration stays plain
             # text in the template; the dependency below orders the two.
             configuration_values=cloudwatch_addon_configuration(

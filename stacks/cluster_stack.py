@@ -252,6 +252,7 @@ class ClusterStack(cdk.Stack):
                 "ContainerInsights",
                 cluster=self.cluster_ref,
                 cluster_name=settings.cluster.name,
+                version=settings.addons.cloudwatch_observability,
                 ray_namespace=settings.workload.namespace,
                 retention=log_retention(obs.log_retention_days),
                 removal_policy=removal_policy(settings),

@@ -50,6 +50,9 @@ _HOST_NETWORK_TOLERATION = {
     "effect": "NoSchedule",
 }
 
+# Custom resources the CloudWatch agent operator turns into DaemonSets.
+_OPERATOR_DAEMONSETS = ("AmazonCloudWatchAgent", "DcgmExporter", "NeuronMonitor")
+
 # EKS API's taint effects (AWS::EKS::Nodegroup Taints) as Kubernetes spells them.
 EKS_TAINT_EFFECTS = {
     "NO_SCHEDULE": "NoSchedule",
@@ -154,6 +157,18 @@ def pod_templates(documents: list[dict[str, Any]], source: str, namespace: str =
             out.append(
                 PodTemplate(f"{kind} {where} ({source})", kind, pod, int(spec.get("replicas", 1)), extra)
             )
+        elif kind in _OPERATOR_DAEMONSETS and spec.get("mode", "daemonset") == "daemonset":
+            # The CloudWatch agent operator makes a DaemonSet of each from the custom resource's
+            # own nodeSelector, affinity, tolerations and resources (CRDs of
+            # aws/amazon-cloudwatch-agent-operator, as the observability chart renders them).
+            pod = {k: spec[k] for k in ("nodeSelector", "affinity", "tolerations") if k in spec}
+            pod["containers"] = [{"name": meta.get("name"), "resources": spec.get("resources") or {}}]
+            if spec.get("hostNetwork"):
+                pod["hostNetwork"] = True
+            extra = list(_DAEMONSET_TOLERATIONS) + (
+                [_HOST_NETWORK_TOLERATION] if spec.get("hostNetwork") else []
+            )
+            out.append(PodTemplate(f"DaemonSet {where} ({kind}, {source})", "DaemonSet", pod, 1, extra))
         elif kind in ("RayCluster", "RayJob"):
             cluster = spec if kind == "RayCluster" else spec.get("rayClusterSpec")
             if not cluster:

@@ -95,6 +95,17 @@ def test_node_monitoring_agent_is_pinned_and_its_configuration_fits_the_addons_s
     ]
 
 
+def test_cloudwatch_addon_is_pinned_to_the_chart_the_tests_render(prod: Any) -> None:
+    from tests.helm_charts import chart_fixture
+
+    addons = prod.settings.addons
+    agent = _addons(prod.template("Cluster"))[obs.CLOUDWATCH_ADDON]
+    assert agent["AddonVersion"] == addons.cloudwatch_observability == "v6.4.0-eksbuild.1"
+    assert (
+        chart_fixture(obs.CLOUDWATCH_ADDON, addons.cloudwatch_observability_chart) / "values.yaml"
+    ).is_file()
+
+
 def test_node_monitoring_schema_refuses_what_eks_would_refuse() -> None:
     """The kept schema is strict: an unknown key (aws/eks-node-monitoring-agent#241's
     runtimeClassName) or a toleration list of strings fails, as the add-on API would."""
@@ -335,6 +346,7 @@ def test_observability_settings_errors_name_the_field() -> None:
         ("observability:\n  dashbord: true\n", "observability.dashbord"),
         ("addons:\n  node_monitoring_agent: 1.7.0\n", "addons.node_monitoring_agent"),
         ("addons:\n  node_monitoring_agent: latest\n", "addons.node_monitoring_agent"),
+        ("addons:\n  cloudwatch_observability: v6.4.0\n", "addons.cloudwatch_observability"),
     ):
         with pytest.raises(SettingsError) as info:
             parse_settings(base + bad, name="dev", source="config/environments/dev.yaml")

@@ -29,6 +29,7 @@ import pytest
 
 from cdk_constructs.cluster_autoscaler import NODE_TEMPLATE, node_template_tags
 from cdk_constructs.node_groups import gpu_node_labels
+from cdk_constructs.observability import CLOUDWATCH_ADDON, CLOUDWATCH_NAMESPACE
 from config.catalogue import CATALOGUE
 from config.names import (
     DCGM_SERVER,
@@ -111,6 +112,22 @@ def nma_release(
     )
 
 
+def cloudwatch_release(template: dict[str, Any], settings: Settings) -> Release:
+    """The CloudWatch observability add-on as a chart release: our configuration values, plus the
+    cluster's name and region, which EKS supplies to the chart itself."""
+    found = addon_configuration(template, CLOUDWATCH_ADDON)
+    assert found is not None
+    version, values = found
+    assert version == settings.addons.cloudwatch_observability
+    return Release(
+        CLOUDWATCH_ADDON,
+        settings.addons.cloudwatch_observability_chart,
+        CLOUDWATCH_ADDON,
+        CLOUDWATCH_NAMESPACE,
+        {**values, "clusterName": settings.cluster.name, "region": settings.region},
+    )
+
+
 def ray_pods(settings: Settings) -> list[sch.PodTemplate]:
     app = cdk8s.App()
     chart = workload_chart.build_workload_chart(
@@ -140,6 +157,8 @@ def clusters(synthesized: dict[str, Any], helm_work: Path) -> dict[str, Cluster]
         releases = list(helm_releases(template).values())
         if settings.observability.node_monitoring:
             releases.append(nma_release(template, settings))
+        if settings.observability.metrics:
+            releases.append(cloudwatch_release(template, settings))
         pods: list[sch.PodTemplate] = []
         for release in releases:
             docs = render(helm, release, work, kubernetes_version=settings.cluster.kubernetes_version)
@@ -157,6 +176,13 @@ def required_on_gpu_nodes(settings: Settings) -> list[tuple[str, str]]:
         agents.append(("EFA device plugin", EFA_DEVICE_PLUGIN_CHART))
     if settings.observability.node_monitoring:
         agents += [("node monitoring agent", NODE_MONITORING_AGENT), ("DCGM host engine", DCGM_SERVER)]
+    if settings.observability.metrics:
+        # Container Insights: node and GPU/EFA metrics, container logs (the training job's too).
+        agents += [
+            ("CloudWatch agent", "cloudwatch-agent"),
+            ("DCGM exporter (GPU metrics)", "dcgm-exporter"),
+            ("Fluent Bit (container logs)", "fluent-bit"),
+        ]
     return agents
 
 
@@ -185,6 +211,16 @@ def agents_kept_away(
 def test_every_agent_a_gpu_node_needs_schedules_there(clusters: dict[str, Cluster], env: str) -> None:
     c = clusters[env]
     assert agents_kept_away(c.pods, c.gpu, required_on_gpu_nodes(c.settings)) == []
+
+
+def test_prod_checks_the_cloudwatch_agents(clusters: dict[str, Cluster]) -> None:
+    c = clusters["prod"]
+    assert c.settings.observability.metrics
+    names = {name for _, name in required_on_gpu_nodes(c.settings)}
+    assert {"cloudwatch-agent", "dcgm-exporter", "fluent-bit"} <= names
+    # The add-on's operator is a controller: on system nodes, not GPU ones.
+    operator = c.named("Deployment", "amazon-cloudwatch-observability-controller-manager")
+    assert sch.why_not(operator, c.system) is None and sch.why_not(operator, c.gpu) is not None
 
 
 @pytest.mark.parametrize("env", ENVS)

@@ -234,13 +234,28 @@ class AddonSettings(SettingsModel):
     # (nodeAgent.image.tag: v1.7.0-eksbuild.1 at tag v1.7.0). Unpinned, EKS picks its default
     # version at create time and keeps it, whatever the tests saw.
     node_monitoring_agent: EksAddonVersion = "v1.7.0-eksbuild.1"
+    # The EKS add-on amazon-cloudwatch-observability (observability.metrics), pinned likewise:
+    # vX.Y.Z-eksbuild.N is the chart aws-observability/helm-charts tags
+    # amazon-cloudwatch-observability-X.Y.Z (its RELEASE_NOTES are the add-on's; helm-charts#153).
+    cloudwatch_observability: EksAddonVersion = "v6.4.0-eksbuild.1"
 
     @property
     def node_monitoring_agent_chart(self) -> str:
-        """The chart version (and source tag without its `v`) the add-on version installs."""
-        match = EKS_ADDON_VERSION_RE.match(self.node_monitoring_agent)
-        assert match is not None  # validated above
-        return match["chart"]
+        """The chart version the node monitoring add-on version installs."""
+        return eks_addon_chart_version(self.node_monitoring_agent)
+
+    @property
+    def cloudwatch_observability_chart(self) -> str:
+        """The chart version the CloudWatch observability add-on version installs."""
+        return eks_addon_chart_version(self.cloudwatch_observability)
+
+
+def eks_addon_chart_version(addon_version: str) -> str:
+    """X.Y.Z of an add-on version vX.Y.Z-eksbuild.N: the chart it installs, for the two add-ons
+    whose charts are public (see AddonSettings)."""
+    match = EKS_ADDON_VERSION_RE.match(addon_version)
+    assert match is not None, addon_version  # validated by EksAddonVersion
+    return match["chart"]
 
 
 class StorageSettings(SettingsModel):
