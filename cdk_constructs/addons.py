@@ -36,7 +36,8 @@ NVIDIA_REPOSITORY = "https://nvidia.github.io/k8s-device-plugin"
 EFA_REPOSITORY = "https://aws.github.io/eks-charts"
 KUBERAY_REPOSITORY = "https://ray-project.github.io/kuberay-helm/"
 
-_GPU_TOLERATION = {"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}
+# What a pod needs to land on a GPU node (the GPU group's taint, cdk_constructs/node_groups.py).
+GPU_TOLERATION = {"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}
 
 
 def values_file(chart: str, version: str) -> Path:
@@ -72,7 +73,7 @@ def nvidia_device_plugin_values() -> dict[str, Any]:
         # Only GPU nodes: the chart's default affinity also matches this label; the selector
         # keeps it off any node that merely has NFD's PCI label.
         "nodeSelector": {GPU_PRESENT_LABEL: GPU_NODE_LABELS[GPU_PRESENT_LABEL]},
-        "tolerations": [_GPU_TOLERATION],
+        "tolerations": [GPU_TOLERATION],
         # 0.19.0-0.19.2 turned MOFED on and grabbed the EFA devices; keep it off explicitly.
         "mofedEnabled": False,
         "gfd": {"enabled": False},
@@ -84,7 +85,7 @@ def efa_device_plugin_values(images: ImageSource | None = None) -> dict[str, Any
         **_image(images, EFA_PUBLIC_REPOSITORY),
         "nodeSelector": {NODE_ROLE_LABEL: GPU_NODE_LABELS[NODE_ROLE_LABEL]},
         # The chart tolerates nothing by default, and GPU nodes carry the GPU taint.
-        "tolerations": [_GPU_TOLERATION],
+        "tolerations": [GPU_TOLERATION],
     }
 
 

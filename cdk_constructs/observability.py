@@ -4,7 +4,9 @@
   per-category NodeConditions (KernelReady, NetworkingReady, StorageReady, and for GPUs
   AcceleratedHardwareReady from NVIDIA XID errors and DCGM); managed node group auto-repair acts
   on them (https://docs.aws.amazon.com/eks/latest/userguide/node-health.html). The repair side
-  is on the GPU node group (cdk_constructs/node_groups.py, NodeRepairConfig).
+  is on the GPU node group (cdk_constructs/node_groups.py, NodeRepairConfig). On GPU nodes its
+  DCGM host engine (`dcgm-server`) must run too, so the configuration gives it the GPU toleration
+  (docs/node-health.md).
 - `ContainerInsights`: the EKS add-on `amazon-cloudwatch-observability` (CloudWatch agent with
   Container Insights enhanced observability, DCGM exporter for NVIDIA GPU metrics, EFA metrics,
   Fluent Bit for container logs). Permissions through EKS Pod Identity, which the add-on supports
@@ -36,11 +38,13 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
+from cdk_constructs.addons import GPU_TOLERATION
 from cdk_constructs.encrypted_logs import encrypted_log_group, log_group_key
 from cdk_constructs.nag import acknowledge, managed_policy_finding
+from config.names import NODE_MONITORING_AGENT
 from training import emf
 
-NODE_MONITORING_ADDON = "eks-node-monitoring-agent"
+NODE_MONITORING_ADDON = NODE_MONITORING_AGENT
 CLOUDWATCH_ADDON = "amazon-cloudwatch-observability"
 CLOUDWATCH_NAMESPACE = "amazon-cloudwatch"
 CLOUDWATCH_SERVICE_ACCOUNT = "cloudwatch-agent"
@@ -57,13 +61,35 @@ def container_insights_log_group(cluster_name: str, kind: str) -> str:
     return f"/aws/containerinsights/{cluster_name}/{kind}"
 
 
-def node_monitoring_agent(scope: Construct, construct_id: str, cluster: eks.ICluster) -> eks.Addon:
-    """The node monitoring agent DaemonSet; removed with the stack (preserve_on_delete off)."""
+def node_monitoring_configuration() -> dict[str, Any]:
+    """The add-on's configuration values (its schema: charts/configuration.schema.json of the
+    release; a copy in tests/fixtures/charts/, against which tests validate these).
+
+    - `dcgmAgent.tolerations`: the chart's default is `[]`, so on our tainted GPU nodes no DCGM
+      host engine would run; the agent then reports a DCGM error on AcceleratedHardwareReady and
+      auto-repair replaces the node minutes after it boots (aws/containers-roadmap#2567, #2555).
+      Only the GPU taint: its affinity already keeps it to GPU instance types.
+    - `nodeAgent.tolerations`: the chart's own default (tolerate every taint), written here so a
+      later chart that narrowed it could not take node health off the GPU nodes unnoticed.
+    """
+    return {
+        "nodeAgent": {"tolerations": [{"operator": "Exists"}]},
+        "dcgmAgent": {"tolerations": [dict(GPU_TOLERATION)]},
+    }
+
+
+def node_monitoring_agent(
+    scope: Construct, construct_id: str, cluster: eks.ICluster, version: str
+) -> eks.Addon:
+    """The node monitoring agent and its DCGM host engine, at a pinned add-on version (settings
+    addons.node_monitoring_agent); removed with the stack (preserve_on_delete off)."""
     return eks.Addon(
         scope,
         construct_id,
         cluster=cluster,
         addon_name=NODE_MONITORING_ADDON,
+        addon_version=version,
+        configuration_values=node_monitoring_configuration(),
         preserve_on_delete=False,
     )
 
@@ -142,6 +168,7 @@ class ContainerInsights(Construct):
         *,
         cluster: eks.ICluster,
         cluster_name: str,
+        version: str,
         ray_namespace: str,
         retention: logs.RetentionDays,
         removal_policy: cdk.RemovalPolicy,
@@ -195,6 +222,8 @@ class ContainerInsights(Construct):
             "Addon",
             cluster=cluster,
             addon_name=CLOUDWATCH_ADDON,
+            # Pinned (settings addons.cloudwatch_observability): the chart the tests render.
+            addon_version=version,
             # The literal name (not the group's token): the add-on's configuration stays plain
             # text in the template; the dependency below orders the two.
             configuration_values=cloudwatch_addon_configuration(

@@ -40,6 +40,17 @@ KUBERAY_NAMESPACE = "kuberay-system"
 KUBERAY_CHART = "kuberay-operator"
 KUBERAY_RELEASE = "kuberay-operator"
 
+# The EKS add-on eks-node-monitoring-agent runs two DaemonSets in kube-system (its chart's
+# templates/daemonset.yaml and dcgm-daemonset.yaml, aws/eks-node-monitoring-agent v1.7.0): the
+# agent, and `dcgm-server`, the DCGM host engine (nv-hostengine, host port 5555) that the agent's
+# NVIDIA monitor connects to on GPU nodes. The agent reports GPU health as this node condition,
+# which managed node group auto-repair acts on (EKS User Guide, node-health).
+NODE_MONITORING_NAMESPACE = "kube-system"
+NODE_MONITORING_AGENT = "eks-node-monitoring-agent"
+DCGM_SERVER = "dcgm-server"
+DCGM_SERVER_LABELS = {"k8s-app": DCGM_SERVER, "version": "v1"}
+ACCELERATED_HARDWARE_CONDITION = "AcceleratedHardwareReady"
+
 # --- The Ray workload -----------------------------------------------------------------------------
 
 # Default namespace of the Ray pods (settings: workload.namespace).

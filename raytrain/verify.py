@@ -9,6 +9,9 @@ kubeconfig `aws eks update-kubeconfig` writes) whether what Kubernetes reports m
   nodes while a RayJob runs and removes them after, so none between jobs is expected);
 - the NVIDIA and EFA device-plugin DaemonSets have a ready pod on every GPU node (a node missing
   `nvidia.com/gpu.present=true` gets no NVIDIA plugin pod and so advertises no GPUs);
+- with node monitoring on (observability.node_monitoring): a ready `dcgm-server` pod (the agent's
+  DCGM host engine) on every GPU node, and every GPU node reports `AcceleratedHardwareReady` True
+  (without the engine the agent reports a DCGM error there and auto-repair replaces the node);
 - the KubeRay operator Deployment is available;
 - the RayCluster is ready with the expected workers, GPUs and EFA requests; a RayJob's state.
 
@@ -30,6 +33,9 @@ from rich.table import Table
 
 from config.loader import SettingsError, load_settings
 from config.names import (
+    ACCELERATED_HARDWARE_CONDITION,
+    DCGM_SERVER,
+    DCGM_SERVER_LABELS,
     DEVICE_PLUGIN_NAMESPACE,
     EFA_DEVICE_PLUGIN_CHART,
     EFA_RESOURCE,
@@ -39,6 +45,7 @@ from config.names import (
     GPU_RESOURCE,
     KUBERAY_NAMESPACE,
     KUBERAY_RELEASE,
+    NODE_MONITORING_NAMESPACE,
     NODE_ROLE_LABEL,
     NVIDIA_DEVICE_PLUGIN_CHART,
     STANDING_CLUSTER_NAME,
@@ -253,6 +260,8 @@ def verify(api: Api, settings: Settings) -> list[Check]:
     checks: list[Check] = []
     gpu_nodes = check_nodes(api, settings, checks)
     check_device_plugins(api, settings, gpu_nodes, checks)
+    if settings.observability.node_monitoring:
+        check_node_health(api, gpu_nodes, checks)
     check_operator(api, checks)
     check_ray(api, settings, checks)
     return checks
@@ -381,6 +390,49 @@ def check_device_plugins(
             checks.append(
                 Check(title, subject, PASS, f"ready on all {len(node_names)} GPU node(s) ({counts})")
             )
+
+
+def _condition_detail(obj: dict[str, Any], kind: str) -> str:
+    for cond in (obj.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == kind:
+            why = ": ".join(str(cond[k]) for k in ("reason", "message") if cond.get(k))
+            return f"{kind}={cond.get('status')}" + (f" ({why})" if why else "")
+    return f"{kind} not reported"
+
+
+def check_node_health(api: Api, gpu_nodes: list[dict[str, Any]], checks: list[Check]) -> None:
+    """The node monitoring agent's GPU side on every GPU node: its DCGM host engine runs there,
+    and the agent reports the node's accelerated hardware healthy. Auto-repair acts on a False
+    AcceleratedHardwareReady (a DCGM engine that cannot be reached reads as a GPU fault)."""
+    selector = ",".join(f"{k}={v}" for k, v in sorted(DCGM_SERVER_LABELS.items()))
+    pods = api.pods(NODE_MONITORING_NAMESPACE, selector)
+    ready_on = {(p.get("spec") or {}).get("nodeName") for p in pods if _pod_ready(p)}
+    names = sorted(_name(n) for n in gpu_nodes)
+    missing = [n for n in names if n not in ready_on]
+    subject = f"{NODE_MONITORING_NAMESPACE}/{DCGM_SERVER}"
+    if missing:
+        checks.append(
+            Check(
+                "DCGM host engine",
+                subject,
+                FAIL,
+                f"no ready pod on {len(missing)} of {len(names)} GPU node(s): {', '.join(missing)} "
+                "(the add-on's dcgmAgent.tolerations must tolerate the GPU taint); the agent reports "
+                f"a DCGM error on {ACCELERATED_HARDWARE_CONDITION} and auto-repair replaces the node",
+            )
+        )
+    else:
+        checks.append(Check("DCGM host engine", subject, PASS, f"ready on all {len(names)} GPU node(s)"))
+    for node in gpu_nodes:
+        healthy = _condition(node, ACCELERATED_HARDWARE_CONDITION) == "True"
+        checks.append(
+            Check(
+                "GPU health",
+                _name(node),
+                PASS if healthy else FAIL,
+                _condition_detail(node, ACCELERATED_HARDWARE_CONDITION),
+            )
+        )
 
 
 def check_operator(api: Api, checks: list[Check]) -> None:

@@ -279,7 +279,9 @@ class ClusterStack(cdk.Stack):
         obs = settings.observability
         self.node_monitoring: eks.Addon | None = None
         if obs.node_monitoring:
-            self.node_monitoring = node_monitoring_agent(self, "NodeMonitoringAgent", self.cluster_ref)
+            self.node_monitoring = node_monitoring_agent(
+                self, "NodeMonitoringAgent", self.cluster_ref, settings.addons.node_monitoring_agent
+            )
             self.node_monitoring.node.add_dependency(self.system_nodes.nodegroup)
         self.container_insights: ContainerInsights | None = None
         self.dashboard: TrainingDashboard | None = None
@@ -289,6 +291,7 @@ class ClusterStack(cdk.Stack):
                 "ContainerInsights",
                 cluster=self.cluster_ref,
                 cluster_name=settings.cluster.name,
+                version=settings.addons.cloudwatch_observability,
                 ray_namespace=settings.workload.namespace,
                 retention=log_retention(obs.log_retention_days),
                 removal_policy=removal_policy(settings),

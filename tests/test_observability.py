@@ -66,6 +66,80 @@ def test_node_monitoring_agent_is_on_by_default(synthesized: dict[str, Any], env
     assert synthesized[env].settings.observability.node_monitoring
 
 
+def _node_monitoring_schema(settings: Any) -> dict[str, Any]:
+    from tests.helm_charts import chart_fixture
+
+    chart = chart_fixture(obs.NODE_MONITORING_ADDON, settings.addons.node_monitoring_agent_chart)
+    return json.loads((chart / "configuration.schema.json").read_text())
+
+
+@pytest.mark.parametrize("env", ["dev", "prod"])
+def test_node_monitoring_agent_is_pinned_and_its_configuration_fits_the_addons_schema(
+    synthesized: dict[str, Any], env: str
+) -> None:
+    """EKS validates ConfigurationValues against the add-on version's schema (additionalProperties
+    false throughout) and refuses the add-on otherwise: what we send must pass it here first."""
+    import jsonschema
+
+    settings = synthesized[env].settings
+    agent = _addons(synthesized[env].template("Cluster"))[obs.NODE_MONITORING_ADDON]
+    assert agent["AddonVersion"] == settings.addons.node_monitoring_agent == "v1.7.0-eksbuild.1"
+    config = json.loads(agent["ConfigurationValues"])
+    assert config == obs.node_monitoring_configuration()
+    schema = _node_monitoring_schema(settings)
+    jsonschema.Draft7Validator.check_schema(schema)
+    jsonschema.Draft7Validator(schema).validate(config)
+    # The DCGM host engine tolerates the GPU group's taint (the chart's default is none).
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in config["dcgmAgent"][
+        "tolerations"
+    ]
+
+
+def test_cloudwatch_addon_is_pinned_to_the_chart_the_tests_render(prod: Any) -> None:
+    from tests.helm_charts import chart_fixture
+
+    addons = prod.settings.addons
+    agent = _addons(prod.template("Cluster"))[obs.CLOUDWATCH_ADDON]
+    assert agent["AddonVersion"] == addons.cloudwatch_observability == "v6.4.0-eksbuild.1"
+    assert (
+        chart_fixture(obs.CLOUDWATCH_ADDON, addons.cloudwatch_observability_chart) / "values.yaml"
+    ).is_file()
+
+
+def test_node_monitoring_schema_refuses_what_eks_would_refuse() -> None:
+    """The kept schema is strict: an unknown key (aws/eks-node-monitoring-agent#241's
+    runtimeClassName) or a toleration list of strings fails, as the add-on API would."""
+    import jsonschema
+
+    from config.loader import load_settings
+
+    validator = jsonschema.Draft7Validator(_node_monitoring_schema(load_settings("dev")))
+    for bad in (
+        {"dcgmAgent": {"runtimeClassName": "nvidia"}},
+        {"dcgmAgent": {"tolerations": ["nvidia.com/gpu"]}},
+        {"dcgmAgents": {"tolerations": []}},
+    ):
+        assert list(validator.iter_errors(bad)), bad
+
+
+def test_node_monitoring_chart_is_the_one_the_addon_version_installs() -> None:
+    """Add-on vX.Y.Z-eksbuild.N is the chart of tag vX.Y.Z: its values pin the agent image to the
+    add-on version (SOURCE.md of the fixture)."""
+    from ruamel.yaml import YAML
+
+    from config.loader import load_settings
+    from tests.helm_charts import chart_fixture
+
+    addons = load_settings("dev").addons
+    chart = chart_fixture(obs.NODE_MONITORING_ADDON, addons.node_monitoring_agent_chart)
+    meta = YAML(typ="safe", pure=True).load((chart / "Chart.yaml").read_text())
+    values = YAML(typ="safe", pure=True).load((chart / "values.yaml").read_text())
+    assert meta["version"] == addons.node_monitoring_agent_chart == "1.7.0"
+    assert values["nodeAgent"]["image"]["tag"] == addons.node_monitoring_agent
+    # The chart's own default leaves DCGM off every tainted node: the configuration must say otherwise.
+    assert values["dcgmAgent"]["tolerations"] == []
+
+
 def test_switches_turn_node_health_off() -> None:
     from aws_cdk.assertions import Match, Template
 
@@ -270,6 +344,9 @@ def test_observability_settings_errors_name_the_field() -> None:
         ("observability:\n  metrics: sometimes\n", "observability.metrics"),
         ("observability:\n  log_retention_days: 31\n", "observability.log_retention_days"),
         ("observability:\n  dashbord: true\n", "observability.dashbord"),
+        ("addons:\n  node_monitoring_agent: 1.7.0\n", "addons.node_monitoring_agent"),
+        ("addons:\n  node_monitoring_agent: latest\n", "addons.node_monitoring_agent"),
+        ("addons:\n  cloudwatch_observability: v6.4.0\n", "addons.cloudwatch_observability"),
     ):
         with pytest.raises(SettingsError) as info:
             parse_settings(base + bad, name="dev", source="config/environments/dev.yaml")

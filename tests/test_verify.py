@@ -39,7 +39,20 @@ def _node(name: str, settings: Settings, *, gpu_node: bool) -> dict[str, Any]:
         "eks.amazonaws.com/nodegroup": "gpu" if gpu_node else "system",
     }
     alloc = {"cpu": "47810m", "memory": "183000000Ki", "pods": "234", "ephemeral-storage": "190Gi"}
+    conditions = [
+        {"type": "MemoryPressure", "status": "False", "reason": "KubeletHasSufficientMemory"},
+        {"type": "Ready", "status": "True", "reason": "KubeletReady"},
+    ]
     if gpu_node:
+        # What the node monitoring agent sets on a healthy GPU node.
+        conditions.append(
+            {
+                "type": "AcceleratedHardwareReady",
+                "status": "True",
+                "reason": "NvidiaAcceleratedHardwareIsReady",
+                "message": "Monitoring for the Nvidia AcceleratedHardware system is active",
+            }
+        )
         labels |= {"role": "gpu-worker", "nvidia.com/gpu.present": "true"}
         alloc |= {"nvidia.com/gpu": str(gpu.instance.gpus)}
         if gpu.efa:
@@ -54,10 +67,7 @@ def _node(name: str, settings: Settings, *, gpu_node: bool) -> dict[str, Any]:
         "status": {
             "capacity": dict(alloc),
             "allocatable": alloc,
-            "conditions": [
-                {"type": "MemoryPressure", "status": "False", "reason": "KubeletHasSufficientMemory"},
-                {"type": "Ready", "status": "True", "reason": "KubeletReady"},
-            ],
+            "conditions": conditions,
             "nodeInfo": {
                 "kubeletVersion": "v1.35.2-eks-1a2b3c4",
                 "containerRuntimeVersion": "containerd://2.1.4",
@@ -105,6 +115,8 @@ NVIDIA_LABELS = {
     "app.kubernetes.io/instance": "nvidia-device-plugin",
 }
 EFA_LABELS = {"name": "aws-efa-k8s-device-plugin"}
+# The node monitoring agent's DCGM host engine (its chart's templates/dcgm-daemonset.yaml).
+DCGM_LABELS = {"k8s-app": "dcgm-server", "version": "v1"}
 
 
 def _ray_cluster(
@@ -167,6 +179,7 @@ def healthy_cluster(settings: Settings, gpu_nodes: int | None = None) -> dict[st
     nodes += [_node(n, settings, gpu_node=True) for n in gpu_names]
     pods = [_pod(f"nvidia-device-plugin-{i}", n, NVIDIA_LABELS) for i, n in enumerate(gpu_names)]
     pods += [_pod(f"aws-efa-k8s-device-plugin-{i}", n, EFA_LABELS) for i, n in enumerate(gpu_names)]
+    pods += [_pod(f"dcgm-server-{i}", n, DCGM_LABELS) for i, n in enumerate(gpu_names)]
     pods += [_pod("aws-node-x", nodes[0]["metadata"]["name"], {"k8s-app": "aws-node"})]
     k = len(gpu_names)
     daemonsets = [
@@ -179,6 +192,7 @@ def healthy_cluster(settings: Settings, gpu_nodes: int | None = None) -> dict[st
         ),
         _daemonset("nvidia-device-plugin", NVIDIA_LABELS, k, k),
         _daemonset("aws-efa-k8s-device-plugin", EFA_LABELS, k, k),
+        _daemonset("dcgm-server", DCGM_LABELS, k, k),
     ]
     operator = {
         "apiVersion": "apps/v1",
@@ -576,3 +590,75 @@ def test_stopped_job_still_holding_its_workers_fails(
         group["suspend"] = True
     (row,) = [c for c in verify.verify(api, settings) if c.name == "RayJob"]
     assert row.result == verify.INFO
+
+
+# --- node health: the DCGM host engine and AcceleratedHardwareReady -------------------------------
+
+
+def test_healthy_gpu_nodes_run_dcgm_and_report_gpu_health(
+    api_server: FakeApi, settings: Settings, tmp_path: Path
+) -> None:
+    api_server.routes = healthy_cluster(settings)
+    rc, text = run_verify(tmp_path, api_server)
+    assert rc == 0, text
+    (dcgm,) = rows(text, "DCGM host engine")
+    assert "PASS" in dcgm and "kube-system/dcgm-server" in dcgm
+    health = rows(text, "GPU health")
+    assert len(health) == settings.job.nodes and all("AcceleratedHardwareReady=True" in r for r in health)
+    assert any("labelSelector=k8s-app%3Ddcgm-server%2Cversion%3Dv1" in r for r in api_server.requests)
+
+
+def test_gpu_node_without_dcgm_server_fails(api_server: FakeApi, settings: Settings, tmp_path: Path) -> None:
+    """The original failure: DCGM without the GPU toleration runs on no GPU node."""
+    routes = healthy_cluster(settings)
+    pods = routes["/api/v1/namespaces/kube-system/pods"]["items"]
+    routes["/api/v1/namespaces/kube-system/pods"]["items"] = [
+        p for p in pods if not p["metadata"]["name"].startswith("dcgm-server")
+    ]
+    victim = next(n for n in routes["/api/v1/nodes"]["items"] if "role" in n["metadata"]["labels"])
+    for cond in victim["status"]["conditions"]:
+        if cond["type"] == "AcceleratedHardwareReady":
+            cond.update(
+                status="False",
+                reason="DCGMError",
+                message="failed to initialize DCGM: Error connecting to nv-hostengine",
+            )
+    api_server.routes = routes
+    rc, text = run_verify(tmp_path, api_server)
+    assert rc == 1, text
+    (dcgm,) = rows(text, "DCGM host engine")
+    assert "FAIL" in dcgm and f"no ready pod on {settings.job.nodes} of {settings.job.nodes}" in dcgm
+    assert "dcgmAgent.tolerations" in text
+    (bad,) = [r for r in rows(text, "GPU health") if victim["metadata"]["name"] in r]
+    assert "FAIL" in bad and "AcceleratedHardwareReady=False (DCGMError" in bad
+
+
+def test_gpu_health_not_reported_fails(api_server: FakeApi, settings: Settings, tmp_path: Path) -> None:
+    routes = healthy_cluster(settings)
+    victim = next(n for n in routes["/api/v1/nodes"]["items"] if "role" in n["metadata"]["labels"])
+    victim["status"]["conditions"] = [
+        c for c in victim["status"]["conditions"] if c["type"] != "AcceleratedHardwareReady"
+    ]
+    api_server.routes = routes
+    rc, text = run_verify(tmp_path, api_server)
+    assert rc == 1
+    (bad,) = [r for r in rows(text, "GPU health") if victim["metadata"]["name"] in r]
+    assert "FAIL" in bad and "AcceleratedHardwareReady not reported" in bad
+
+
+def test_node_health_not_checked_without_node_monitoring(settings: Settings, serve_kube_api) -> None:
+    off = settings.model_copy(
+        update={"observability": settings.observability.model_copy(update={"node_monitoring": False})}
+    )
+    server = serve_kube_api(FakeApi())
+    routes = healthy_cluster(settings)
+    routes["/api/v1/namespaces/kube-system/pods"]["items"] = [
+        p
+        for p in routes["/api/v1/namespaces/kube-system/pods"]["items"]
+        if "dcgm" not in p["metadata"]["name"]
+    ]
+    server.routes = routes
+    api = verify.connect(str(server.kubeconfig), None, off)
+    checks = verify.verify(api, off)
+    assert not [c for c in checks if c.name in ("DCGM host engine", "GPU health")]
+    assert all(c.result != verify.FAIL for c in checks), checks

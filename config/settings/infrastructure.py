@@ -60,6 +60,18 @@ def _chart_version(value: str) -> str:
 
 ChartVersion = Annotated[str, AfterValidator(_chart_version)]
 
+# An EKS add-on version as `aws eks describe-addon-versions` lists it: v1.7.0-eksbuild.1.
+EKS_ADDON_VERSION_RE = re.compile(r"^v(?P<chart>\d+\.\d+\.\d+)-eksbuild\.\d+$")
+
+
+def _eks_addon_version(value: str) -> str:
+    if not EKS_ADDON_VERSION_RE.match(value):
+        raise ValueError(f"{value!r} is not a pinned EKS add-on version like v1.7.0-eksbuild.1")
+    return value
+
+
+EksAddonVersion = Annotated[str, AfterValidator(_eks_addon_version)]
+
 
 class EndpointAccess(StrEnum):
     # Both keep the private endpoint on: requests from inside the VPC (nodes, the pipeline's
@@ -209,7 +221,7 @@ class GpuNodeSettings(SettingsModel):
 
 
 class AddonSettings(SettingsModel):
-    """Pinned Helm chart versions."""
+    """Pinned Helm chart and EKS add-on versions."""
 
     nvidia_device_plugin: ChartVersion = "0.20.0"
     efa_device_plugin: ChartVersion = "0.5.30"
@@ -217,6 +229,34 @@ class AddonSettings(SettingsModel):
     # kubernetes.github.io/autoscaler; its image follows the cluster's Kubernetes minor
     # (cdk_constructs/cluster_autoscaler.py).
     cluster_autoscaler: ChartVersion = "9.59.0"
+    # The EKS add-on eks-node-monitoring-agent (observability.node_monitoring). Pinned, so what
+    # runs is the chart the tests render: add-on vX.Y.Z-eksbuild.N installs the chart of tag vX.Y.Z
+    # of aws/eks-node-monitoring-agent, whose values.yaml sets the agent image to that add-on version
+    # (nodeAgent.image.tag: v1.7.0-eksbuild.1 at tag v1.7.0). Unpinned, EKS picks its default
+    # version at create time and keeps it, whatever the tests saw.
+    node_monitoring_agent: EksAddonVersion = "v1.7.0-eksbuild.1"
+    # The EKS add-on amazon-cloudwatch-observability (observability.metrics), pinned likewise:
+    # vX.Y.Z-eksbuild.N is the chart aws-observability/helm-charts tags
+    # amazon-cloudwatch-observability-X.Y.Z (its RELEASE_NOTES are the add-on's; helm-charts#153).
+    cloudwatch_observability: EksAddonVersion = "v6.4.0-eksbuild.1"
+
+    @property
+    def node_monitoring_agent_chart(self) -> str:
+        """The chart version the node monitoring add-on version installs."""
+        return eks_addon_chart_version(self.node_monitoring_agent)
+
+    @property
+    def cloudwatch_observability_chart(self) -> str:
+        """The chart version the CloudWatch observability add-on version installs."""
+        return eks_addon_chart_version(self.cloudwatch_observability)
+
+
+def eks_addon_chart_version(addon_version: str) -> str:
+    """X.Y.Z of an add-on version vX.Y.Z-eksbuild.N: the chart it installs, for the two add-ons
+    whose charts are public (see AddonSettings)."""
+    match = EKS_ADDON_VERSION_RE.match(addon_version)
+    assert match is not None, addon_version  # validated by EksAddonVersion
+    return match["chart"]
 
 
 class RegistrySettings(SettingsModel):
