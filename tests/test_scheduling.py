@@ -27,8 +27,7 @@ from typing import Any
 import cdk8s
 import pytest
 
-from cdk_constructs.cluster_autoscaler import NODE_TEMPLATE, node_template_tags
-from cdk_constructs.node_groups import gpu_node_labels
+from cdk_constructs.cluster_autoscaler import NODE_TEMPLATE
 from cdk_constructs.observability import CLOUDWATCH_ADDON, CLOUDWATCH_NAMESPACE
 from config.catalogue import CATALOGUE
 from config.names import (
@@ -322,25 +321,22 @@ def test_shortfall_names_the_resource() -> None:
 # --- scale from zero ----------------------------------------------------------------------------------
 
 
-def template_node(settings: Settings) -> sch.NodeGroup:
-    """The node the Cluster Autoscaler imagines for the GPU group with none running: the instance
-    type's resources and the group's node-template tags (labels, taints, extended resources)."""
+def template_node(settings: Settings, template: dict[str, Any]) -> sch.NodeGroup:
+    """The node the Cluster Autoscaler imagines for the GPU group with none running, as its AWS
+    provider builds it for a managed node group (aws_manager.go buildNodeFromTemplate, 1.34-1.36):
+    the instance type's resources, the node group's Labels and Taints (eks:DescribeNodegroup) and
+    the `node-template/resources/*` of the node group's Tags, all read from the synthesized template."""
     gpu = settings.gpu_nodes
-    tags = node_template_tags(gpu.instance, efa=gpu.efa, labels=gpu_node_labels(gpu.instance))
-    labels = {k.removeprefix(f"{NODE_TEMPLATE}/label/"): v for k, v in tags.items() if "/label/" in k}
-    taints = []
-    for key, value in tags.items():
-        if "/taint/" in key:
-            taint_value, effect = value.split(":")
-            taints.append(
-                {"Key": key.removeprefix(f"{NODE_TEMPLATE}/taint/"), "Value": taint_value, "Effect": effect}
-            )
-    effects = {v: k for k, v in sch.EKS_TAINT_EFFECTS.items()}
+    (props,) = [
+        r["Properties"]
+        for r in template["Resources"].values()
+        if r["Type"] == "AWS::EKS::Nodegroup" and r["Properties"]["Labels"].get("role") == "gpu-worker"
+    ]
     node = sch.node_group(
         "gpu-template",
         gpu.instance,
-        labels=labels,
-        taints=[{**t, "Effect": effects[t["Effect"]]} for t in taints],
+        labels=dict(props["Labels"]),
+        taints=list(props.get("Taints", [])),
         zone=gpu.availability_zone,
         capacity_type=str(gpu.capacity_type),
         gpu_resource=GPU_RESOURCE,
@@ -349,18 +345,20 @@ def template_node(settings: Settings) -> sch.NodeGroup:
     )
     extended = {
         k.removeprefix(f"{NODE_TEMPLATE}/resources/"): Decimal(v)
-        for k, v in tags.items()
-        if "/resources/" in k
+        for k, v in props.get("Tags", {}).items()
+        if k.startswith(f"{NODE_TEMPLATE}/resources/")
     }
     allocatable = {k: v for k, v in node.allocatable.items() if k in ("cpu", "memory", "pods")} | extended
     return sch.NodeGroup(node.name, node.labels, node.taints, allocatable)
 
 
 @pytest.mark.parametrize("env", ENVS)
-def test_autoscaler_template_node_offers_what_the_worker_asks(clusters: dict[str, Cluster], env: str) -> None:
+def test_autoscaler_template_node_offers_what_the_worker_asks(
+    clusters: dict[str, Cluster], synthesized: dict[str, Any], env: str
+) -> None:
     c = clusters[env]
     (worker,) = c.of_kind("RayWorker")
-    node = template_node(c.settings)
+    node = template_node(c.settings, synthesized[env].template("Cluster"))
     assert sch.why_not(worker, node) is None
     # The autoscaler places the DaemonSets' pods on its template node too before it fits the worker.
     assert sch.shortfall(node, [*_daemonsets_on(c, node), worker]) == []
