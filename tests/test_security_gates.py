@@ -62,6 +62,8 @@ def test_cdk_nag_acknowledgements_are_scoped_and_explained(synthesized, env):
         # The CloudWatch observability add-on's Pod Identity role (CloudWatchAgentServerPolicy).
         stack + "ContainerInsights/AgentRole",
         f"/RayTrain-{env}-Workload/RayPodRole/DefaultPolicy",
+        # What `raytrain job submit` may do: put and read code/<sha256>.zip in the checkpoint bucket.
+        f"/RayTrain-{env}-Workload/JobSubmitterPolicy",
         # Cluster Autoscaler: Describe calls on *, scaling limited to this cluster's groups by tag.
         stack + "ClusterAutoscaler/Role/DefaultPolicy",
         # Pull-through cache: the nodes may create and fill repositories under the cache prefix only.
