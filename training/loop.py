@@ -19,6 +19,7 @@ import torch.distributed as dist
 from training import checkpoint, emf
 from training.data import Batches
 from training.flops import count_params, flops_per_token, mfu, peak_tflops
+from training.loss import count_targets, labels_and_positions
 from training.model import (
     apply_float8,
     apply_fsdp,
@@ -277,22 +278,55 @@ class _Trainer:
         if self.rank == 0:
             _say(f"[train] resumed from step {self.step} (data position {self.position})")
 
+    def accumulate_gradients(self) -> tuple[torch.Tensor, float, int | torch.Tensor]:
+        """Forward and backward over this rank's micro-batches of the step at self.position.
+
+        Every micro-batch's loss is its sum over target tokens divided by the step's target count
+        over all ranks and micro-batches, divided by the world size (training/loss.py): with
+        FSDP2's average over ranks, the step's gradient is that of the mean over the global batch.
+        Returns (this rank's share of the step's loss, on the device; data wait in seconds; the
+        step's target tokens over all ranks)."""
+        model = self.model
+        tw = time.perf_counter()
+        # The whole step's micro-batches first (prefetched during the last step): the divisor
+        # must be known before the first backward.
+        parts = [self.batches.micro_batch_parts(self.position, mb) for mb in range(self.accum)]
+        data_wait = time.perf_counter() - tw
+        inputs = [(ids, *labels_and_positions(ids, flags)) for ids, flags in parts]
+        local = sum(count_targets(labels) for _, labels, _ in inputs)
+        targets: int | torch.Tensor
+        divisor: float | torch.Tensor
+        if self.blocks is not None and self.blocks.has_flags:
+            targets = torch.tensor(float(local), device=self.device)
+            dist.all_reduce(targets)  # one scalar per step; queued, no host wait
+            divisor = targets.clamp(min=1.0) / self.world
+        else:  # every token of every block is a target: the count is known
+            targets = self.global_batch * (self.opts.seq_len - 1)
+            divisor = targets / self.world
+        loss_sum = torch.zeros((), device=self.device, dtype=torch.float32)
+        on = self.device
+        for mb, (ids_h, labels_h, pos_h) in enumerate(inputs):
+            ids, labels = ids_h.to(on, non_blocking=True), labels_h.to(on, non_blocking=True)
+            positions = pos_h.to(on, non_blocking=True) if pos_h is not None else None
+            # Reduce-scatter gradients only after the step's last micro-batch.
+            model.set_requires_gradient_sync(mb == self.accum - 1)
+            loss = model(
+                input_ids=ids,
+                labels=labels,
+                position_ids=positions,
+                use_cache=False,
+                num_items_in_batch=divisor,
+            ).loss
+            loss.backward()
+            loss_sum += loss.detach().float()
+        return loss_sum, data_wait, targets
+
     def train_step(self) -> dict[str, Any]:
         opts, model = self.opts, self.model
         self.timer.start()
         for group in self.optimizer.param_groups:
             group["lr"] = lr_at(self.step, opts)
-        data_wait = 0.0
-        loss_sum = torch.zeros((), device=self.device, dtype=torch.float32)
-        for mb in range(self.accum):
-            tw = time.perf_counter()
-            ids = self.batches.micro_batch(self.position, mb).to(self.device, non_blocking=True)
-            data_wait += time.perf_counter() - tw
-            # Reduce-scatter gradients only after the step's last micro-batch.
-            model.set_requires_gradient_sync(mb == self.accum - 1)
-            loss = model(input_ids=ids, labels=ids, use_cache=False).loss / self.accum
-            loss.backward()
-            loss_sum += loss.detach().float()
+        loss_sum, data_wait, targets = self.accumulate_gradients()
         grad_norm = None
         if opts.grad_clip > 0:
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), opts.grad_clip)
@@ -311,6 +345,7 @@ class _Trainer:
         metrics: dict[str, Any] = {
             "step": self.step,
             "loss": loss_sum.item() / self.world,
+            "target_tokens": int(targets),
             "tokens_per_s": tps,
             "step_time_s": dt,
             "end_s": end,
