@@ -44,7 +44,16 @@ def check_model(opts: TrainOptions) -> Any:
     max_pos = getattr(cfg, "max_position_embeddings", None)
     if max_pos and opts.seq_len > max_pos:
         raise OptionError(f"--seq-len: {opts.seq_len} is beyond the model's {max_pos} positions")
-    if opts.prepared_data is not None and opts.shape != "tiny":  # raw text to tokenize
+    if opts.prepared_data is not None and opts.data_format == "chat":  # chat records to render
+        from training.sft import ChatRenderer, load_chat_tokenizer
+
+        try:
+            ChatRenderer(load_chat_tokenizer(opts.model), opts.model)
+        except ValueError as exc:
+            raise OptionError(str(exc)) from None
+        except Exception as exc:
+            raise OptionError(f"--model: cannot load the tokenizer of {opts.model!r}: {exc}") from None
+    elif opts.prepared_data is not None and opts.shape != "tiny":  # raw text to tokenize
         from training.data import load_tokenizer
 
         try:
@@ -125,7 +134,8 @@ def resolve_data(opts: TrainOptions, vocab_size: int) -> str | None:
 
         assert opts.prepared_data is not None  # set by parse_args for raw data
         prepare(opts.data, opts.prepared_data, seq_len=opts.seq_len, text_field=opts.text_field,
-                shape=opts.shape, model=opts.model, log=lambda line: print(line, flush=True))  # fmt: skip
+                shape=opts.shape, model=opts.model, log=lambda line: print(line, flush=True),
+                data_format=opts.data_format, too_long=opts.too_long)  # fmt: skip
         location = shards.join(opts.prepared_data, shards.MANIFEST)
     try:
         manifest = shards.read_manifest(location)

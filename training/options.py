@@ -68,6 +68,8 @@ class TrainOptions:
     log_every: int
     report_every: int
     metrics_cluster: str | None = None  # CloudWatch EMF step metrics (training/emf.py) when set
+    data_format: str = "text"  # "text" or "chat" (training/sft.py), resolved from "auto"
+    too_long: str = "drop"  # chat: a conversation longer than --seq-len is dropped or truncated
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -220,6 +222,21 @@ def build_parser() -> argparse.ArgumentParser:
         "STORAGE_PATH/_prepared/RUN_NAME); unchanged input is not prepared twice",
     )
     g.add_argument("--text-field", default="text", help="text column of the jsonl/parquet records")
+    g.add_argument(
+        "--data-format",
+        choices=("auto", "text", "chat"),
+        default="auto",
+        help="text: --text-field of each record; chat: 'messages' (role/content turns) or "
+        "'prompt'/'completion' records, rendered with --model's chat template, the loss only on the "
+        "assistant's tokens (docs/fine-tuning.md); auto: by the first record, or the prepared data",
+    )
+    g.add_argument(
+        "--too-long",
+        choices=("drop", "truncate"),
+        default="drop",
+        help="chat data: a conversation longer than --seq-len is dropped or truncated (counted in "
+        "the manifest and summary.json either way)",
+    )
     g.add_argument("--seq-len", type=pos_int, help="tokens per sequence (default 2048; 256 for --shape tiny)")
     g.add_argument(
         "--global-batch-size",
@@ -329,9 +346,27 @@ def parse_args(argv: list[str]) -> TrainOptions:
     manifest = _check_prepared(d)
     _check_training(d)
     if d["data"] != "random" and manifest is None:
-        check_text_field(check_data_path(d["data"])[0], d["text_field"])
-    if d["init"] == "pretrained" or (d["prepared_data"] is not None and d["shape"] != "tiny"):
-        _check_model_ref(d["model"])
+        d["data_format"] = resolve_data_format(
+            d["data_format"], check_data_path(d["data"])[0], d["text_field"]
+        )
+    elif manifest is not None:
+        from training.shards import CHAT_FORMAT
+
+        prepared = "chat" if manifest["format"] == CHAT_FORMAT else "text"
+        if d["data_format"] not in ("auto", prepared):
+            raise OptionError(
+                f"--data-format: {d['data']} holds prepared {prepared} data, not {d['data_format']}"
+            )
+        d["data_format"] = prepared
+    else:
+        d["data_format"] = "text"
+    chat_to_prepare = d["prepared_data"] is not None and d["data_format"] == "chat"
+    if (
+        d["init"] == "pretrained"
+        or (d["prepared_data"] is not None and d["shape"] != "tiny")
+        or chat_to_prepare
+    ):
+        _check_model_ref(d["model"], weights=d["init"] == "pretrained")
     return TrainOptions(**d)
 
 
@@ -448,10 +483,13 @@ def profile_range(text: str | None) -> tuple[int, int] | None:
     return int(first), int(last)
 
 
-def _check_model_ref(model: str) -> None:
+def _check_model_ref(model: str, weights: bool = True) -> None:
+    """`weights`: the model itself (config.json); else only its tokenizer is needed."""
     if "://" in model:
         return  # a remote prefix: checked when the driver fetches its config (check_model)
     if os.path.isdir(model):
+        if not weights and (Path(model) / "tokenizer_config.json").is_file():
+            return
         if not (Path(model) / "config.json").is_file():
             raise OptionError(f"--model: {model} has no config.json (not a Hugging Face model dir)")
         return
@@ -504,6 +542,31 @@ def check_data_path(data: str) -> list[str]:
 
 def check_text_field(first_file: str, field: str) -> None:
     """Read only the first record's keys (or the parquet schema) of the first file."""
+    names = first_record_fields(first_file)
+    if field not in names:
+        raise OptionError(f"--text-field: no field {field!r} in {first_file} (has {names})")
+
+
+def resolve_data_format(requested: str, first_file: str, text_field: str) -> str:
+    """'text' or 'chat' for --data-format (auto: chat when the first record has chat fields and no
+    --text-field), checking that the first record has the fields the format reads."""
+    from training.sft import chat_fields
+
+    names = first_record_fields(first_file)
+    if requested == "auto":
+        requested = "chat" if text_field not in names and chat_fields(names) else "text"
+    if requested == "chat" and not chat_fields(names):
+        raise OptionError(
+            f"--data-format chat: no 'messages' field and no 'prompt' and 'completion' fields in "
+            f"{first_file} (has {names})"
+        )
+    if requested == "text":
+        check_text_field(first_file, text_field)
+    return requested
+
+
+def first_record_fields(first_file: str) -> list[str]:
+    """The first record's keys (or the parquet schema's columns) of a jsonl/parquet file."""
     import pyarrow.fs as pafs
 
     fs, path = pafs.FileSystem.from_uri(first_file if "://" in first_file else "file://" + first_file)
@@ -520,5 +583,4 @@ def check_text_field(first_file: str, field: str) -> None:
             names = list(json.loads(first)) if first.startswith("{") else []
     except Exception as exc:
         raise OptionError(f"--data: cannot read {first_file}: {exc}") from None
-    if field not in names:
-        raise OptionError(f"--text-field: no field {field!r} in {first_file} (has {names})")
+    return names

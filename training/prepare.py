@@ -14,6 +14,10 @@ The result is a pure function of the input files, the tokenizer and the settings
 cluster's size: their fingerprint (file sizes and modification times, the tokenizer's vocabulary,
 seq_len, the text field, the segment size) is recorded, and a run whose fingerprint matches the
 manifest already there does nothing.
+
+Chat records (`messages`, or `prompt`/`completion`: training/sft.py) are rendered with the
+tokenizer's chat template and packed whole into blocks, with a flags file beside each shard that
+marks the assistant's tokens (the only ones the loss is taken on) and each conversation's start.
 """
 
 from __future__ import annotations
@@ -29,9 +33,15 @@ from typing import Any
 
 import numpy as np
 
-from training import shards
+from training import sft, shards
 from training.data import ByteTokenizer, load_tokenizer
-from training.options import OptionError, check_data_path, check_text_field, data_files
+from training.options import (
+    OptionError,
+    check_data_path,
+    check_text_field,
+    data_files,
+    resolve_data_format,
+)
 
 DEFAULT_SEGMENT_MB = 64
 DOCS_PER_CALL = 512  # documents per tokenizer call: bounds a task's Python objects, not its input
@@ -53,6 +63,8 @@ class Settings:
     shape: str
     model: str
     segment_bytes: int
+    data_format: str = "text"  # "text" (text_field) or "chat" (training/sft.py)
+    too_long: str = "drop"  # chat: a conversation longer than seq_len is dropped or truncated
 
 
 def tokenizer_identity(shape: str, model: str) -> dict[str, Any]:
@@ -84,6 +96,8 @@ def fingerprint(inputs: list[dict[str, Any]], tokenizer: dict[str, Any], setting
     key = {"format": shards.FORMAT, "inputs": inputs, "tokenizer": tokenizer,
            "seq_len": settings.seq_len, "text_field": settings.text_field,
            "segment_bytes": settings.segment_bytes}  # fmt: skip
+    if settings.data_format == "chat":  # text data keeps the fingerprints it had
+        key.update(format=shards.CHAT_FORMAT, text_field=None, too_long=settings.too_long)
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode("utf-8")).hexdigest()
 
 
@@ -192,11 +206,40 @@ def write_segment(seg: Segment, settings: Settings, out: str) -> dict[str, Any]:
 def _write_segments(batch: dict[str, Any], *, settings: dict[str, Any], shard_dir: str) -> dict[str, Any]:
     """Ray Data map_batches function: one call per segment (batch_size=1)."""
     s = Settings(**settings)
+    write = sft.write_segment if s.data_format == "chat" else write_segment
     rows = []
     for i in range(len(batch["index"])):
         seg = Segment(**{k: _py(batch[k][i]) for k in ("index", "uri", "parquet", "start", "end")})
-        rows.append(write_segment(seg, s, shards.join(shard_dir, shard_name(seg.index))))
+        try:
+            rows.append(write(seg, s, shards.join(shard_dir, shard_name(seg.index))))
+        except sft.RecordError as exc:
+            # Ray Data wraps a task's exception; the driver finds this marker in its message.
+            raise sft.RecordError(f"{RECORD_ERROR}{exc}{RECORD_ERROR}") from None
     return {k: np.array([r[k] for r in rows]) for k in rows[0]}
+
+
+RECORD_ERROR = "<<record-error>>"
+
+
+def _record_error(exc: BaseException) -> str | None:
+    """The one-line message of a RecordError raised in a Ray task, whatever Ray wrapped it in."""
+    text = str(exc)
+    first = text.find(RECORD_ERROR)
+    if first < 0:
+        return None
+    last = text.find(RECORD_ERROR, first + len(RECORD_ERROR))
+    return text[first + len(RECORD_ERROR) : last if last > 0 else None]
+
+
+def _take_counts(ds: Any) -> list[dict[str, Any]]:
+    """Run the segment tasks; a bad record in any of them is the run's one-line input error."""
+    try:
+        return sorted(ds.take_all(), key=lambda r: int(r["index"]))
+    except Exception as exc:
+        message = _record_error(exc)
+        if message is None:
+            raise
+        raise OptionError(f"--data: {message}") from None
 
 
 def _py(value: Any) -> Any:
@@ -230,6 +273,8 @@ def prepare(
     model: str = "",
     segment_mb: float = DEFAULT_SEGMENT_MB,
     log: Any = print,
+    data_format: str = "text",
+    too_long: str = "drop",
 ) -> dict[str, Any]:
     """Prepare `data` into `out` unless a manifest of the same fingerprint is there; returns it.
 
@@ -238,10 +283,14 @@ def prepare(
     import ray.data
 
     files = check_data_path(data)
-    check_text_field(files[0], text_field)
-    settings = Settings(seq_len, text_field, shape, model, max(1, int(segment_mb * 2**20)))
+    chat = data_format == "chat"
+    if not chat:
+        check_text_field(files[0], text_field)
+    settings = Settings(
+        seq_len, text_field, shape, model, max(1, int(segment_mb * 2**20)), data_format, too_long
+    )
     try:
-        tokenizer = tokenizer_identity(shape, model)
+        tokenizer = sft.tokenizer_identity(model) if chat else tokenizer_identity(shape, model)
     except OptionError:
         raise
     except Exception as exc:
@@ -273,7 +322,7 @@ def prepare(
         fn_kwargs={"settings": asdict(settings), "shard_dir": shards.join(out, shard_dir)},
         num_cpus=1,
     )
-    counts = sorted(ds.take_all(), key=lambda r: int(r["index"]))
+    counts = _take_counts(ds)
     if [int(r["index"]) for r in counts] != list(range(len(segments))):
         raise RuntimeError(f"[prepare] {len(counts)} of {len(segments)} segments reported back")
     shard_rows: list[dict[str, Any]] = [
@@ -282,10 +331,12 @@ def prepare(
         for r in counts
     ]  # fmt: skip
     n_blocks = sum(s["blocks"] for s in shard_rows)
+    if n_blocks == 0 and chat:
+        raise OptionError(f"--data: no conversation of {data} fits in --seq-len {seq_len} tokens")
     if n_blocks == 0:
         raise OptionError(f"--data: {data} holds fewer than --seq-len {seq_len} tokens per segment")
     manifest: dict[str, Any] = {
-        "format": shards.FORMAT,
+        "format": shards.CHAT_FORMAT if chat else shards.FORMAT,
         "dtype": "uint32",
         "byte_order": "little",
         "seq_len": seq_len,
@@ -302,6 +353,9 @@ def prepare(
         "shards": shard_rows,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+    if chat:
+        manifest.update(sft.manifest_counts(counts, too_long))
+        log(sft.counts_line(manifest))
     uri = shards.write_manifest(out, manifest)
     log(
         f"[prepare] wrote {n_blocks} blocks ({manifest['tokens']:,} tokens, {manifest['documents']} "
@@ -323,6 +377,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="where the shards and manifest.json go (dir or s3://)")
     p.add_argument("--seq-len", type=int, default=2048, help="tokens per block (the training --seq-len)")
     p.add_argument("--text-field", default="text")
+    p.add_argument(
+        "--data-format",
+        choices=("auto", "text", "chat"),
+        default="auto",
+        help="text: --text-field of each record; chat: 'messages' or 'prompt'/'completion' records, "
+        "rendered with the tokenizer's chat template, loss on the assistant's tokens; auto: by the "
+        "first record's fields",
+    )
+    p.add_argument(
+        "--too-long",
+        choices=sft.TOO_LONG,
+        default="drop",
+        help="chat: a conversation longer than --seq-len is dropped or truncated (counted either way)",
+    )
     p.add_argument("--shape", choices=SHAPES, default="qwen2.5-1.5b", help="tiny: byte-level tokenizer")
     p.add_argument("--model", default=DEFAULT_MODEL, help="whose tokenizer (HF id, dir or s3:// prefix)")
     p.add_argument(
@@ -339,9 +407,11 @@ def main(argv: list[str] | None = None) -> int:
             raise OptionError("--seq-len and --segment-mb: must be > 0")
         from training.driver import init_ray_at
 
+        data_format = resolve_data_format(args.data_format, check_data_path(args.data)[0], args.text_field)
         init_ray_at(args.address)
         prepare(args.data, args.out, seq_len=args.seq_len, text_field=args.text_field,
-                shape=args.shape, model=args.model, segment_mb=args.segment_mb)  # fmt: skip
+                shape=args.shape, model=args.model, segment_mb=args.segment_mb,
+                data_format=data_format, too_long=args.too_long)  # fmt: skip
     except OptionError as exc:
         print(f"python -m training.prepare: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
