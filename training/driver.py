@@ -164,6 +164,25 @@ def resolve_data(opts: TrainOptions, vocab_size: int) -> str | None:
     return location
 
 
+def exportable(opts: TrainOptions) -> bool:
+    """A servable folder needs a Hugging Face tokenizer: --model's, which the run used unless it
+    trained --shape tiny on random ids or byte-tokenized text."""
+    return opts.init == "pretrained" or opts.shape != "tiny" or opts.data_format == "chat"
+
+
+def export_final(opts: TrainOptions, checkpoint_path: str) -> str:
+    """The final checkpoint as a Hugging Face folder under the run (training/export.py), from the
+    storage directly: read one output file's tensors at a time, nothing gathered on a GPU."""
+    from training import shards
+    from training.export import export
+
+    remote = "://" in opts.storage_path
+    scheme = opts.storage_path.split("://", 1)[0] if remote else ""
+    source = f"{scheme}://{checkpoint_path}" if remote else checkpoint_path
+    target = shards.join(opts.storage_path, opts.run_name, "model")
+    return export(source, target, replace=True, log=lambda line: print(line, flush=True))
+
+
 def run(opts: TrainOptions) -> dict[str, Any]:
     """Run (or resume) the training run; return the summary."""
     import ray
@@ -211,6 +230,20 @@ def run(opts: TrainOptions) -> dict[str, Any]:
     meta = read_state(result.checkpoint.filesystem, result.checkpoint.path)
     summ = summary_mod.summarize(meta, opts.to_dict(), time.time() - t0)
     summ["checkpoint"] = result.checkpoint.path
+    summ["model"], export_error = None, None
+    if opts.export and exportable(opts):
+        try:
+            summ["model"] = export_final(opts, result.checkpoint.path)
+        except OptionError as exc:  # the checkpoint stays; the summary says why there is no model
+            export_error = exc
+            summ["export_error"] = str(exc)
+    elif opts.export:
+        print(
+            "[train] no export: the byte-level tokenizer of --shape tiny is no Hugging Face tokenizer",
+            flush=True,
+        )
     for written in summary_mod.write(summ, opts.output_dir, opts.storage_path):
         print(f"[train] wrote {written}", flush=True)
+    if export_error is not None:
+        raise export_error
     return summ

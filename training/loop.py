@@ -364,7 +364,22 @@ class _Trainer:
         import ray.train
 
         tmp = tempfile.mkdtemp(prefix="raytrain-ckpt-")
-        extra = {
+        try:
+            checkpoint.save(
+                tmp,
+                self.model,
+                self.optimizer,
+                step=self.step,
+                position=self.position,
+                extra=self.checkpoint_extra(),
+            )
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def checkpoint_extra(self) -> dict[str, Any]:
+        """What train_state.json holds beside step and position (training/checkpoint.py)."""
+        return {
             "history": self.history,
             "resumes": self.resumes,
             "transport": self.transport,
@@ -383,14 +398,9 @@ class _Trainer:
             "float8_layers": len(self.float8_layers),
             "mesh": list(self.mesh_shape),
             "data_fingerprint": self.data_fingerprint,
+            # What the export needs to write config.json and the tokenizer (training/export.py).
+            "model_ref": {"init": self.opts.init, "shape": self.opts.shape, "model": self.opts.model},
         }
-        try:
-            checkpoint.save(
-                tmp, self.model, self.optimizer, step=self.step, position=self.position, extra=extra
-            )
-            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def train_loop(config: dict[str, Any]) -> None:

@@ -70,6 +70,9 @@ class TrainOptions:
     metrics_cluster: str | None = None  # CloudWatch EMF step metrics (training/emf.py) when set
     data_format: str = "text"  # "text" or "chat" (training/sft.py), resolved from "auto"
     too_long: str = "drop"  # chat: a conversation longer than --seq-len is dropped or truncated
+    export: bool = (
+        True  # a Hugging Face folder at STORAGE_PATH/RUN_NAME/model at the end (training/export.py)
+    )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -244,6 +247,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="sequences per optimizer step (default: micro batch × workers)",
     )
     g.add_argument("--micro-batch-size", type=pos_int, default=1, help="sequences per worker pass")
+    g.add_argument(
+        "--export",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="at the end, write the final checkpoint as a Hugging Face folder (safetensors, config, "
+        "tokenizer with its chat template) to STORAGE_PATH/RUN_NAME/model (python -m training.export)",
+    )
     g = p.add_argument_group("optimisation")
     g.add_argument("--steps", type=pos_int, default=100)
     g.add_argument("--lr", type=pos_float, default=1e-4)
