@@ -183,6 +183,36 @@ def export_final(opts: TrainOptions, checkpoint_path: str) -> str:
     return export(source, target, replace=True, log=lambda line: print(line, flush=True))
 
 
+def resolve_eval_data(opts: TrainOptions, train: str | None) -> str | None:
+    """The prepared eval set of --eval-data (prepared first if raw, like --data), checked to be
+    tokenized like the training data; None without --eval-data."""
+    if opts.eval_data is None or train is None:
+        return None
+    from training import shards
+
+    location = shards.manifest_location(opts.eval_data)
+    if location is None:
+        from training.prepare import prepare
+
+        assert opts.eval_prepared is not None  # set by parse_args for raw eval data
+        prepare(opts.eval_data, opts.eval_prepared, seq_len=opts.seq_len, text_field=opts.text_field,
+                shape=opts.shape, model=opts.model, log=lambda line: print(line, flush=True),
+                data_format=opts.data_format, too_long=opts.too_long)  # fmt: skip
+        location = shards.join(opts.eval_prepared, shards.MANIFEST)
+    try:
+        evals, trains = shards.read_manifest(location), shards.read_manifest(train)
+    except shards.ShardError as exc:
+        raise OptionError(f"--eval-data: {exc}") from None
+    for key, what in (("format", "data format"), ("seq_len", "block length"), ("tokenizer", "tokenizer")):
+        if evals[key] != trains[key]:
+            raise OptionError(
+                f"--eval-data: {location} differs from the training data in its {what} "
+                f"({evals[key] if key != 'tokenizer' else evals[key].get('name')!r}); prepare both alike"
+            )
+    print(f"[train] eval data: {evals['blocks']} blocks ({location})", flush=True)
+    return location
+
+
 def run(opts: TrainOptions) -> dict[str, Any]:
     """Run (or resume) the training run; return the summary."""
     import ray
@@ -196,10 +226,16 @@ def run(opts: TrainOptions) -> dict[str, Any]:
     init_ray(opts)
     workers, use_gpu = resolve_workers(opts)
     data = resolve_data(opts, int(cfg.vocab_size))
+    eval_data = resolve_eval_data(opts, data)
     verdict: Any = ray.remote(num_cpus=0)(_GateVerdict).remote()
     trainer = TorchTrainer(
         train_loop,
-        train_loop_config={"options": opts.to_dict(), "data": data, "gate_verdict": verdict},
+        train_loop_config={
+            "options": opts.to_dict(),
+            "data": data,
+            "eval_data": eval_data,
+            "gate_verdict": verdict,
+        },
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
         scaling_config=ScalingConfig(
             num_workers=workers,

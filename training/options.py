@@ -70,9 +70,12 @@ class TrainOptions:
     metrics_cluster: str | None = None  # CloudWatch EMF step metrics (training/emf.py) when set
     data_format: str = "text"  # "text" or "chat" (training/sft.py), resolved from "auto"
     too_long: str = "drop"  # chat: a conversation longer than --seq-len is dropped or truncated
-    export: bool = (
-        True  # a Hugging Face folder at STORAGE_PATH/RUN_NAME/model at the end (training/export.py)
-    )
+    eval_data: str | None = None  # held-out set: prepared data, or jsonl/parquet prepared first
+    eval_prepared: str | None = None  # where raw --eval-data is prepared
+    eval_fraction: float | None = None  # or: the last fraction of the training data's blocks
+    eval_every: int = 0  # steps between evaluations (0: at every checkpoint) and at the end
+    early_stop_patience: int = 0  # stop after this many evaluations without a lower eval loss
+    export: bool = True  # a Hugging Face folder under the run at the end (training/export.py)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -225,21 +228,6 @@ def build_parser() -> argparse.ArgumentParser:
         "STORAGE_PATH/_prepared/RUN_NAME); unchanged input is not prepared twice",
     )
     g.add_argument("--text-field", default="text", help="text column of the jsonl/parquet records")
-    g.add_argument(
-        "--data-format",
-        choices=("auto", "text", "chat"),
-        default="auto",
-        help="text: --text-field of each record; chat: 'messages' (role/content turns) or "
-        "'prompt'/'completion' records, rendered with --model's chat template, the loss only on the "
-        "assistant's tokens (docs/fine-tuning.md); auto: by the first record, or the prepared data",
-    )
-    g.add_argument(
-        "--too-long",
-        choices=("drop", "truncate"),
-        default="drop",
-        help="chat data: a conversation longer than --seq-len is dropped or truncated (counted in "
-        "the manifest and summary.json either way)",
-    )
     g.add_argument("--seq-len", type=pos_int, help="tokens per sequence (default 2048; 256 for --shape tiny)")
     g.add_argument(
         "--global-batch-size",
@@ -247,13 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="sequences per optimizer step (default: micro batch × workers)",
     )
     g.add_argument("--micro-batch-size", type=pos_int, default=1, help="sequences per worker pass")
-    g.add_argument(
-        "--export",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="at the end, write the final checkpoint as a Hugging Face folder (safetensors, config, "
-        "tokenizer with its chat template) to STORAGE_PATH/RUN_NAME/model (python -m training.export)",
-    )
+    _add_fine_tuning_arguments(g)
     g = p.add_argument_group("optimisation")
     g.add_argument("--steps", type=pos_int, default=100)
     g.add_argument("--lr", type=pos_float, default=1e-4)
@@ -296,6 +278,59 @@ def build_parser() -> argparse.ArgumentParser:
         "embedded-metric-format lines to its container's stdout, with dimension ClusterName=NAME",
     )
     return p
+
+
+def _add_fine_tuning_arguments(g: Any) -> None:
+    """Chat data, held-out evaluation and the export (docs/fine-tuning.md)."""
+    pos_float = _positive(float)
+    g.add_argument(
+        "--data-format",
+        choices=("auto", "text", "chat"),
+        default="auto",
+        help="text: --text-field of each record; chat: 'messages' (role/content turns) or "
+        "'prompt'/'completion' records, rendered with --model's chat template, the loss only on the "
+        "assistant's tokens (docs/fine-tuning.md); auto: by the first record, or the prepared data",
+    )
+    g.add_argument(
+        "--too-long",
+        choices=("drop", "truncate"),
+        default="drop",
+        help="chat data: a conversation longer than --seq-len is dropped or truncated (counted in "
+        "the manifest and summary.json either way)",
+    )
+    g.add_argument(
+        "--eval-data",
+        metavar="DATA",
+        help="held-out set, evaluated every --eval-every steps and at the end: prepared data or "
+        "jsonl/parquet like --data (prepared the same way, beside --prepared-data)",
+    )
+    g.add_argument(
+        "--eval-fraction",
+        type=pos_float,
+        metavar="F",
+        help="instead of --eval-data: hold out the last F (0 < F < 1) of the training data's blocks",
+    )
+    g.add_argument(
+        "--eval-every",
+        type=_non_negative_int,
+        default=0,
+        metavar="STEPS",
+        help="steps between evaluations (default 0: at every checkpoint); always at the end",
+    )
+    g.add_argument(
+        "--early-stop-patience",
+        type=_non_negative_int,
+        default=0,
+        metavar="N",
+        help="stop (with a checkpoint) after N evaluations without a lower eval loss; 0 = never",
+    )
+    g.add_argument(
+        "--export",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="at the end, write the final checkpoint as a Hugging Face folder (safetensors, config, "
+        "tokenizer with its chat template) to STORAGE_PATH/RUN_NAME/model (python -m training.export)",
+    )
 
 
 def _cluster_name(text: str) -> str:
@@ -370,6 +405,7 @@ def parse_args(argv: list[str]) -> TrainOptions:
         d["data_format"] = prepared
     else:
         d["data_format"] = "text"
+    _check_eval(d)
     chat_to_prepare = d["prepared_data"] is not None and d["data_format"] == "chat"
     if (
         d["init"] == "pretrained"
@@ -428,6 +464,27 @@ def _check_prepared(d: dict[str, Any]) -> dict[str, Any] | None:
     if not shards.is_remote(d["data"]):
         d["data"] = os.path.abspath(d["data"])
     return manifest
+
+
+def _check_eval(d: dict[str, Any]) -> None:
+    """--eval-data or --eval-fraction, on real data; raw --eval-data gets its preparation place."""
+    from training import shards
+
+    if d["eval_data"] and d["eval_fraction"]:
+        raise OptionError("--eval-fraction: give either --eval-data or --eval-fraction, not both")
+    if (d["eval_data"] or d["eval_fraction"]) and d["data"] == "random":
+        raise OptionError("--eval-data/--eval-fraction: only with real --data, not 'random'")
+    if d["eval_fraction"] is not None and not 0 < d["eval_fraction"] < 1:
+        raise OptionError(f"--eval-fraction: must be between 0 and 1, got {d['eval_fraction']}")
+    if (d["early_stop_patience"] or d["eval_every"]) and not (d["eval_data"] or d["eval_fraction"]):
+        raise OptionError("--eval-every/--early-stop-patience: need --eval-data or --eval-fraction")
+    if not d["eval_data"]:
+        return
+    if shards.manifest_location(d["eval_data"]) is None:
+        check_data_path(d["eval_data"])
+        d["eval_prepared"] = shards.join(d["storage_path"], "_prepared", d["run_name"] + "-eval")
+    if not shards.is_remote(d["eval_data"]):
+        d["eval_data"] = os.path.abspath(d["eval_data"])
 
 
 def _check_training(d: dict[str, Any]) -> None:
