@@ -79,19 +79,20 @@ def check(model_dir: str, eval_file: str, limit: int) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok: Any = AutoTokenizer.from_pretrained(model_dir)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to(device).eval()
+    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
+    model = model.to(device).eval()
     records = [json.loads(line) for line in Path(eval_file).read_text().splitlines()[:limit]]
     right = 0
     for record in records:
         prompt, answer = record["messages"][0], record["messages"][1]["content"]
-        enc = tok.apply_chat_template(
+        enc: Any = tok.apply_chat_template(
             [prompt], add_generation_prompt=True, return_tensors="pt", return_dict=True
         )
         with torch.no_grad():
             out = model.generate(**enc.to(device), max_new_tokens=16, do_sample=False)
-        got = tok.decode(out[0, enc["input_ids"].shape[1] :], skip_special_tokens=True).strip()
+        got = str(tok.decode(out[0, enc["input_ids"].shape[1] :], skip_special_tokens=True)).strip()
         right += got == answer
     return {
         "model": model_dir,

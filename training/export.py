@@ -37,7 +37,9 @@ from training.options import OptionError
 
 INDEX_FILE = "model.safetensors.index.json"
 DTYPES = ("bfloat16", "float32")
-DEFAULT_SHARD_MB = 2048
+# The end-of-run export runs in the Ray head pod (8 GiB by default, workload.head_memory_mib): a file's
+# fp32 tensors as loaded plus its bf16 copy stay ~3 GiB at 1 GiB files.
+DEFAULT_SHARD_MB = 1024
 MODEL_PREFIX = "model."  # checkpoint.save stores {"model": state, "optim": ..., "train": ...}
 
 
@@ -100,8 +102,8 @@ def _write_weights(
             storage_reader=ArrowCheckpointReader(fs, path),
             planner=DefaultLoadPlanner(allow_partial_load=True),  # these tensors, not the optimizer
         )
-        converted = {n: t.to(dtype).contiguous() for n, t in state.items()}
-        del state
+        # Tensor by tensor, freeing each fp32 master copy: the peak is one file's fp32 tensors.
+        converted = {n: state.pop(n).to(dtype).contiguous() for n in names}
         part = os.path.join(out, f".part-{index}")
         dcp.save(converted, storage_writer=HuggingFaceStorageWriter(part, fqn_to_index_mapping=mapping))
         with open(os.path.join(part, INDEX_FILE)) as f:

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from bench.prepared import write_prepared
 from training import shards
 from training.loss import IGNORE_INDEX, count_targets, labels_and_positions
 
@@ -31,15 +32,7 @@ def _free_port() -> int:
 
 def write_chat_blocks(location: Path, tokens: np.ndarray, flags: np.ndarray) -> str:
     """Prepared chat data (CHAT_FORMAT) holding these blocks, in one shard."""
-    (location / "shards-t").mkdir(parents=True)
-    tokens.astype(shards.DTYPE).tofile(location / "shards-t" / "00000.bin")
-    flags.astype(np.uint8).tofile(location / "shards-t" / f"00000.bin{shards.FLAGS_SUFFIX}")
-    rows = [{"name": "shards-t/00000.bin", "blocks": len(tokens), "bytes": tokens.size * 4}]
-    manifest = {"format": shards.CHAT_FORMAT, "seq_len": tokens.shape[1], "fingerprint": "c" * 64,
-                "blocks": len(tokens), "shards": rows,
-                "tokenizer": {"name": "byte", "vocab_size": 257}}  # fmt: skip
-    shards.write_manifest(str(location), manifest)
-    return str(location)
+    return write_prepared(location, tokens, flags)
 
 
 def _blocks() -> tuple[np.ndarray, np.ndarray]:
