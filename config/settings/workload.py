@@ -421,8 +421,8 @@ class JobSettings(SettingsModel):
 
     @property
     def s3_inputs_set(self) -> bool:
-        """Whether data or model is read from S3."""
-        return self.data.startswith("s3://") or self.model.startswith("s3://")
+        """Whether data, eval_data or model is read from S3."""
+        return any(v and v.startswith("s3://") for v in (self.data, self.eval_data, self.model))
 
     def float8_on(self, gpu: Instance) -> bool:
         """Whether the job trains with float8 linears on `gpu`'s node type; unset: where the GPU
