@@ -49,11 +49,11 @@ class S3Input:
 
 def s3_inputs(settings: Settings) -> list[S3Input]:
     """The job's read-only S3 inputs, from settings (the same values the RayJob passes as
-    --data and --model)."""
+    --data, --eval-data and --model)."""
     found = []
-    for field in ("data", "model"):
+    for field in ("data", "eval_data", "model"):
         value = getattr(settings.job, field)
-        if value.startswith("s3://"):
+        if value and value.startswith("s3://"):
             bucket, _, prefix = value.removeprefix("s3://").partition("/")
             found.append(S3Input(f"job.{field}", bucket, prefix.strip("/")))
     return found

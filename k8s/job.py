@@ -61,6 +61,8 @@ def prepare_args(settings: Settings, *, checkpoint_uri: str) -> list[str]:
         "--seq-len", str(job.seq_len),
         "--text-field", job.text_field,
         "--max-skipped-fraction", repr(job.max_skipped_fraction),
+        "--data-format", job.data_format.value,
+        "--too-long", job.too_long.value,
         "--address", "auto",
     ]  # fmt: skip
 
@@ -104,9 +106,26 @@ def training_args(settings: Settings, *, checkpoint_uri: str) -> list[str]:
     if prepared is not None:  # ignored by the job when `data` is already prepared shards
         args += ["--text-field", job.text_field, "--prepared-data", prepared,
                  "--max-skipped-fraction", repr(job.max_skipped_fraction)]  # fmt: skip
+        args += ["--data-format", job.data_format.value, "--too-long", job.too_long.value]
+    args += _eval_args(job)
+    args.append("--export" if job.export else "--no-export")
     if settings.observability.metrics:
         # Step metrics as CloudWatch EMF lines (training/emf.py), dimension ClusterName.
         args += ["--metrics-cluster", settings.cluster.name]
+    return args
+
+
+def _eval_args(job: Any) -> list[str]:
+    """The held-out evaluation flags (training/evaluate.py), only where the job sets them."""
+    args: list[str] = []
+    if job.eval_data:
+        args += ["--eval-data", job.eval_data]
+    if job.eval_fraction:
+        args += ["--eval-fraction", repr(job.eval_fraction)]
+    if job.eval_every:
+        args += ["--eval-every", str(job.eval_every)]
+    if job.early_stop_patience:
+        args += ["--early-stop-patience", str(job.early_stop_patience)]
     return args
 
 

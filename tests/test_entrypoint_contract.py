@@ -49,8 +49,26 @@ def pod_packages(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(importlib.util, "find_spec", find_spec)
 
 
+@pytest.fixture
+def s3_chat_records(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No S3 here: an s3:// data or eval file stands for one jsonl file of chat records (the
+    options read its first record's fields to tell text from chat)."""
+    import training.options as options
+
+    real_files, real_fields = options.data_files, options.first_record_fields
+
+    def data_files(data: str) -> list[str]:
+        return [data] if data.startswith("s3://") else real_files(data)
+
+    def first_record_fields(first_file: str) -> list[str]:
+        return ["messages"] if first_file.startswith("s3://") else real_fields(first_file)
+
+    monkeypatch.setattr(options, "data_files", data_files)
+    monkeypatch.setattr(options, "first_record_fields", first_record_fields)
+
+
 @pytest.mark.parametrize("env", environment_names())
-@pytest.mark.usefixtures("pod_packages")
+@pytest.mark.usefixtures("pod_packages", "s3_chat_records")
 def test_every_entrypoint_parses_into_the_settings(env: str, tmp_path: Path) -> None:
     settings = load_settings(env)
     job = settings.job
@@ -77,5 +95,17 @@ def test_every_entrypoint_parses_into_the_settings(env: str, tmp_path: Path) -> 
     assert (opts.compile, opts.liger) == (job.compile, job.liger)
     assert opts.activation_checkpointing == job.activation_checkpointing
     assert opts.float8 is job.float8_on(settings.gpu_nodes.instance)  # always explicit
+    assert (opts.eval_data, opts.eval_fraction, opts.eval_every) == (
+        job.eval_data,
+        job.eval_fraction,
+        job.eval_every,
+    )
+    assert (opts.early_stop_patience, opts.export, opts.too_long) == (
+        job.early_stop_patience,
+        job.export,
+        job.too_long.value,
+    )
+    if job.data_format.value != "auto":
+        assert opts.data_format == job.data_format.value
     # The settings accepted the batch sizes by the same rule the driver applies on the cluster.
     assert accumulation_steps(opts.global_batch_size, opts.micro_batch_size, opts.num_workers)

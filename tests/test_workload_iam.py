@@ -313,6 +313,7 @@ DATA_KEY = "arn:aws:kms:us-west-2:111122223333:key/1234abcd-12ab-34cd-56ef-12345
 OTHER_KEY = "arn:aws:kms:us-west-2:111122223333:key/0000abcd-12ab-34cd-56ef-1234567890ab"
 DATA = f"s3://{DATA_BUCKET}/text/en"
 MODEL = f"s3://{DATA_BUCKET}/models/qwen"
+EVAL = f"s3://{DATA_BUCKET}/eval/en.jsonl"  # job.eval_data: read like the data
 
 
 @pytest.fixture(scope="module")
@@ -328,7 +329,9 @@ def data_aws(moto_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> Aw
         update={
             "name": "dev-data",
             "cluster": dev.cluster.model_copy(update={"name": "ray-train-dev-data"}),
-            "job": dev.job.model_copy(update={"data": DATA, "model": MODEL, "input_kms_keys": [DATA_KEY]}),
+            "job": dev.job.model_copy(
+                update={"data": DATA, "model": MODEL, "eval_data": EVAL, "input_kms_keys": [DATA_KEY]}
+            ),
         }
     )
     out = tmp_path_factory.mktemp("cdk-out-data")
@@ -385,6 +388,7 @@ def test_data_and_model_buckets_get_read_only_grants(data_aws: Aws) -> None:
     assert resources == {
         *S3Input("job.data", DATA_BUCKET, "text/en").object_arns("aws"),
         *S3Input("job.model", DATA_BUCKET, "models/qwen").object_arns("aws"),
+        *S3Input("job.eval_data", DATA_BUCKET, "eval/en.jsonl").object_arns("aws"),
     }
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 EOS_BYTE = 256  # the byte tokenizer's end-of-document id; ids 0-255 are raw UTF-8 bytes
+Parts = tuple[torch.Tensor, torch.Tensor | None]  # token ids, and chat data's per-token flags
 
 
 class ByteTokenizer:
@@ -83,6 +84,32 @@ def random_sequences(first: int, count: int, seq_len: int, vocab: int, seed: int
     return torch.stack(rows)
 
 
+class BlockRange:
+    """Blocks [start, stop) of prepared data, as the same interface (len, take, take_flags): the
+    training part and the held-out part of --eval-fraction."""
+
+    def __init__(self, blocks: Any, start: int, stop: int) -> None:
+        if not 0 <= start <= stop <= len(blocks):
+            raise ValueError(f"blocks [{start}, {stop}) of {len(blocks)}")
+        self.blocks, self.start, self.stop = blocks, start, stop
+        self.has_flags = bool(getattr(blocks, "has_flags", False))
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def _shift(self, indices: Any) -> list[int]:
+        out = [self.start + int(i) for i in indices]
+        if any(not self.start <= i < self.stop for i in out):
+            raise IndexError(f"a block outside [0, {len(self)})")
+        return out
+
+    def take(self, indices: Any) -> np.ndarray:
+        return np.asarray(self.blocks.take(self._shift(indices)))
+
+    def take_flags(self, indices: Any) -> np.ndarray:
+        return np.asarray(self.blocks.take_flags(self._shift(indices)))
+
+
 class Batches:
     """Micro-batches for one rank. `blocks` is None for random data, else anything with len() and
     take(indices) -> [n, seq_len] array: an in-memory array (tests) or shards.TokenBlocks.
@@ -110,21 +137,27 @@ class Batches:
         self.micro, self.accum, self.world, self.rank = micro, accum, world, rank
         self.global_batch = micro * accum * world
         self._pool = ThreadPoolExecutor(1) if prefetch and blocks is not None else None
-        self._pending: dict[tuple[int, int], Future[torch.Tensor]] = {}
+        self._pending: dict[tuple[int, int], Future[Parts]] = {}
         # CUDA: a host-to-device copy from pageable memory first waits for the stream to drain
         # ("a stream sync is performed before the copy is initiated": CUDA API synchronization
         # behavior), so the next micro-batch's copy would wait for this one's backward. From pinned
         # memory the copy is queued and the host goes on; the background thread pins.
         self.pin = pin
 
-    def _read(self, position: int, mb: int) -> torch.Tensor:
+    def _read(self, position: int, mb: int) -> Parts:
         first = rank_slice(position, self.micro, self.world, self.rank, mb)
         idx = sequence_indices(first, self.micro, len(self.blocks), self.seed)
         rows = self.blocks[idx] if isinstance(self.blocks, np.ndarray) else self.blocks.take(idx)
         if rows.size and int(rows.max()) >= self.vocab:
             self._out_of_vocabulary(idx, rows)
         ids = torch.from_numpy(rows.astype(np.int64))
-        return ids.pin_memory() if self.pin else ids
+        flags = None
+        if getattr(self.blocks, "has_flags", False):
+            flags = torch.from_numpy(self.blocks.take_flags(idx))
+        if self.pin:
+            ids = ids.pin_memory()
+            flags = flags.pin_memory() if flags is not None else None
+        return ids, flags
 
     def _out_of_vocabulary(self, idx: list[int], rows: np.ndarray) -> None:
         """An id beyond the embedding table would end in an indexing error (a device-side assert
@@ -142,9 +175,14 @@ class Batches:
 
     def micro_batch(self, position: int, mb: int) -> torch.Tensor:
         """Token ids [micro, seq_len] for micro-batch mb of the step whose batch starts at position."""
+        return self.micro_batch_parts(position, mb)[0]
+
+    def micro_batch_parts(self, position: int, mb: int) -> Parts:
+        """(token ids [micro, seq_len], their flags or None): flags (uint8, training.shards'
+        FLAG_TARGET and FLAG_START) only for chat data, whose loss is on some tokens only."""
         if self.blocks is None:
             first = rank_slice(position, self.micro, self.world, self.rank, mb)
-            return random_sequences(first, self.micro, self.seq_len, self.vocab, self.seed)
+            return random_sequences(first, self.micro, self.seq_len, self.vocab, self.seed), None
         if self._pool is None:
             return self._read(position, mb)
         # Keys of this micro-batch and of the next accum ones (the rest of the step, the next step).

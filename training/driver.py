@@ -67,7 +67,16 @@ def check_model(opts: TrainOptions) -> Any:
     max_pos = getattr(cfg, "max_position_embeddings", None)
     if max_pos and opts.seq_len > max_pos:
         raise OptionError(f"--seq-len: {opts.seq_len} is beyond the model's {max_pos} positions")
-    if opts.prepared_data is not None and opts.shape != "tiny":  # raw text to tokenize
+    if opts.prepared_data is not None and opts.data_format == "chat":  # chat records to render
+        from training.sft import ChatRenderer, load_chat_tokenizer
+
+        try:
+            ChatRenderer(load_chat_tokenizer(opts.model), opts.model)
+        except ValueError as exc:
+            raise OptionError(str(exc)) from None
+        except Exception as exc:
+            raise OptionError(f"--model: cannot load the tokenizer of {opts.model!r}: {exc}") from None
+    elif opts.prepared_data is not None and opts.shape != "tiny":  # raw text to tokenize
         from training.data import load_tokenizer
 
         try:
@@ -149,7 +158,8 @@ def resolve_data(opts: TrainOptions, vocab_size: int) -> str | None:
         assert opts.prepared_data is not None  # set by parse_args for raw data
         prepare(opts.data, opts.prepared_data, seq_len=opts.seq_len, text_field=opts.text_field,
                 shape=opts.shape, model=opts.model, max_skipped_fraction=opts.max_skipped_fraction,
-                log=lambda line: print(line, flush=True))  # fmt: skip
+                log=lambda line: print(line, flush=True),
+                data_format=opts.data_format, too_long=opts.too_long)  # fmt: skip
         location = shards.join(opts.prepared_data, shards.MANIFEST)
     try:
         manifest = shards.read_manifest(location)
@@ -183,6 +193,55 @@ def resolve_data(opts: TrainOptions, vocab_size: int) -> str | None:
     return location
 
 
+def exportable(opts: TrainOptions) -> bool:
+    """A servable folder needs a Hugging Face tokenizer: --model's, which the run used unless it
+    trained --shape tiny on random ids or byte-tokenized text."""
+    return opts.init == "pretrained" or opts.shape != "tiny" or opts.data_format == "chat"
+
+
+def export_final(opts: TrainOptions, checkpoint_path: str) -> str:
+    """The final checkpoint as a Hugging Face folder under the run (training/export.py), from the
+    storage directly: read one output file's tensors at a time, nothing gathered on a GPU."""
+    from training import shards
+    from training.export import export
+
+    remote = "://" in opts.storage_path
+    scheme = opts.storage_path.split("://", 1)[0] if remote else ""
+    source = f"{scheme}://{checkpoint_path}" if remote else checkpoint_path
+    target = shards.join(opts.storage_path, opts.run_name, "model")
+    return export(source, target, replace=True, log=lambda line: print(line, flush=True))
+
+
+def resolve_eval_data(opts: TrainOptions, train: str | None) -> str | None:
+    """The prepared eval set of --eval-data (prepared first if raw, like --data), checked to be
+    tokenized like the training data; None without --eval-data."""
+    if opts.eval_data is None or train is None:
+        return None
+    from training import shards
+
+    location = shards.manifest_location(opts.eval_data)
+    if location is None:
+        from training.prepare import prepare
+
+        assert opts.eval_prepared is not None  # set by parse_args for raw eval data
+        prepare(opts.eval_data, opts.eval_prepared, seq_len=opts.seq_len, text_field=opts.text_field,
+                shape=opts.shape, model=opts.model, log=lambda line: print(line, flush=True),
+                data_format=opts.data_format, too_long=opts.too_long)  # fmt: skip
+        location = shards.join(opts.eval_prepared, shards.MANIFEST)
+    try:
+        evals, trains = shards.read_manifest(location), shards.read_manifest(train)
+    except shards.ShardError as exc:
+        raise OptionError(f"--eval-data: {exc}") from None
+    for key, what in (("format", "data format"), ("seq_len", "block length"), ("tokenizer", "tokenizer")):
+        if evals[key] != trains[key]:
+            raise OptionError(
+                f"--eval-data: {location} differs from the training data in its {what} "
+                f"({evals[key] if key != 'tokenizer' else evals[key].get('name')!r}); prepare both alike"
+            )
+    print(f"[train] eval data: {evals['blocks']} blocks ({location})", flush=True)
+    return location
+
+
 def run(opts: TrainOptions) -> dict[str, Any]:
     """Run (or resume) the training run; return the summary."""
     import ray
@@ -196,10 +255,16 @@ def run(opts: TrainOptions) -> dict[str, Any]:
     init_ray(opts)
     workers, use_gpu = resolve_workers(opts)
     data = resolve_data(opts, int(cfg.vocab_size))
+    eval_data = resolve_eval_data(opts, data)
     verdict: Any = ray.remote(num_cpus=0)(_GateVerdict).remote()
     trainer = TorchTrainer(
         train_loop,
-        train_loop_config={"options": opts.to_dict(), "data": data, "gate_verdict": verdict},
+        train_loop_config={
+            "options": opts.to_dict(),
+            "data": data,
+            "eval_data": eval_data,
+            "gate_verdict": verdict,
+        },
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
         scaling_config=ScalingConfig(
             num_workers=workers,
@@ -237,6 +302,20 @@ def run(opts: TrainOptions) -> dict[str, Any]:
     meta = read_state(result.checkpoint.filesystem, result.checkpoint.path)
     summ = summary_mod.summarize(meta, opts.to_dict(), time.time() - t0)
     summ["checkpoint"] = result.checkpoint.path
+    summ["model"], export_error = None, None
+    if opts.export and exportable(opts):
+        try:
+            summ["model"] = export_final(opts, result.checkpoint.path)
+        except OptionError as exc:  # the checkpoint stays; the summary says why there is no model
+            export_error = exc
+            summ["export_error"] = str(exc)
+    elif opts.export:
+        print(
+            "[train] no export: the byte-level tokenizer of --shape tiny is no Hugging Face tokenizer",
+            flush=True,
+        )
     for written in summary_mod.write(summ, opts.output_dir, opts.storage_path):
         print(f"[train] wrote {written}", flush=True)
+    if export_error is not None:
+        raise export_error
     return summ

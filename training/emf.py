@@ -41,12 +41,17 @@ TOKENS_PER_SECOND = "TokensPerSecond"
 MFU = "MFU"
 LOSS = "Loss"
 STEP_TIME = "StepTime"
+EVAL_LOSS = "EvalLoss"
+EVAL_ACCURACY = "EvalAccuracy"
 # Metric name -> (key in the loop's per-step metrics, CloudWatch unit, scale).
 METRICS: dict[str, tuple[str, str, float]] = {
     TOKENS_PER_SECOND: ("tokens_per_s", "Count/Second", 1.0),
     MFU: ("mfu", "Percent", 100.0),  # the loop reports a fraction
     LOSS: ("loss", "None", 1.0),
     STEP_TIME: ("step_time_s", "Seconds", 1.0),
+    # Only on the steps that evaluate (training/evaluate.py); absent values are left out.
+    EVAL_LOSS: ("eval_loss", "None", 1.0),
+    EVAL_ACCURACY: ("eval_accuracy", "Percent", 100.0),
 }
 
 # Every line starts with this (json.dumps keeps insertion order); Fluent Bit greps for it.

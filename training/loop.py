@@ -17,8 +17,10 @@ import torch
 import torch.distributed as dist
 
 from training import checkpoint, emf
-from training.data import Batches
+from training.data import Batches, BlockRange
+from training.evaluate import EarlyStop, evaluate, held_out_split
 from training.flops import count_params, flops_per_token, mfu, peak_tflops
+from training.loss import count_targets, labels_and_positions
 from training.loss_chunks import chunk_mem_const
 from training.model import (
     apply_float8,
@@ -88,6 +90,12 @@ def _progress(m: dict[str, Any], steps: int) -> str:
     if m.get("mfu") is not None:
         parts.append(f"MFU {100 * m['mfu']:.1f}%")
     parts += [f"mem {m['peak_mem_gib']:.2f} GiB", f"data wait {1000 * m['data_wait_s']:.1f} ms"]
+    if m.get("eval_loss") is not None:
+        parts += [
+            f"eval loss {m['eval_loss']:.4f}",
+            f"ppl {m['eval_perplexity']:.2f}",
+            f"acc {100 * m['eval_accuracy']:.1f}%",
+        ]
     return "[train] " + " | ".join(parts)
 
 
@@ -150,7 +158,11 @@ class _Trainer:
     """One rank's model, optimizer, data and counters."""
 
     def __init__(
-        self, opts: TrainOptions, data: str | None, place: tuple[int, int, torch.device] | None = None
+        self,
+        opts: TrainOptions,
+        data: str | None,
+        place: tuple[int, int, torch.device] | None = None,
+        eval_data: str | None = None,
     ) -> None:
         """`place` (rank, world size, device) is Ray Train's unless given (tests run one rank in a
         plain process group)."""
@@ -210,8 +222,10 @@ class _Trainer:
         # Prepared shards, read by position: memory-mapped or ranged reads, never the whole corpus.
         self.blocks = TokenBlocks(data) if data is not None else None
         self.data_fingerprint = self.blocks.fingerprint if self.blocks is not None else None
+        train_blocks, self.eval_blocks = self._split_eval(eval_data)
+        self.stopped_early = False
         self.batches = Batches(
-            self.blocks,
+            train_blocks,
             seq_len=opts.seq_len,
             vocab=mcfg.vocab_size,
             seed=opts.seed,
@@ -237,6 +251,14 @@ class _Trainer:
         self.transport: dict[str, Any] = {}
         self.timer = StepTimer(self.device)
         torch.manual_seed(opts.seed * 1000 + self.rank)
+
+    def _split_eval(self, eval_data: str | None) -> tuple[Any, Any]:
+        """(training blocks, held-out blocks): --eval-fraction holds out the last blocks of the
+        training data (never trained on); --eval-data is a prepared set of its own."""
+        if self.opts.eval_fraction and self.blocks is not None:
+            split = held_out_split(len(self.blocks), self.opts.eval_fraction)
+            return BlockRange(self.blocks, 0, split), BlockRange(self.blocks, split, len(self.blocks))
+        return self.blocks, TokenBlocks(eval_data) if eval_data is not None else None
 
     def _choose_kernels(self, model: Any) -> None:
         """Compile, Liger and float8, applied to the model before fully_shard."""
@@ -287,26 +309,74 @@ class _Trainer:
         if self.rank == 0:
             _say(f"[train] resumed from step {self.step} (data position {self.position})")
 
+    def accumulate_gradients(self) -> tuple[torch.Tensor, float, int | torch.Tensor]:
+        """Forward and backward over this rank's micro-batches of the step at self.position.
+
+        Every micro-batch's loss is its sum over target tokens divided by the step's target count
+        over all ranks and micro-batches, divided by the world size (training/loss.py): with
+        FSDP2's average over ranks, the step's gradient is that of the mean over the global batch.
+        Returns (this rank's share of the step's loss, on the device; data wait in seconds; the
+        step's target tokens over all ranks)."""
+        model = self.model
+        tw = time.perf_counter()
+        # The whole step's micro-batches first (prefetched during the last step): the divisor
+        # must be known before the first backward.
+        parts = [self.batches.micro_batch_parts(self.position, mb) for mb in range(self.accum)]
+        data_wait = time.perf_counter() - tw
+        inputs = [(ids, *labels_and_positions(ids, flags)) for ids, flags in parts]
+        local = sum(count_targets(labels) for _, labels, _ in inputs)
+        targets: int | torch.Tensor
+        divisor: float | torch.Tensor
+        if self.blocks is not None and self.blocks.has_flags:
+            targets = torch.tensor(float(local), device=self.device)
+            dist.all_reduce(targets)  # one scalar per step; queued, no host wait
+            divisor = targets.clamp(min=1.0) / self.world
+        else:  # every token of every block is a target: the count is known
+            targets = self.global_batch * (self.opts.seq_len - 1)
+            divisor = targets / self.world
+        loss_sum = torch.zeros((), device=self.device, dtype=torch.float32)
+        on = self.device
+        for mb, (ids_h, labels_h, pos_h) in enumerate(inputs):
+            ids, labels = ids_h.to(on, non_blocking=True), labels_h.to(on, non_blocking=True)
+            positions = pos_h.to(on, non_blocking=True) if pos_h is not None else None
+            # Reduce-scatter gradients only after the step's last micro-batch.
+            model.set_requires_gradient_sync(mb == self.accum - 1)
+            if not self.opts.reshard_after_forward:
+                # Keep the gathered parameters from one micro-batch to the next (FSDP2's
+                # set_reshard_after_backward): one all-gather per layer per step.
+                model.set_reshard_after_backward(mb == self.accum - 1)
+            loss = model(
+                input_ids=ids,
+                labels=labels,
+                position_ids=positions,
+                use_cache=False,
+                num_items_in_batch=divisor,
+                **self.loss_kwargs,
+            ).loss
+            loss.backward()
+            loss_sum += loss.detach().float()
+        return loss_sum, data_wait, targets
+
+    def run_eval(self) -> dict[str, Any]:
+        """Collective: the held-out figures, the same on every rank (training/evaluate.py)."""
+        t0 = time.perf_counter()
+        out: dict[str, Any] = evaluate(
+            self.model,
+            self.eval_blocks,
+            rank=self.rank,
+            world=self.world,
+            micro=self.opts.micro_batch_size,
+            device=self.device,
+        )
+        out["eval_time_s"] = time.perf_counter() - t0
+        return out
+
     def train_step(self) -> dict[str, Any]:
         opts, model = self.opts, self.model
         self.timer.start()
         for group in self.optimizer.param_groups:
             group["lr"] = lr_at(self.step, opts)
-        data_wait = 0.0
-        loss_sum = torch.zeros((), device=self.device, dtype=torch.float32)
-        for mb in range(self.accum):
-            tw = time.perf_counter()
-            ids = self.batches.micro_batch(self.position, mb).to(self.device, non_blocking=True)
-            data_wait += time.perf_counter() - tw
-            # Reduce-scatter gradients only after the step's last micro-batch.
-            model.set_requires_gradient_sync(mb == self.accum - 1)
-            if not opts.reshard_after_forward:
-                # Keep the gathered parameters from one micro-batch to the next (FSDP2's
-                # set_reshard_after_backward): one all-gather per layer per step.
-                model.set_reshard_after_backward(mb == self.accum - 1)
-            loss = model(input_ids=ids, labels=ids, use_cache=False, **self.loss_kwargs).loss / self.accum
-            loss.backward()
-            loss_sum += loss.detach().float()
+        loss_sum, data_wait, targets = self.accumulate_gradients()
         grad_norm = None
         if opts.grad_clip > 0:
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), opts.grad_clip)
@@ -325,6 +395,7 @@ class _Trainer:
         metrics: dict[str, Any] = {
             "step": self.step,
             "loss": loss_sum.item() / self.world,
+            "target_tokens": int(targets),
             "tokens_per_s": tps,
             "step_time_s": dt,
             "end_s": end,
@@ -343,7 +414,22 @@ class _Trainer:
         import ray.train
 
         tmp = tempfile.mkdtemp(prefix="raytrain-ckpt-")
-        extra = {
+        try:
+            checkpoint.save(
+                tmp,
+                self.model,
+                self.optimizer,
+                step=self.step,
+                position=self.position,
+                extra=self.checkpoint_extra(),
+            )
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def checkpoint_extra(self) -> dict[str, Any]:
+        """What train_state.json holds beside step and position (training/checkpoint.py)."""
+        return {
             "history": self.history,
             "resumes": self.resumes,
             "transport": self.transport,
@@ -362,14 +448,36 @@ class _Trainer:
             "float8_layers": len(self.float8_layers),
             "mesh": list(self.mesh_shape),
             "data_fingerprint": self.data_fingerprint,
+            # What the export needs to write config.json and the tokenizer (training/export.py).
+            "model_ref": {"init": self.opts.init, "shape": self.opts.shape, "model": self.opts.model},
+            "stopped_early": self.stopped_early,
         }
-        try:
-            checkpoint.save(
-                tmp, self.model, self.optimizer, step=self.step, position=self.position, extra=extra
-            )
-            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _report(tr: _Trainer, metrics: dict[str, Any], first: bool) -> None:
+    """A checkpoint at every --checkpoint-every, the end and an early stop; else metrics only.
+    Every rank takes the same branch: ray.train.report is a barrier."""
+    import ray.train
+
+    opts = tr.opts
+    if tr.stopped_early or tr.step % opts.checkpoint_every == 0 or tr.step == opts.steps:
+        tr.save_and_report(metrics)
+    elif first or tr.step % opts.report_every == 0:
+        ray.train.report(metrics)
+
+
+def _eval_into(tr: _Trainer, early: EarlyStop, metrics: dict[str, Any]) -> None:
+    """Evaluate (every rank: the same figures, so the same early-stop decision) into the step's
+    metrics and history."""
+    figures = tr.run_eval()
+    metrics.update(figures)
+    tr.history[-1].update(figures)
+    tr.stopped_early = early.observe(figures["eval_loss"])
+    if tr.stopped_early and tr.rank == 0:
+        _say(
+            f"[train] early stop at step {tr.step}: no lower eval loss in "
+            f"{early.patience} evaluations (best {early.best:.4f})"
+        )
 
 
 def train_loop(config: dict[str, Any]) -> None:
@@ -378,7 +486,7 @@ def train_loop(config: dict[str, Any]) -> None:
     import ray.train
 
     opts = TrainOptions.from_dict(config["options"])
-    tr = _Trainer(opts, config.get("data"))
+    tr = _Trainer(opts, config.get("data"), eval_data=config.get("eval_data"))
     ckpt = ray.train.get_checkpoint()
     if ckpt is not None:
         # Straight from the storage (S3 on the cluster): each rank reads the byte ranges of the
@@ -409,6 +517,8 @@ def train_loop(config: dict[str, Any]) -> None:
     # instead, the same on all ranks (as torchtitan does).
     gc.disable()
     gc.collect()
+    early = EarlyStop(opts.early_stop_patience, tr.history)
+    eval_every = opts.eval_every or opts.checkpoint_every
     try:
         first = True
         while tr.step < opts.steps:
@@ -416,6 +526,8 @@ def train_loop(config: dict[str, Any]) -> None:
             if tr.step and tr.step % GC_EVERY == 0:
                 gc.collect(1)
             metrics = tr.train_step()
+            if tr.eval_blocks is not None and (tr.step % eval_every == 0 or tr.step == opts.steps):
+                _eval_into(tr, early, metrics)
             emf.publish(opts, tr.rank, metrics)
             for written in profiler.after_step(tr.step):
                 _say(f"[train] profile: wrote {written}")
@@ -423,12 +535,10 @@ def train_loop(config: dict[str, Any]) -> None:
                 metrics = {**metrics, "transport": tr.transport}
             if tr.rank == 0 and (tr.step % opts.log_every == 0 or tr.step == opts.steps):
                 _say(_progress(metrics, opts.steps))
-            # Every rank takes the same branch: ray.train.report is a barrier.
-            if tr.step % opts.checkpoint_every == 0 or tr.step == opts.steps:
-                tr.save_and_report(metrics)
-            elif first or tr.step % opts.report_every == 0:
-                ray.train.report(metrics)
+            _report(tr, metrics, first)
             first = False
+            if tr.stopped_early:
+                break
     finally:
         gc.enable()
         tr.batches.close()

@@ -81,6 +81,14 @@ class TrainOptions:
     report_every: int
     metrics_cluster: str | None = None  # CloudWatch EMF step metrics (training/emf.py) when set
     max_skipped_fraction: float = 0.0  # of the raw --data records, when the driver prepares it
+    data_format: str = "text"  # "text" or "chat" (training/sft.py), resolved from "auto"
+    too_long: str = "drop"  # chat: a conversation longer than --seq-len is dropped or truncated
+    eval_data: str | None = None  # held-out set: prepared data, or jsonl/parquet prepared first
+    eval_prepared: str | None = None  # where raw --eval-data is prepared
+    eval_fraction: float | None = None  # or: the last fraction of the training data's blocks
+    eval_every: int = 0  # steps between evaluations (0: at every checkpoint) and at the end
+    early_stop_patience: int = 0  # stop after this many evaluations without a lower eval loss
+    export: bool = True  # a Hugging Face folder under the run at the end (training/export.py)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -260,6 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="sequences per optimizer step (default: micro batch × workers)",
     )
     g.add_argument("--micro-batch-size", type=pos_int, default=1, help="sequences per worker pass")
+    _add_fine_tuning_arguments(g)
     g = p.add_argument_group("optimisation")
     g.add_argument("--steps", type=pos_int, default=100)
     g.add_argument("--lr", type=pos_float, default=1e-4)
@@ -302,6 +311,59 @@ def build_parser() -> argparse.ArgumentParser:
         "embedded-metric-format lines to its container's stdout, with dimension ClusterName=NAME",
     )
     return p
+
+
+def _add_fine_tuning_arguments(g: Any) -> None:
+    """Chat data, held-out evaluation and the export (docs/fine-tuning.md)."""
+    pos_float = _positive(float)
+    g.add_argument(
+        "--data-format",
+        choices=("auto", "text", "chat"),
+        default="auto",
+        help="text: --text-field of each record; chat: 'messages' (role/content turns) or "
+        "'prompt'/'completion' records, rendered with --model's chat template, the loss only on the "
+        "assistant's tokens (docs/fine-tuning.md); auto: by the first record, or the prepared data",
+    )
+    g.add_argument(
+        "--too-long",
+        choices=("drop", "truncate"),
+        default="drop",
+        help="chat data: a conversation longer than --seq-len is dropped or truncated (counted in "
+        "the manifest and summary.json either way)",
+    )
+    g.add_argument(
+        "--eval-data",
+        metavar="DATA",
+        help="held-out set, evaluated every --eval-every steps and at the end: prepared data or "
+        "jsonl/parquet like --data (prepared the same way, beside --prepared-data)",
+    )
+    g.add_argument(
+        "--eval-fraction",
+        type=pos_float,
+        metavar="F",
+        help="instead of --eval-data: hold out the last F (0 < F < 1) of the training data's blocks",
+    )
+    g.add_argument(
+        "--eval-every",
+        type=_non_negative_int,
+        default=0,
+        metavar="STEPS",
+        help="steps between evaluations (default 0: at every checkpoint); always at the end",
+    )
+    g.add_argument(
+        "--early-stop-patience",
+        type=_non_negative_int,
+        default=0,
+        metavar="N",
+        help="stop (with a checkpoint) after N evaluations without a lower eval loss; 0 = never",
+    )
+    g.add_argument(
+        "--export",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="at the end, write the final checkpoint as a Hugging Face folder (safetensors, config, "
+        "tokenizer with its chat template) to STORAGE_PATH/RUN_NAME/model (python -m training.export)",
+    )
 
 
 def _cluster_name(text: str) -> str:
@@ -362,9 +424,26 @@ def parse_args(argv: list[str]) -> TrainOptions:
     manifest = _check_prepared(d)
     _check_training(d)
     if d["data"] != "random" and manifest is None:
-        check_text_field(check_data_path(d["data"]), d["text_field"])
-    if d["init"] == "pretrained" or (d["prepared_data"] is not None and d["shape"] != "tiny"):
-        _check_model_ref(d["model"])
+        d["data_format"] = resolve_data_format(d["data_format"], check_data_path(d["data"]), d["text_field"])
+    elif manifest is not None:
+        from training.shards import CHAT_FORMAT
+
+        prepared = "chat" if manifest["format"] == CHAT_FORMAT else "text"
+        if d["data_format"] not in ("auto", prepared):
+            raise OptionError(
+                f"--data-format: {d['data']} holds prepared {prepared} data, not {d['data_format']}"
+            )
+        d["data_format"] = prepared
+    else:
+        d["data_format"] = "text"
+    _check_eval(d)
+    chat_to_prepare = d["prepared_data"] is not None and d["data_format"] == "chat"
+    if (
+        d["init"] == "pretrained"
+        or (d["prepared_data"] is not None and d["shape"] != "tiny")
+        or chat_to_prepare
+    ):
+        _check_model_ref(d["model"], weights=d["init"] == "pretrained")
     return TrainOptions(**d)
 
 
@@ -414,6 +493,27 @@ def _check_prepared(d: dict[str, Any]) -> dict[str, Any] | None:
             f"drop --seq-len or prepare the data again with --seq-len {d['seq_len']}"
         )
     return manifest
+
+
+def _check_eval(d: dict[str, Any]) -> None:
+    """--eval-data or --eval-fraction, on real data; raw --eval-data gets its preparation place."""
+    from training import shards
+
+    if d["eval_data"] and d["eval_fraction"]:
+        raise OptionError("--eval-fraction: give either --eval-data or --eval-fraction, not both")
+    if (d["eval_data"] or d["eval_fraction"]) and d["data"] == "random":
+        raise OptionError("--eval-data/--eval-fraction: only with real --data, not 'random'")
+    if d["eval_fraction"] is not None and not 0 < d["eval_fraction"] < 1:
+        raise OptionError(f"--eval-fraction: must be between 0 and 1, got {d['eval_fraction']}")
+    if (d["early_stop_patience"] or d["eval_every"]) and not (d["eval_data"] or d["eval_fraction"]):
+        raise OptionError("--eval-every/--early-stop-patience: need --eval-data or --eval-fraction")
+    if not d["eval_data"]:
+        return
+    if shards.manifest_location(d["eval_data"]) is None:
+        check_data_path(d["eval_data"])
+        d["eval_prepared"] = shards.join(d["storage_path"], "_prepared", d["run_name"] + "-eval")
+    if not shards.is_remote(d["eval_data"]):
+        d["eval_data"] = os.path.abspath(d["eval_data"])
 
 
 def _check_training(d: dict[str, Any]) -> None:
@@ -480,13 +580,16 @@ def profile_range(text: str | None) -> tuple[int, int] | None:
     return int(first), int(last)
 
 
-def _check_model_ref(model: str) -> None:
+def _check_model_ref(model: str, weights: bool = True) -> None:
+    """`weights`: the model itself (config.json); else only its tokenizer is needed."""
     if "://" in model or ":" in model.split("/", 1)[0]:
         # A remote prefix: well formed here; its files are checked when the driver fetches its
         # config (check_model).
         location_option("--model", model)
         return
     if os.path.isdir(model):
+        if not weights and (Path(model) / "tokenizer_config.json").is_file():
+            return
         if not (Path(model) / "config.json").is_file():
             raise OptionError(f"--model: {model} has no config.json (not a Hugging Face model dir)")
         return
@@ -578,8 +681,9 @@ def check_data_path(data: str) -> list[str]:
     return files
 
 
-def check_text_field(files: str | list[str], field: str) -> None:
-    """Read only the first record's keys (or the parquet schema) of the first non-empty file."""
+def first_record_fields(files: str | list[str]) -> tuple[str, list[str]]:
+    """The first non-empty file and its first record's keys (or the parquet schema's columns):
+    only that record is read. A file that is not JSON lines or Parquet is named (training/corpus.py)."""
     from training.corpus import first_record_keys
     from training.errors import DataError
 
@@ -593,11 +697,36 @@ def check_text_field(files: str | list[str], field: str) -> None:
             raise OptionError(f"--data: cannot read {first_file}: {exc}") from None
         if names is None:  # empty: the next file has the first record
             continue
-        if field not in names:
-            raise OptionError(
-                f"--text-field: no field {field!r} in the first record of {first_file} (has {names})"
-            )
-        return
+        return first_file, list(names)
     raise OptionError(
         f"--data: {candidates[0]} is empty" if len(candidates) == 1 else "--data: every file is empty"
     )
+
+
+def check_text_field(files: str | list[str], field: str) -> None:
+    """The first record of the first non-empty file has the text field."""
+    first_file, names = first_record_fields(files)
+    if field not in names:
+        raise OptionError(
+            f"--text-field: no field {field!r} in the first record of {first_file} (has {names})"
+        )
+
+
+def resolve_data_format(requested: str, files: str | list[str], text_field: str) -> str:
+    """'text' or 'chat' for --data-format (auto: chat when the first record has chat fields and no
+    --text-field), checking that the first record has the fields the format reads."""
+    from training.sft import chat_fields
+
+    first_file, names = first_record_fields(files)
+    if requested == "auto":
+        requested = "chat" if text_field not in names and chat_fields(names) else "text"
+    if requested == "chat" and not chat_fields(names):
+        raise OptionError(
+            f"--data-format chat: no 'messages' field and no 'prompt' and 'completion' fields in "
+            f"{first_file} (has {names})"
+        )
+    if requested == "text" and text_field not in names:
+        raise OptionError(
+            f"--text-field: no field {text_field!r} in the first record of {first_file} (has {names})"
+        )
+    return requested

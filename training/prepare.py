@@ -14,6 +14,10 @@ The result is a pure function of the input files, the tokenizer and the settings
 cluster's size: their fingerprint (file sizes and modification times, the tokenizer's vocabulary,
 seq_len, the text field, the segment size) is recorded, and a run whose fingerprint matches the
 manifest already there does nothing.
+
+Chat records (`messages`, or `prompt`/`completion`: training/sft.py) are rendered with the
+tokenizer's chat template and packed whole into blocks, with a flags file beside each shard that
+marks the assistant's tokens (the only ones the loss is taken on) and each conversation's start.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from training import corpus, shards
+from training import corpus, sft, shards
 from training.data import ByteTokenizer, load_tokenizer
 from training.errors import INPUT_ERROR_EXIT, DataError, InputError
 from training.options import (
@@ -40,6 +44,7 @@ from training.options import (
     corpus_listing,
     data_files,
     location_option,
+    resolve_data_format,
 )
 
 DEFAULT_SEGMENT_MB = 64
@@ -65,6 +70,8 @@ class Settings:
     # Share of the records that may be skipped (missing/null/non-string text, malformed lines)
     # before preparation fails; 0: the first one fails it, naming its file and line.
     max_skipped_fraction: float = 0.0
+    data_format: str = "text"  # "text" (text_field) or "chat" (training/sft.py)
+    too_long: str = "drop"  # chat: a conversation longer than seq_len is dropped or truncated
 
 
 def tokenizer_identity(shape: str, model: str) -> dict[str, Any]:
@@ -96,6 +103,8 @@ def fingerprint(inputs: list[dict[str, Any]], tokenizer: dict[str, Any], setting
     key = {"format": shards.FORMAT, "inputs": inputs, "tokenizer": tokenizer,
            "seq_len": settings.seq_len, "text_field": settings.text_field,
            "segment_bytes": settings.segment_bytes}  # fmt: skip
+    if settings.data_format == "chat":  # text data keeps the fingerprints it had
+        key.update(format=shards.CHAT_FORMAT, text_field=None, too_long=settings.too_long)
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode("utf-8")).hexdigest()
 
 
@@ -240,12 +249,13 @@ def write_segment(seg: Segment, settings: Settings, out: str) -> dict[str, Any]:
 def _write_segments(batch: dict[str, Any], *, settings: dict[str, Any], shard_dir: str) -> dict[str, Any]:
     """Ray Data map_batches function: one call per segment (batch_size=1)."""
     s = Settings(**settings)
+    write = sft.write_segment if s.data_format == "chat" else write_segment
     rows = []
     for i in range(len(batch["index"])):
         seg = Segment(**{k: _py(batch[k][i]) for k in ("index", "uri", "parquet", "start", "end")})
         try:
-            row = {**write_segment(seg, s, shards.join(shard_dir, shard_name(seg.index))), "error": ""}
-        except InputError as exc:
+            row = {**write(seg, s, shards.join(shard_dir, shard_name(seg.index))), "error": ""}
+        except (InputError, sft.RecordError) as exc:
             # Returned, not raised: Ray Data wraps a UDF's exception in UserCodeException, and its
             # chained cause does not survive the trip to the driver (pickling drops __cause__).
             row = {"index": seg.index, "blocks": 0, "documents": 0, "dropped_tokens": 0, "bytes": 0,
@@ -275,7 +285,7 @@ def _check_cluster_can_reach(data: str, out: str) -> None:
         )
 
 
-def prepare(
+def prepare(  # noqa: PLR0915 (one step after another: check, plan, run, tally, manifest)
     data: str,
     out: str,
     *,
@@ -286,6 +296,8 @@ def prepare(
     segment_mb: float = DEFAULT_SEGMENT_MB,
     max_skipped_fraction: float = 0.0,
     log: Any = print,
+    data_format: str = "text",
+    too_long: str = "drop",
 ) -> dict[str, Any]:
     """Prepare `data` into `out` unless a manifest of the same fingerprint is there; returns it.
 
@@ -294,16 +306,25 @@ def prepare(
     import ray.data
 
     files = check_data_path(data)
-    check_text_field(files, text_field)
+    chat = data_format == "chat"
+    if not chat:
+        check_text_field(files, text_field)
     ignored = corpus_listing(data)[1]
     if ignored:
         log(f"[prepare] ignoring {len(ignored)} files that are not {'/'.join(corpus.JSONL_SUFFIXES)}/"
             f"{corpus.PARQUET_SUFFIX} (first: {ignored[0]})")  # fmt: skip
     settings = Settings(
-        seq_len, text_field, shape, model, max(1, int(segment_mb * 2**20)), max_skipped_fraction
+        seq_len,
+        text_field,
+        shape,
+        model,
+        max(1, int(segment_mb * 2**20)),
+        max_skipped_fraction=max_skipped_fraction,
+        data_format=data_format,
+        too_long=too_long,
     )
     try:
-        tokenizer = tokenizer_identity(shape, model)
+        tokenizer = sft.tokenizer_identity(model) if chat else tokenizer_identity(shape, model)
     except OptionError:
         raise
     except Exception as exc:
@@ -346,10 +367,12 @@ def prepare(
     ]  # fmt: skip
     n_blocks = sum(s["blocks"] for s in shard_rows)
     docs, summary = _tally(data, counts, max_skipped_fraction)
+    if n_blocks == 0 and chat:
+        raise OptionError(f"--data: no conversation of {data} fits in --seq-len {seq_len} tokens")
     if n_blocks == 0:
         raise OptionError(f"--data: {data} holds fewer than --seq-len {seq_len} tokens per segment")
     manifest: dict[str, Any] = {
-        "format": shards.FORMAT,
+        "format": shards.CHAT_FORMAT if chat else shards.FORMAT,
         "dtype": "uint32",
         "byte_order": "little",
         "seq_len": seq_len,
@@ -368,6 +391,9 @@ def prepare(
         "shards": shard_rows,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+    if chat:
+        manifest.update(sft.manifest_counts(counts, too_long))
+        log(sft.counts_line(manifest))
     manifest["checksum"] = shards.manifest_checksum(manifest)  # what write_manifest records
     uri = shards.write_manifest(out, manifest)
     if summary["records"]:
@@ -433,6 +459,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="where the shards and manifest.json go (dir or s3://)")
     p.add_argument("--seq-len", type=int, default=2048, help="tokens per block (the training --seq-len)")
     p.add_argument("--text-field", default="text")
+    p.add_argument(
+        "--data-format",
+        choices=("auto", "text", "chat"),
+        default="auto",
+        help="text: --text-field of each record; chat: 'messages' or 'prompt'/'completion' records, "
+        "rendered with the tokenizer's chat template, loss on the assistant's tokens; auto: by the "
+        "first record's fields",
+    )
+    p.add_argument(
+        "--too-long",
+        choices=sft.TOO_LONG,
+        default="drop",
+        help="chat: a conversation longer than --seq-len is dropped or truncated (counted either way)",
+    )
     p.add_argument("--shape", choices=SHAPES, default="qwen2.5-1.5b", help="tiny: byte-level tokenizer")
     p.add_argument("--model", default=DEFAULT_MODEL, help="whose tokenizer (HF id, dir or s3:// prefix)")
     p.add_argument(
@@ -460,10 +500,12 @@ def main(argv: list[str] | None = None) -> int:
         args.out = location_option("--out", args.out, output=True)
         from training.driver import init_ray_at
 
+        data_format = resolve_data_format(args.data_format, check_data_path(args.data), args.text_field)
         init_ray_at(args.address)
         prepare(args.data, args.out, seq_len=args.seq_len, text_field=args.text_field,
                 shape=args.shape, model=args.model, segment_mb=args.segment_mb,
-                max_skipped_fraction=args.max_skipped_fraction)  # fmt: skip
+                max_skipped_fraction=args.max_skipped_fraction,
+                data_format=data_format, too_long=args.too_long)  # fmt: skip
     except OptionError as exc:
         print(f"python -m training.prepare: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2

@@ -11,6 +11,12 @@ the model's input: labels are the same ids (Hugging Face causal LMs shift them i
 the in-memory packing did before. uint32 because vocabularies outgrow uint16 (Qwen2.5: 151,936).
 Shards live in a folder named by the fingerprint, so preparing changed input never rewrites a
 shard that a manifest written earlier (and a run reading it) still points to.
+
+Chat (SFT) data (training/sft.py) has format CHAT_FORMAT: beside each shard NAME.bin lies
+NAME.flags, one uint8 per token at the same position: FLAG_TARGET marks a token the loss is taken
+on (an assistant token: the model predicts it from the tokens before it), FLAG_START the first
+token of a conversation (position ids restart there, so packed conversations do not attend to each
+other). A reader of the text format refuses the chat format by its version, never ignoring masks.
 """
 
 from __future__ import annotations
@@ -28,6 +34,11 @@ import numpy as np
 from training.errors import InputError
 
 FORMAT = "raytrain-token-shards/1"
+CHAT_FORMAT = "raytrain-token-shards/2"  # FORMAT plus a .flags file beside every shard
+FORMATS = (FORMAT, CHAT_FORMAT)
+FLAGS_SUFFIX = ".flags"
+FLAG_TARGET = 1
+FLAG_START = 2
 MANIFEST = "manifest.json"
 DTYPE = np.dtype("<u4")
 TOKEN_BYTES = DTYPE.itemsize
@@ -91,9 +102,11 @@ def read_manifest(location: str) -> dict[str, Any]:
         raise ShardError(f"{uri}: no manifest (not prepared, or preparation did not finish)") from None
     except (OSError, ValueError) as exc:
         raise ShardError(f"{uri}: cannot read the manifest: {exc}") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+    if not isinstance(manifest, dict) or manifest.get("format") not in FORMATS:
         got = manifest.get("format") if isinstance(manifest, dict) else None
-        raise ShardError(f"{uri}: format {got!r} is not {FORMAT!r}; prepare the data again")
+        raise ShardError(
+            f"{uri}: format {got!r} is not {' or '.join(map(repr, FORMATS))}; prepare the data again"
+        )
     if manifest.get("checksum") != manifest_checksum(manifest):
         why = "has no checksum (written by an older version)" if "checksum" not in manifest else "was edited"
         raise ShardError(f"{uri}: the manifest {why}: its shards cannot be trusted; prepare the data again")
@@ -140,7 +153,9 @@ class TokenBlocks:
         self._names = [str(s["name"]) for s in self.manifest["shards"]]
         self._base = location if not location.partition("?")[0].endswith(MANIFEST) else _parent(location)
         self._remote = is_remote(self._base)
+        self.has_flags = self.manifest["format"] == CHAT_FORMAT
         self._open: dict[int, Any] = {}
+        self._open_flags: dict[int, Any] = {}
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(read_threads) if self._remote else None
 
@@ -178,6 +193,46 @@ class TokenBlocks:
                 self._open[shard] = h
             return h
 
+    def _flags_handle(self, shard: int) -> Any:
+        with self._lock:
+            h = self._open_flags.get(shard)
+            if h is None:
+                uri = join(self._base, *(self._names[shard] + FLAGS_SUFFIX).split("/"))
+                if self._remote:
+                    fs, path = filesystem(uri)
+                    h = fs.open_input_file(path)
+                else:
+                    n = int(self.manifest["shards"][shard]["blocks"])
+                    h = np.memmap(uri, dtype=np.uint8, mode="r", shape=(n, self.seq_len))
+                self._open_flags[shard] = h
+            return h
+
+    def _read_flags(self, index: int) -> np.ndarray:
+        shard, local = self._locate(index)
+        h = self._flags_handle(shard)
+        if not self._remote:
+            return np.asarray(h[local])
+        buf = h.read_at(self.seq_len, local * self.seq_len)
+        if len(buf) != self.seq_len:
+            raise ShardError(
+                f"{self.location}: {self._names[shard]}{FLAGS_SUFFIX} is shorter than its manifest says"
+            )
+        return np.frombuffer(buf, dtype=np.uint8)
+
+    def take_flags(self, indices: Sequence[int]) -> np.ndarray:
+        """The blocks' flags [len(indices), seq_len] as uint8 (chat data only: see CHAT_FORMAT)."""
+        if not self.has_flags:
+            raise ShardError(f"{self.location}: text data has no target flags")
+        out = np.empty((len(indices), self.seq_len), dtype=np.uint8)
+        rows = (
+            self._pool.map(self._read_flags, indices)
+            if self._pool is not None
+            else map(self._read_flags, indices)
+        )
+        for row, block in enumerate(rows):
+            out[row] = block
+        return out
+
     def _read(self, index: int) -> np.ndarray:
         shard, local = self._locate(index)
         h = self._handle(shard)
@@ -208,10 +263,11 @@ class TokenBlocks:
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=False)
-        for h in self._open.values():
+        for h in [*self._open.values(), *self._open_flags.values()]:
             if hasattr(h, "close"):
                 h.close()
         self._open.clear()
+        self._open_flags.clear()
 
 
 def _parent(uri: str) -> str:

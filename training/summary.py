@@ -28,6 +28,18 @@ def steady_window(history: list[dict[str, Any]], resumes: list[dict[str, Any]]) 
     return len(history)
 
 
+def eval_summary(history: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any] | None:
+    """The last evaluation's figures, the best eval loss and its step, and whether the run stopped
+    early; None for a run without an eval set."""
+    evals = [h for h in history if h.get("eval_loss") is not None]
+    if not evals:
+        return None
+    best = min(evals, key=lambda h: h["eval_loss"])
+    last = {k: v for k, v in evals[-1].items() if k.startswith("eval_")}
+    return {**last, "step": evals[-1]["step"], "best_eval_loss": best["eval_loss"], "best_step": best["step"],
+            "stopped_early": bool(meta.get("stopped_early"))}  # fmt: skip
+
+
 def summarize(meta: dict[str, Any], options: dict[str, Any], wall_s: float) -> dict[str, Any]:
     """Aggregate the per-step history kept in the final checkpoint.
 
@@ -60,6 +72,7 @@ def summarize(meta: dict[str, Any], options: dict[str, Any], wall_s: float) -> d
     )
     return {
         "run_name": options["run_name"],
+        "eval": eval_summary(history, meta),
         "steps": meta.get("step"),
         "final_loss": history[-1]["loss"] if history else None,
         "tokens_per_s": tps,
@@ -107,7 +120,17 @@ def plot(summary: dict[str, Any], path: str) -> None:
     hist = summary["history"]
     steps = [h["step"] for h in hist]
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
-    ax1.plot(steps, [h["loss"] for h in hist], color="tab:blue")
+    ax1.plot(steps, [h["loss"] for h in hist], color="tab:blue", label="train")
+    evals = [h for h in hist if h.get("eval_loss") is not None]
+    if evals:
+        ax1.plot(
+            [h["step"] for h in evals],
+            [h["eval_loss"] for h in evals],
+            "o-",
+            color="tab:orange",
+            label="eval",
+        )
+        ax1.legend()
     ax1.set_ylabel("loss")
     ax1.set_title(f"{summary['run_name']}: {summary['world_size']} × {summary['device']}")
     ax2.plot(steps, [h["tokens_per_s"] for h in hist], color="tab:green")

@@ -237,6 +237,17 @@ class Transport(StrEnum):
     ANY = "any"
 
 
+class DataFormat(StrEnum):
+    AUTO = "auto"
+    TEXT = "text"
+    CHAT = "chat"
+
+
+class TooLong(StrEnum):
+    DROP = "drop"
+    TRUNCATE = "truncate"
+
+
 class JobSettings(SettingsModel):
     """The RayJob: its cluster, lifecycle, and the arguments of `python -m training`."""
 
@@ -266,6 +277,22 @@ class JobSettings(SettingsModel):
     # (missing, null or non-string field, malformed line); 0: the first one fails the job,
     # named (docs/data-errors.md). Passed to the preparation and to training's own preparation.
     max_skipped_fraction: float = Field(default=0.0, ge=0, lt=1)
+    # text: text_field of each record; chat: `messages` (role/content turns) or `prompt`/`completion`
+    # records, rendered with the model's chat template, the loss on the assistant's tokens only
+    # (docs/fine-tuning.md); auto: by the first record's fields, or by the prepared data.
+    data_format: DataFormat = DataFormat.AUTO
+    # Chat data: a conversation longer than seq_len is dropped or truncated (counted either way).
+    too_long: TooLong = TooLong.DROP
+    # Held-out set like `data` (s3://, or an absolute path; read only, like data), or the last
+    # eval_fraction of data's blocks; evaluated every eval_every steps (0: each checkpoint) and at
+    # the end: loss, perplexity and token accuracy on the target tokens.
+    eval_data: str | None = None
+    eval_fraction: float | None = Field(default=None, gt=0, lt=1)
+    eval_every: int = Field(default=0, ge=0)
+    # Stop (with a checkpoint) after this many evaluations without a lower eval loss; 0 = never.
+    early_stop_patience: int = Field(default=0, ge=0)
+    # The final checkpoint as a Hugging Face folder under <checkpoint prefix>/<run_name>/model.
+    export: bool = True
     # Text data: also a RayJob that prepares it ahead of training (python -m training.prepare), into
     # the location the training job reads. Whichever job comes second finds the manifest's
     # fingerprint matching and does nothing.
@@ -347,6 +374,16 @@ class JobSettings(SettingsModel):
             "s3://bucket/prefix, or an absolute path inside the container"
         )
 
+    @field_validator("eval_data")
+    @classmethod
+    def _eval_data(cls, value: str | None) -> str | None:
+        if value is None or _is_s3_uri(value, "eval_data") or _ABS_PATH_RE.match(value):
+            return value
+        raise ValueError(
+            f"{value!r} is not an eval set: use an s3://bucket/prefix URI or an absolute path "
+            "inside the container"
+        )
+
     @field_validator("data")
     @classmethod
     def _data(cls, value: str) -> str:
@@ -392,6 +429,15 @@ class JobSettings(SettingsModel):
                 ("input_kms_keys",),
                 "is set but neither data nor model is an s3:// location: the keys would decrypt nothing",
             )
+        if (self.eval_data or self.eval_fraction) and self.data == "random":
+            raise FieldError(
+                ("eval_data" if self.eval_data else "eval_fraction",), "needs real data: data is 'random'"
+            )
+        if self.eval_data and self.eval_fraction:
+            raise FieldError(("eval_fraction",), "set eval_data or eval_fraction, not both")
+        if (self.eval_every or self.early_stop_patience) and not (self.eval_data or self.eval_fraction):
+            field = "eval_every" if self.eval_every else "early_stop_patience"
+            raise FieldError((field,), "needs an eval set: eval_data or eval_fraction")
         if self.prepare_data and self.data == "random":
             raise FieldError(("prepare_data",), "needs text data: data is 'random'")
         if self.cluster is ClusterMode.STANDING and self.ttl_seconds_after_finished:
@@ -404,8 +450,8 @@ class JobSettings(SettingsModel):
 
     @property
     def s3_inputs_set(self) -> bool:
-        """Whether data or model is read from S3."""
-        return self.data.startswith("s3://") or self.model.startswith("s3://")
+        """Whether data, eval_data or model is read from S3."""
+        return any(v and v.startswith("s3://") for v in (self.data, self.eval_data, self.model))
 
     def float8_on(self, gpu: Instance) -> bool:
         """Whether the job trains with float8 linears on `gpu`'s node type; unset: where the GPU

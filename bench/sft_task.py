@@ -1,0 +1,128 @@
+"""A learnable instruction task with a held-out split, and its check on an exported model.
+
+No model hub is reachable on the GPU machine, so everything is made here:
+
+    python bench/sft_task.py make OUT [--train 20000] [--eval 500] [--seed 0]
+        OUT/train.jsonl, OUT/eval.jsonl: chat records ("messages") of string transformations
+        (reverse, upper-case, sort the letters, add two numbers) with one exact answer each; the
+        eval prompts never occur in the training set. OUT/tokenizer: a Qwen2-style tokenizer
+        trained on the task's text (bench/chat_tokenizer.py), with its chat template.
+
+    python bench/sft_task.py check MODEL_DIR OUT/eval.jsonl [--limit 500]
+        Loads MODEL_DIR with transformers alone (AutoModelForCausalLM, AutoTokenizer), greedy-
+        decodes every held-out prompt through the folder's chat template, and prints one JSON line:
+        the share answered exactly.
+
+Train with `python -m training --data OUT/train.jsonl --eval-data OUT/eval.jsonl --model
+OUT/tokenizer --init random ...`; the run's export (STORAGE_PATH/RUN_NAME/model) is MODEL_DIR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: bench/ beside training/
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import chat_tokenizer
+
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+def example(rng: random.Random) -> tuple[str, str]:
+    """(prompt, answer) of one task instance."""
+    kind = rng.randrange(4)
+    if kind == 3:
+        a, b = rng.randrange(1000), rng.randrange(1000)
+        return f"Add {a} and {b}.", str(a + b)
+    word = "".join(rng.choice(LETTERS) for _ in range(rng.randint(3, 9)))
+    if kind == 0:
+        return f"Reverse: {word}", word[::-1]
+    if kind == 1:
+        return f"Upper-case: {word}", word.upper()
+    return f"Sort the letters: {word}", "".join(sorted(word))
+
+
+def make(out: Path, n_train: int, n_eval: int, seed: int, vocab: int = 264) -> dict[str, Any]:
+    rng = random.Random(seed)  # noqa: S311 (a reproducible task, not a secret)
+    held: dict[str, str] = {}
+    while len(held) < n_eval:
+        prompt, answer = example(rng)
+        held[prompt] = answer
+    train: list[tuple[str, str]] = []
+    while len(train) < n_train:
+        prompt, answer = example(rng)
+        if prompt not in held:  # held-out prompts never seen in training
+            train.append((prompt, answer))
+    out.mkdir(parents=True, exist_ok=True)
+
+    def write(path: Path, pairs: list[tuple[str, str]]) -> None:
+        with path.open("w") as f:
+            for prompt, answer in pairs:
+                turns = [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]
+                f.write(json.dumps({"messages": turns}) + "\n")
+
+    write(out / "train.jsonl", train)
+    write(out / "eval.jsonl", list(held.items()))
+    texts = [f"{p} {a}" for p, a in train[:5000]] + [chat_tokenizer.DEFAULT_SYSTEM]
+    chat_tokenizer.build(texts, vocab_size=vocab).save_pretrained(out / "tokenizer")
+    return {"train": len(train), "eval": len(held), "out": str(out)}
+
+
+def check(model_dir: str, eval_file: str, limit: int) -> dict[str, Any]:
+    """Exact-match share of greedy answers to the held-out prompts, transformers alone."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok: Any = AutoTokenizer.from_pretrained(model_dir)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
+    model = model.to(device).eval()
+    records = [json.loads(line) for line in Path(eval_file).read_text().splitlines()[:limit]]
+    right = 0
+    for record in records:
+        prompt, answer = record["messages"][0], record["messages"][1]["content"]
+        enc: Any = tok.apply_chat_template(
+            [prompt], add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )
+        with torch.no_grad():
+            out = model.generate(**enc.to(device), max_new_tokens=16, do_sample=False)
+        got = str(tok.decode(out[0, enc["input_ids"].shape[1] :], skip_special_tokens=True)).strip()
+        right += got == answer
+    return {
+        "model": model_dir,
+        "prompts": len(records),
+        "exact": right,
+        "exact_share": right / max(1, len(records)),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("make")
+    m.add_argument("out", type=Path)
+    m.add_argument("--train", type=int, default=20000)
+    m.add_argument("--eval", type=int, default=500)
+    m.add_argument("--seed", type=int, default=0)
+    m.add_argument(
+        "--vocab", type=int, default=264, help="tokenizer size (--shape tiny's embedding holds 264)"
+    )
+    c = sub.add_parser("check")
+    c.add_argument("model_dir")
+    c.add_argument("eval_file")
+    c.add_argument("--limit", type=int, default=500)
+    args = p.parse_args(argv)
+    if args.cmd == "make":
+        print(json.dumps(make(args.out, args.train, args.eval, args.seed, args.vocab)))
+    else:
+        print(json.dumps(check(args.model_dir, args.eval_file, args.limit)))
+
+
+if __name__ == "__main__":
+    main()
