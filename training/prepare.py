@@ -337,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.seq_len <= 0 or args.segment_mb <= 0:
             raise OptionError("--seq-len and --segment-mb: must be > 0")
-        from training.driver import init_ray_at
+        from training.ray_session import init_ray_at
 
         init_ray_at(args.address)
         prepare(args.data, args.out, seq_len=args.seq_len, text_field=args.text_field,
