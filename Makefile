@@ -41,7 +41,7 @@ $(VENV)/.installed: $(VENV)/.installed-cdk
 
 setup: $(VENV)/.installed ## create .venv (CDK + training + test tools) and node_modules (CDK CLI, cdk8s-cli)
 
-setup-cdk: $(VENV)/.installed-cdk ## CDK side only (no torch/ray): enough for synth, ls, diff and deploy
+setup-cdk: $(VENV)/.installed-cdk ## CDK side only (no torch/ray): enough for synth, ls, diff, review, deploy and raytrain
 
 synth: setup-cdk ## synthesize every environment offline into cdk.out/<env>/ and print a summary
 	$(PY) -m stacks.synth_all --out $(OUT)
@@ -58,7 +58,7 @@ diff: setup-cdk ## npx cdk diff for ENV against the deployed stacks (needs AWS c
 	  exit 1; }
 	npx cdk diff -c env=$(ENV) --all
 
-review: setup ## offline review of ENV against BASE (git ref, default HEAD, or a saved cdk.out/<env>); exit 1 if a critical resource would be replaced
+review: setup-cdk ## offline review of ENV against BASE (git ref, default HEAD, or a saved cdk.out/<env>); exit 1 if a critical resource would be replaced
 	$(VENV)/bin/raytrain review --env $(ENV) --base $(BASE)
 
 test: setup ## lint, type-check and run the whole test suite
