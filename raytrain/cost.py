@@ -186,6 +186,12 @@ def token_cost(settings: Settings, summary: dict[str, Any], *, source: str = "su
     tps = summary.get("tokens_per_s")
     if not isinstance(tps, int | float) or tps <= 0:
         raise SummaryError(f"{source}: tokens_per_s is {tps!r}; need the run's measured tokens/s (> 0)")
+    device = summary.get("device")
+    if isinstance(device, str) and device.lower() == "cpu":
+        raise SummaryError(
+            f"{source}: a CPU run (device 'cpu', e.g. make train-local): its tokens/s says nothing about "
+            f"{settings.gpu_nodes.instance_type} nodes; price the summary.json of a run on the cluster"
+        )
     nodes = summary.get("nodes") or job_nodes(settings)
     if not isinstance(nodes, int) or nodes < 1:
         raise SummaryError(f"{source}: nodes is {nodes!r}; need a positive node count")

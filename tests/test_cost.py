@@ -126,6 +126,8 @@ def test_per_billion_tokens_uses_the_runs_node_count():
         ({"tokens_per_s": 0, "nodes": 2}, "tokens_per_s is 0"),
         ({"tokens_per_s": "fast"}, "tokens_per_s is 'fast'"),
         ({"tokens_per_s": 10.0, "nodes": -1}, "nodes is -1"),
+        # make train-local's summary: not a measurement of the GPU nodes the environment prices.
+        ({"tokens_per_s": 900.0, "nodes": 1, "device": "cpu"}, r"a CPU run \(device 'cpu'.*g6\.12xlarge"),
     ],
 )
 def test_bad_summary_is_named(summary, message):
