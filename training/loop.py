@@ -209,6 +209,7 @@ class _Trainer:
         # Prepared shards, read by position: memory-mapped or ranged reads, never the whole corpus.
         self.blocks = TokenBlocks(data) if data is not None else None
         self.data_fingerprint = self.blocks.fingerprint if self.blocks is not None else None
+        self.vocab_size = int(mcfg.vocab_size)
         self.batches = Batches(
             self.blocks,
             seq_len=opts.seq_len,
@@ -307,6 +308,7 @@ class _Trainer:
         dt, end = self.timer.stop()
         self.step += 1
         self.position += self.global_batch
+        self._note_data_epochs(self.position - self.global_batch, self.position)
         tps = self.global_batch * opts.seq_len / dt
         metrics: dict[str, Any] = {
             "step": self.step,
@@ -324,6 +326,17 @@ class _Trainer:
             metrics["mfu"] = util
         self.history.append(metrics)
         return metrics
+
+    def _note_data_epochs(self, first: int, end: int) -> None:
+        """Log (rank 0) when this step's sequences [first, end) start another pass over the data."""
+        if self.blocks is None or self.rank != 0 or not len(self.blocks):
+            return
+        n = len(self.blocks)
+        for epoch in range(first // n + 1, (end - 1) // n + 1):
+            _say(
+                f"[train] step {self.step}: data epoch {epoch + 1} begins: all {n} sequences of the "
+                f"prepared data were read, the run repeats them (reshuffled)"
+            )
 
     def save_and_report(self, metrics: dict[str, Any]) -> None:
         import ray.train
@@ -348,6 +361,9 @@ class _Trainer:
             "float8_layers": len(self.float8_layers),
             "mesh": list(self.mesh_shape),
             "data_fingerprint": self.data_fingerprint,
+            # For the plot: random ids have a chance-level loss of ln(vocab); shards may repeat.
+            "vocab_size": self.vocab_size,
+            "data_sequences": len(self.blocks) if self.blocks is not None else None,
         }
         try:
             checkpoint.save(
