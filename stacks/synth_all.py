@@ -18,11 +18,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from config.costs import estimate, job_nodes
 from config.loader import SettingsError, environment_names, load_settings
 from config.prices import PriceError
 from config.settings import Settings
 from k8s.chart import render_manifests
-from raytrain.cost import estimate, job_nodes
 from stacks.app_builder import build_app, new_app
 from stacks.environment import EnvironmentStacks
 

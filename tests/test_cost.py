@@ -224,3 +224,14 @@ def test_readme_cost_section_states_what_a_job_leaves_billed():
     # What the same job left billed before: both GPU nodes for the head's whole inspection time.
     held = est.job_nodes * est.gpu_node_per_hour * prod.job.ttl_seconds_after_finished / 3600
     assert f"about ${held:.2f}" in section
+
+
+def test_synthesis_takes_the_estimate_from_config_not_from_the_cli():
+    """The estimate lives beside the prices (config/costs.py); synthesis imports no raytrain command."""
+    import subprocess
+    import sys
+
+    script = "import sys, stacks.synth_all; print(sorted(m for m in sys.modules if m.startswith('raytrain')))"
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
+    assert cost.estimate is __import__("config.costs").costs.estimate
