@@ -17,7 +17,7 @@ export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 .PHONY: help setup setup-cdk synth test test-fast test-image iac-scan wheels lint format typecheck diff review ls lock lock-image imports train-local train-local-data clean
 
 help: ## list the targets
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-17s %s\n", $$1, $$2}'
 
 # Two markers: .installed-cdk (the CDK side: what synthesis, diff and deploy import) and .installed
 # (everything: plus torch/Ray/transformers and the test tools). Synthesis imports nothing from the
@@ -41,13 +41,17 @@ $(VENV)/.installed: $(VENV)/.installed-cdk
 
 setup: $(VENV)/.installed ## create .venv (CDK + training + test tools) and node_modules (CDK CLI, cdk8s-cli)
 
-setup-cdk: $(VENV)/.installed-cdk ## CDK side only (no torch/ray): enough for synth, ls, diff and deploy
+setup-cdk: $(VENV)/.installed-cdk ## CDK side only (no torch/ray): enough for synth, ls, diff, review, deploy and raytrain
 
-synth: setup-cdk ## synthesize every environment offline into cdk.out/<env>/ and print a summary
-	$(PY) -m stacks.synth_all --out $(OUT)
+# `make synth` synthesizes every environment; `make synth ENV=prod` only that one. Only an ENV given
+# on make's command line counts (sh reads an ENV variable of its own from the environment).
+SYNTH_ENVS := $(if $(filter command line,$(origin ENV)),$(ENV))
+
+synth: setup-cdk ## synthesize every environment (or ENV=NAME) offline into cdk.out/<env>/, print a summary
+	$(PY) -m stacks.synth_all$(if $(SYNTH_ENVS), $(SYNTH_ENVS)) --out $(OUT)
 
 ls: setup-cdk ## list the stacks of ENV (default dev) through the CDK CLI
-	npx cdk ls -c env=$(ENV)
+	npx cdk ls -c env=$(ENV) -o $(OUT)/$(ENV)
 
 diff: setup-cdk ## npx cdk diff for ENV against the deployed stacks (needs AWS credentials; offline: make review)
 	@$(PY) -c "import boto3, sys; sys.exit(0 if boto3.session.Session().get_credentials() else 1)" || { \
@@ -56,9 +60,9 @@ diff: setup-cdk ## npx cdk diff for ENV against the deployed stacks (needs AWS c
 	  echo "  (or export AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN)" >&2; \
 	  echo "Offline, against a git ref or a saved cdk.out: make review ENV=$(ENV) [BASE=...]" >&2; \
 	  exit 1; }
-	npx cdk diff -c env=$(ENV) --all
+	npx cdk diff -c env=$(ENV) -o $(OUT)/$(ENV)
 
-review: setup ## offline review of ENV against BASE (git ref, default HEAD, or a saved cdk.out/<env>); exit 1 if a critical resource would be replaced
+review: setup-cdk ## offline review of ENV against BASE (git ref, default HEAD, or a saved cdk.out/<env>); exit 1 if a critical resource would be replaced
 	$(VENV)/bin/raytrain review --env $(ENV) --base $(BASE)
 
 test: setup ## lint, type-check and run the whole test suite

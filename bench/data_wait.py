@@ -72,9 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     work = Path(args.work or tempfile.mkdtemp(prefix="data-wait-"))
 
-    from training.driver import init_ray_at, run
+    from training.driver import run
     from training.options import parse_args
     from training.prepare import prepare
+    from training.ray_session import init_ray_at
 
     init_ray_at(None)
     corpus, prepared = work / "corpus", work / "prepared"

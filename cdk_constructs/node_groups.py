@@ -43,7 +43,7 @@ def gpu_node_labels(instance: Instance) -> dict[str, str]:
 
 ROOT_DEVICE = "/dev/xvda"  # AL2023 EKS AMIs boot from /dev/xvda
 # gp3 baseline is 3000 IOPS / 125 MiB/s; image layers of the DLC (~20 GB) unpack faster with more
-# throughput, which shortens node start. (Billed above 125 MiB/s: raytrain/cost.py.)
+# throughput, which shortens node start. (Billed above 125 MiB/s: config/costs.py.)
 ROOT_IOPS = 3000
 ROOT_THROUGHPUT_MIBPS = 250
 

@@ -6,11 +6,11 @@ import difflib
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
-from config.settings import FieldError, JobSettings, Settings
+from config.settings import KUBECTL_LAYERS, FieldError, JobSettings, Settings
 
 CONFIG_DIR = Path(__file__).resolve().parent
 ENVIRONMENTS_DIR = CONFIG_DIR / "environments"
@@ -40,19 +40,45 @@ def load_settings(
 ) -> Settings:
     """`overrides`: `job.FIELD=VALUE` items (`raytrain job submit --set`), applied on top of the
     file and validated with it by the same model, memory plan included."""
+    if not directory.is_dir():
+        raise SettingsError(f"{_show(directory)}: no such directory of environment files")
     path = environment_file(name, directory)
     if not path.is_file():
         known = ", ".join(environment_names(directory)) or "none"
         raise SettingsError(
             f"{_show(path)}: no such environment file for env={name!r}; known environments: {known}"
         )
-    return parse_settings(
+    settings = parse_settings(
         path.read_text(encoding="utf-8"),
         name=name,
         source=path,
         check_memory=check_memory,
         overrides=overrides,
     )
+    _check_cluster_name_unique(settings, path, directory)
+    return settings
+
+
+def _check_cluster_name_unique(settings: Settings, path: Path, directory: Path) -> None:
+    """EKS cluster names are unique per account and region: two files naming the same cluster there
+    would deploy over each other (and their stacks would fight over it). Files that do not parse are
+    left to their own synthesis to report."""
+    mine = (settings.account, settings.region, settings.cluster.name)
+    for other in environment_names(directory):
+        if other == settings.name:
+            continue
+        other_path = environment_file(other, directory)
+        try:
+            theirs = parse_settings(other_path.read_text(encoding="utf-8"), name=other,
+                                    source=other_path, check_memory=False)  # fmt: skip
+        except (SettingsError, OSError):
+            continue
+        if (theirs.account, theirs.region, theirs.cluster.name) == mine:
+            raise SettingsError(
+                f"{_show(path)}: cluster.name: {settings.cluster.name!r} is also env={other!r}'s cluster "
+                f"in account {settings.account} {settings.region} ({_show(other_path)}); EKS cluster "
+                "names are unique per account and region: give each environment its own"
+            )
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:
@@ -141,7 +167,13 @@ def _describe(err: Any) -> str:
     elif err["type"] == "value_error":
         message = message.removeprefix("Value error, ")
     elif err["type"] == "extra_forbidden":
-        message = "unknown field (check the spelling against config/environments/example.yaml)"
+        message = "unknown field" + _did_you_mean(loc) + " (fields: config/environments/example.yaml)"
+    elif err["type"] == "string_type" and type(err.get("input")) in (int, float):
+        # YAML reads 1.30 as the number 1.3 and an account id as an integer: the text is lost.
+        message = (
+            f"YAML read this unquoted value as the number {err['input']!r}; "
+            f"quote it, e.g. {loc[-1]}: {_example(loc)}"
+        )
     elif err["type"] == "missing":
         message = "required field is missing"
     elif err["type"] in ("literal_error", "enum"):
@@ -149,6 +181,38 @@ def _describe(err: Any) -> str:
     # Drop pydantic's internal markers (function-after[...] etc.) from the path.
     path = ".".join(str(p) for p in loc if not (isinstance(p, str) and "[" in p))
     return f"{path or '(top level)'}: {message}"
+
+
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The settings model that holds the field at `loc` (None where the path leaves the models)."""
+    model: type[BaseModel] = Settings
+    for part in loc:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        if field is None:
+            return None
+        candidates = [field.annotation, *getattr(field.annotation, "__args__", ())]
+        nested = [c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)]
+        if not nested:
+            return None
+        model = nested[0]
+    return model
+
+
+def _did_you_mean(loc: tuple[Any, ...]) -> str:
+    model = _model_at(loc[:-1])
+    if model is None or not isinstance(loc[-1], str):
+        return ""
+    close = difflib.get_close_matches(loc[-1], list(model.model_fields), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _example(loc: tuple[Any, ...]) -> str:
+    """What the quoted value looks like, for the fields people write as numbers."""
+    if loc[-1] == "kubernetes_version":
+        return f'"{next(reversed(KUBECTL_LAYERS))}" (valid: {", ".join(KUBECTL_LAYERS)})'
+    if loc[-1] == "account":
+        return '"111122223333" (the 12-digit account id, leading zeros kept)'
+    return '"..."'
 
 
 def _show(path: Path | str) -> str:

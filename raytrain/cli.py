@@ -37,6 +37,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))
+    except ModuleNotFoundError as exc:
+        # Every command runs on the CDK side that `make synth` installs; should one ever reach for a
+        # package of the train/dev groups (pyproject.toml), say what to install instead of a traceback.
+        missing = (exc.name or str(exc)).split(".")[0]
+        print(
+            f"raytrain {args.command}: error: Python package {missing!r} is not installed; "
+            "`make setup` installs the training and test packages",
+            file=sys.stderr,
+        )
+        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

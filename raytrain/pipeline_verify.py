@@ -102,7 +102,11 @@ def starter_session(settings: Any, base: Any) -> Any:
                 DurationSeconds=ROLE_CHAINING_SECONDS,
             )["Credentials"]
         except bce.NoCredentialsError:
-            raise VerifyError("no AWS credentials: run it in the pipeline step, or with a profile") from None
+            raise VerifyError(
+                "no AWS credentials: it runs in the pipeline's verify step; to run it by hand, "
+                "export AWS_PROFILE=NAME (after `aws sso login --profile NAME`) or AWS_ACCESS_KEY_ID "
+                "and AWS_SECRET_ACCESS_KEY"
+            ) from None
         except bce.ClientError as exc:
             raise VerifyError(
                 f"cannot assume {names.starter_role_arn} ({_code(exc)}): is the stage's "

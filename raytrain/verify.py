@@ -22,9 +22,11 @@ Prints a table and exits 0 when every check passes, 1 when one fails, 2 when it 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -209,6 +211,33 @@ class Api:
         return None if out is None else out.get("items", [])
 
 
+@contextlib.contextmanager
+def _exec_plugin_errors() -> Iterator[list[str]]:
+    """What the kubernetes client logs while it runs the kubeconfig's exec credential plugin.
+
+    On a failed plugin (`aws eks get-token` without credentials exits 255) the client does not raise:
+    `KubeConfigLoader._load_from_exec_plugin` (kubernetes/config/kube_config.py) calls
+    `logging.error(...)` on the root logger, which with no handler configures logging and prints
+    `ERROR:root:exec: ...`, and carries on without a token. A handler on the root logger for the
+    load both collects those messages and keeps logging from configuring itself."""
+    messages: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.name == "root" and f"kubernetes{os.sep}config" in record.pathname:
+                messages.append(record.getMessage())
+            elif logging.lastResort is not None:  # anything else: shown as without this handler
+                logging.lastResort.handle(record)
+
+    root = logging.getLogger()
+    handler = Collect(logging.WARNING)
+    root.addHandler(handler)
+    try:
+        yield messages
+    finally:
+        root.removeHandler(handler)
+
+
 def connect(kubeconfig: str | None, context: str | None, settings: Settings) -> Api:
     from kubernetes import client, config
     from kubernetes.config.config_exception import ConfigException
@@ -220,13 +249,22 @@ def connect(kubeconfig: str | None, context: str | None, settings: Settings) -> 
         raise VerifyError(f"no kubeconfig at {shown}; write one with: {hint}")
     cfg = client.Configuration()
     try:
-        config.load_kube_config(config_file=path, context=context, client_configuration=cfg)
+        with _exec_plugin_errors() as exec_errors:
+            config.load_kube_config(config_file=path, context=context, client_configuration=cfg)
     except ConfigException as exc:
         raise VerifyError(f"kubeconfig {shown}: {exc}; write one with: {hint}") from None
     except OSError as exc:  # e.g. the exec credential plugin (aws) is not installed
         raise VerifyError(f"kubeconfig {shown}: {exc}") from None
+    if exec_errors:
+        raise VerifyError(
+            f"kubeconfig {shown}: its credential command failed ({' '.join(exec_errors[0].split())}); "
+            f"it needs AWS credentials for account {settings.account}: `aws sso login --profile NAME` "
+            "and export AWS_PROFILE=NAME (or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)"
+        )
     # One retry: a gate should fail in seconds when the endpoint is closed, not after minutes.
     cfg.retries = 1
+    # urllib3 logs a warning before that retry; the failure, if it comes, is reported in one line.
+    logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
     return Api(client.ApiClient(cfg))
 
 

@@ -10,19 +10,23 @@ failure never leaves a half-written environment behind.
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
+from rich.panel import Panel
 from rich.table import Table
 
+from config.costs import estimate, job_nodes
 from config.loader import SettingsError, environment_names, load_settings
+from config.placeholders import placeholders
 from config.prices import PriceError
 from config.settings import Settings
 from k8s.chart import render_manifests
-from raytrain.cost import estimate, job_nodes
 from stacks.app_builder import build_app, new_app
 from stacks.environment import EnvironmentStacks
 
@@ -57,39 +61,87 @@ def synthesize(settings: Settings, out_dir: Path) -> EnvironmentStacks:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def summary_table(results: list[tuple[Settings, EnvironmentStacks]], out_dir: Path) -> Table:
-    table = Table(title=f"Synthesized environments ({out_dir}/<env>)")
-    for column in (
-        "env",
-        "account / region",
-        "stacks",
-        "node groups",
-        "GPU AZ",
-        "Kubernetes",
+@dataclass(frozen=True)
+class AssemblyReport:
+    """What the written cloud assembly says: CDK's warnings, the checks' verdicts, the RayJob."""
+
+    warnings: list[str]
+    acknowledged: int  # cdk-nag findings acknowledged with a reason (in *.metadata.json)
+    cfn_validate: str  # the CloudFormation Validate plugin's conclusion (validation-report.json)
+    rayjob: str | None
+
+    @classmethod
+    def read(cls, assembly: Path) -> AssemblyReport:
+        warnings: dict[str, None] = {}  # CDK's annotations (what `cdk synth` prints), once each
+        acknowledged = 0
+        # Stacks' metadata files, nested (pipeline stage) assemblies' too.
+        for path in sorted(assembly.rglob("*.metadata.json")):
+            for path_entries in json.loads(path.read_text(encoding="utf-8")).values():
+                for entry in path_entries:
+                    if entry.get("type") == "aws:cdk:warning":
+                        warnings[str(entry.get("data"))] = None
+                    elif entry.get("type") == "aws:cdk:acknowledged-rules":
+                        acknowledged += sum(1 for rule in entry.get("data") or {} if "AwsSolutions-" in rule)
+        report = assembly / "validation-report.json"
+        conclusions = []
+        if report.is_file():
+            for plugin in json.loads(report.read_text(encoding="utf-8")).get("pluginReports", []):
+                suppressed = len(plugin.get("suppressedViolations") or [])
+                conclusions.append(f"{plugin.get('pluginName')}: {plugin.get('conclusion')}"
+                                   f" ({suppressed} acknowledged)")  # fmt: skip
+        jobs = sorted((assembly / "manifests").glob("RayJob.*.k8s.yaml"))
+        rayjob = jobs[0].name.removeprefix("RayJob.").removesuffix(".k8s.yaml") if jobs else None
+        return cls(list(warnings), acknowledged, "; ".join(conclusions) or "no report", rayjob)
+
+
+def environment_panel(settings: Settings, stacks: EnvironmentStacks, out_dir: Path) -> Panel:
+    """One environment's block: fits 80 columns (rich wraps the values, never cuts them)."""
+    assembly = out_dir / settings.name
+    report = AssemblyReport.read(assembly)
+    gpu, instance = settings.gpu_nodes, settings.gpu_nodes.instance
+    efa = f", {instance.efa_interfaces} EFA" if gpu.efa else ", no EFA"
+    addons = settings.addons
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column(overflow="fold")
+    grid.add_row("account", f"{settings.account}  {settings.region}")
+    grid.add_row("stacks", ", ".join(stack.stack_name for stack in stacks.all()))
+    grid.add_row(
+        "cluster",
+        f"{settings.cluster.name}, Kubernetes {settings.cluster.kubernetes_version}; "
+        f"system {settings.system_nodes.instance_type} × {settings.system_nodes.desired_size}",
+    )
+    grid.add_row(
+        "GPU nodes",
+        f"{gpu.instance_type} × {gpu.min_size}–{gpu.max_size} in {gpu.availability_zone}, autoscaled "
+        f"({instance.gpus}× {instance.gpu_model}{efa}); a job uses {job_nodes(settings)}",
+    )
+    grid.add_row(
         "add-ons",
-        "$/h",
-    ):
-        table.add_column(column)
-    for settings, stacks in results:
-        gpu = settings.gpu_nodes
-        instance = gpu.instance
-        efa = f", {instance.efa_interfaces} EFA" if gpu.efa else ", no EFA"
-        table.add_row(
-            settings.name,
-            f"{settings.account}\n{settings.region}",
-            "\n".join(stack.stack_name for stack in stacks.all()),
-            f"system: {settings.system_nodes.instance_type} × {settings.system_nodes.desired_size}\n"
-            f"gpu: {gpu.instance_type} × {gpu.min_size}–{gpu.max_size}, autoscaled; "
-            f"a job uses {job_nodes(settings)} ({instance.gpus}× {instance.gpu_model}{efa})",
-            gpu.availability_zone,
-            settings.cluster.kubernetes_version,
-            f"nvidia-device-plugin {settings.addons.nvidia_device_plugin}\n"
-            f"efa-device-plugin {settings.addons.efa_device_plugin}\n"
-            f"kuberay-operator {settings.addons.kuberay_operator}\n"
-            f"cluster-autoscaler {settings.addons.cluster_autoscaler}",
-            cost_cell(settings),
+        f"nvidia-device-plugin {addons.nvidia_device_plugin}, efa-device-plugin "
+        f"{addons.efa_device_plugin}, kuberay-operator {addons.kuberay_operator}, "
+        f"cluster-autoscaler {addons.cluster_autoscaler}",
+    )
+    grid.add_row("RayJob", f"{report.rayjob or 'none'}  ({assembly}/manifests/)")
+    grid.add_row(
+        "checks",
+        f"cdk-nag AwsSolutions: passed, {report.acknowledged} findings acknowledged with reasons "
+        f"(*.metadata.json); {report.cfn_validate}",
+    )
+    grid.add_row("cost", cost_cell(settings))
+    if report.warnings:
+        grid.add_row("[yellow]CDK warnings[/]", "\n".join(f"[yellow]![/] {w}" for w in report.warnings))
+    found = placeholders(settings)
+    if found:
+        grid.add_row(
+            "[bold red]PLACEHOLDERS[/]",
+            "[bold red]documentation values: replace them in "
+            f"config/environments/{settings.name}.yaml before a deploy[/]\n" + "\n".join(found),
         )
-    return table
+    border = "red" if found else "yellow" if report.warnings else "green"
+    return Panel(
+        grid, title=f"[bold]{settings.name}[/] → {assembly}/", title_align="left", border_style=border
+    )
 
 
 def cost_cell(settings: Settings) -> str:
@@ -99,9 +151,8 @@ def cost_cell(settings: Settings) -> str:
     except PriceError as exc:
         return f"not priced: {exc}"
     return (
-        f"idle {est.idle_per_hour:.2f}\n"
-        f"running {est.running_per_hour:.2f}\n"
-        f"({est.job_nodes} GPU nodes; prices {est.prices_as_of})"
+        f"${est.idle_per_hour:.2f}/h idle, ${est.running_per_hour:.2f}/h with a job's "
+        f"{est.job_nodes} GPU nodes (On-Demand, prices of {est.prices_as_of}; raytrain cost)"
     )
 
 
@@ -112,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     console = Console()
     if not console.is_terminal:
-        console = Console(width=160)  # logs and CI: no terminal width to fit
+        console = Console(width=100)  # logs and CI: no terminal width to fit
 
     names = args.envs or environment_names()
     settings_list: list[Settings] = []
@@ -134,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         except RuntimeError as exc:  # jsii surfaces validation (cdk-nag) failures this way
             print(f"error: synthesis of env={settings.name} failed: {exc}", file=sys.stderr)
             return 1
-    console.print(summary_table(results, args.out))
+    for settings, stacks in results:
+        console.print(environment_panel(settings, stacks, args.out))
     return 0
 
 

@@ -126,6 +126,8 @@ def test_per_billion_tokens_uses_the_runs_node_count():
         ({"tokens_per_s": 0, "nodes": 2}, "tokens_per_s is 0"),
         ({"tokens_per_s": "fast"}, "tokens_per_s is 'fast'"),
         ({"tokens_per_s": 10.0, "nodes": -1}, "nodes is -1"),
+        # make train-local's summary: not a measurement of the GPU nodes the environment prices.
+        ({"tokens_per_s": 900.0, "nodes": 1, "device": "cpu"}, r"a CPU run \(device 'cpu'.*g6\.12xlarge"),
     ],
 )
 def test_bad_summary_is_named(summary, message):
@@ -221,3 +223,14 @@ def test_cost_page_states_what_a_job_leaves_billed():
     # What the same job left billed before: both GPU nodes for the head's whole inspection time.
     held = est.job_nodes * est.gpu_node_per_hour * prod.job.ttl_seconds_after_finished / 3600
     assert f"about ${held:.2f}" in section
+
+
+def test_synthesis_takes_the_estimate_from_config_not_from_the_cli():
+    """The estimate lives beside the prices (config/costs.py); synthesis imports no raytrain command."""
+    import subprocess
+    import sys
+
+    script = "import sys, stacks.synth_all; print(sorted(m for m in sys.modules if m.startswith('raytrain')))"
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
+    assert cost.estimate is __import__("config.costs").costs.estimate

@@ -18,7 +18,7 @@ NOT_CDK = ("torch", "ray", "transformers", "pyarrow", "matplotlib", "pytest", "h
            "cfnlint", "kubernetes_validate", "jsonschema", "yaml")  # fmt: skip
 
 
-def dry_run(tmp_path: Path, target: str) -> str:
+def dry_run(tmp_path: Path, target: str, *variables: str, make_flags: list[str] | None = None) -> str:
     """What `make -n TARGET` would run in a copy of the repository's make inputs."""
     make = shutil.which("make")
     if make is None:
@@ -27,7 +27,13 @@ def dry_run(tmp_path: Path, target: str) -> str:
     # inner make print "Entering directory" lines (and pass on the outer flags).
     env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
     result = subprocess.run(
-        [make, "--no-print-directory", "-n", target],
+        [
+            make,
+            "--no-print-directory",
+            *(make_flags if make_flags is not None else ["-n"]),
+            target,
+            *variables,
+        ],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -49,6 +55,38 @@ def make_dir(tmp_path: Path) -> Path:
 def test_synth_after_setup_cdk_installs_nothing_more(make_dir: Path) -> None:
     (make_dir / ".venv" / ".installed-cdk").touch()
     assert dry_run(make_dir, "synth").splitlines() == [".venv/bin/python -m stacks.synth_all --out cdk.out"]
+
+
+def test_synth_env_synthesizes_only_that_environment(make_dir: Path) -> None:
+    (make_dir / ".venv" / ".installed-cdk").touch()
+    commands = dry_run(make_dir, "synth", "ENV=prod")
+    assert commands.splitlines() == [".venv/bin/python -m stacks.synth_all prod --out cdk.out"]
+
+
+def test_synth_of_an_unknown_environment_fails_naming_the_known_ones(capsys) -> None:
+    from stacks.synth_all import main
+
+    assert main(["nope", "--out", "/nonexistent/never-written"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0
+    assert "no such environment file for env='nope'; known environments: dev, prod" in err
+
+
+def test_review_needs_the_cdk_side_only(make_dir: Path) -> None:
+    (make_dir / ".venv" / ".installed-cdk").touch()
+    assert "--group" not in dry_run(make_dir, "review")
+
+
+def test_help_columns_fit_every_target(make_dir: Path) -> None:
+    lines = dry_run(make_dir, "help", make_flags=["-s"]).splitlines()
+    names = [line.split()[0] for line in lines]
+    assert "train-local-data" in names
+    # Every description starts in one column, after the longest name and a space.
+    starts = {
+        len(line) - len(line[2:].lstrip()[len(name) :].lstrip())
+        for line, name in zip(lines, names, strict=True)
+    }
+    assert len(starts) == 1 and starts.pop() > 2 + max(map(len, names)), lines
 
 
 def test_a_fresh_synth_installs_the_cdk_side_only(make_dir: Path) -> None:

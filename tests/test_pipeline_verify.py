@@ -439,3 +439,26 @@ def test_starter_credentials_are_assumed_again_before_they_expire(env: Env, enfo
     second = credentials.get_frozen_credentials().access_key
     assert second != first
     session.client("codebuild").batch_get_builds(ids=[f"{env.names.project}:none"])  # still allowed
+
+
+def test_no_credentials_hint_names_only_what_exists(monkeypatch):
+    """Without credentials the hint names environment variables and the aws CLI, no flag
+    pipeline-verify lacks."""
+    import boto3
+
+    from config.loader import load_settings
+    from raytrain import cli, pipeline_verify
+
+    for var in ("AWS_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    with pytest.raises(pipeline_verify.VerifyError) as info:
+        pipeline_verify.starter_session(load_settings("dev"), boto3.Session())
+    message = str(info.value)
+    parser = cli.build_parser()._subparsers._group_actions[0].choices["pipeline-verify"]
+    flags = {option for action in parser._actions for option in action.option_strings}
+    named = set(re.findall(r"(?<![\w-])--[a-z-]+", message.replace("aws sso login --profile", "")))
+    assert named <= flags, named
+    assert "no AWS credentials" in message and "AWS_PROFILE" in message

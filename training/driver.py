@@ -15,6 +15,7 @@ from training import summary as summary_mod
 from training.batch import accumulation_steps
 from training.errors import find_input_error
 from training.options import OptionError, TrainOptions
+from training.ray_session import init_ray_at
 
 
 class TransportGateFailed(Exception):
@@ -94,29 +95,6 @@ def check_model(opts: TrainOptions) -> Any:
 
 def init_ray(opts: TrainOptions) -> None:
     init_ray_at(opts.address)
-
-
-def init_ray_at(address: str | None) -> None:
-    """Join the cluster at `address`, or start an embedded local Ray (no address)."""
-    import ray
-
-    if ray.is_initialized():
-        return
-    if address:
-        try:
-            ray.init(address=address)
-        except (ConnectionError, RuntimeError, ValueError) as exc:
-            raise OptionError(f"--address: cannot join the Ray cluster at {address!r}: {exc}") from None
-        return
-    # Embedded local Ray: its workers must import this package; they inherit the environment.
-    root = str(Path(__file__).resolve().parents[1])
-    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if root not in paths:
-        os.environ["PYTHONPATH"] = os.pathsep.join([root, *paths])
-    # Each ray.train.report waits for the Train controller's poll, every 2 s by default; a local run
-    # is short, so poll faster. The controller is started by this Ray instance and inherits it.
-    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
-    ray.init()
 
 
 def resolve_workers(opts: TrainOptions) -> tuple[int, bool]:

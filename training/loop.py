@@ -224,6 +224,7 @@ class _Trainer:
         self.data_fingerprint = self.blocks.fingerprint if self.blocks is not None else None
         train_blocks, self.eval_blocks = self._split_eval(eval_data)
         self.stopped_early = False
+        self.vocab_size = int(mcfg.vocab_size)
         self.batches = Batches(
             train_blocks,
             seq_len=opts.seq_len,
@@ -391,6 +392,7 @@ class _Trainer:
         dt, end = self.timer.stop()
         self.step += 1
         self.position += self.global_batch
+        self._note_data_epochs(self.position - self.global_batch, self.position)
         tps = self.global_batch * opts.seq_len / dt
         metrics: dict[str, Any] = {
             "step": self.step,
@@ -409,6 +411,17 @@ class _Trainer:
             metrics["mfu"] = util
         self.history.append(metrics)
         return metrics
+
+    def _note_data_epochs(self, first: int, end: int) -> None:
+        """Log (rank 0) when this step's sequences [first, end) start another pass over the data."""
+        if self.blocks is None or self.rank != 0 or not len(self.blocks):
+            return
+        n = len(self.blocks)
+        for epoch in range(first // n + 1, (end - 1) // n + 1):
+            _say(
+                f"[train] step {self.step}: data epoch {epoch + 1} begins: all {n} sequences of the "
+                f"prepared data were read, the run repeats them (reshuffled)"
+            )
 
     def save_and_report(self, metrics: dict[str, Any]) -> None:
         import ray.train
@@ -451,6 +464,9 @@ class _Trainer:
             # What the export needs to write config.json and the tokenizer (training/export.py).
             "model_ref": {"init": self.opts.init, "shape": self.opts.shape, "model": self.opts.model},
             "stopped_early": self.stopped_early,
+            # For the plot: random ids have a chance-level loss of ln(vocab); shards may repeat.
+            "vocab_size": self.vocab_size,
+            "data_sequences": len(self.blocks) if self.blocks is not None else None,
         }
 
 

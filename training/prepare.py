@@ -498,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
         check_skipped_fraction(args.max_skipped_fraction)
         args.data = location_option("--data", args.data)
         args.out = location_option("--out", args.out, output=True)
-        from training.driver import init_ray_at
+        from training.ray_session import init_ray_at
 
         data_format = resolve_data_format(args.data_format, check_data_path(args.data), args.text_field)
         init_ray_at(args.address)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 from typing import Any
@@ -103,12 +104,37 @@ def summarize(meta: dict[str, Any], options: dict[str, Any], wall_s: float) -> d
         "mesh": meta.get("mesh"),
         "data_position": meta.get("position"),
         "data_fingerprint": meta.get("data_fingerprint"),
+        "vocab_size": meta.get("vocab_size"),
+        # Passes over the prepared data (None for random ids): above 1, the run repeated its data.
+        "data_epochs": (
+            meta["position"] / meta["data_sequences"]
+            if meta.get("data_sequences") and meta.get("position") is not None
+            else None
+        ),
         "resumes": meta.get("resumes", []),
         "transport": meta.get("transport"),
         "wall_time_s": wall_s,
         "options": options,
         "history": history,
     }
+
+
+def smoothed(values: list[float], span: int) -> list[float]:
+    """Exponential moving average with the usual span (alpha = 2 / (span + 1)), bias-corrected so
+    that the first points are not pulled towards zero."""
+    alpha, avg, weight, out = 2 / (span + 1), 0.0, 0.0, []
+    for v in values:
+        avg = (1 - alpha) * avg + alpha * v
+        weight = (1 - alpha) * weight + alpha
+        out.append(avg / weight)
+    return out
+
+
+def chance_loss(summary: dict[str, Any]) -> float | None:
+    """ln(vocab): the loss of a uniform guess, which random token ids cannot beat (None for real data)."""
+    random_data = (summary.get("options") or {}).get("data") == "random"
+    vocab = summary.get("vocab_size")
+    return math.log(vocab) if random_data and vocab else None
 
 
 def plot(summary: dict[str, Any], path: str) -> None:
@@ -119,8 +145,20 @@ def plot(summary: dict[str, Any], path: str) -> None:
 
     hist = summary["history"]
     steps = [h["step"] for h in hist]
+    losses = [h["loss"] for h in hist]
+    span = max(1, len(hist) // 20)
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
-    ax1.plot(steps, [h["loss"] for h in hist], color="tab:blue", label="train")
+    ax1.plot(steps, losses, color="tab:blue", alpha=0.35, linewidth=1, label="loss")
+    smooth = smoothed(losses, span)
+    if smooth:
+        final = f"final {smooth[-1]:.3f}, last step {losses[-1]:.3f}"
+        ax1.plot(steps, smooth, color="tab:blue", linewidth=2, label=f"smoothed (EMA, span {span}); {final}")
+    chance = chance_loss(summary)
+    if chance is not None:
+        # Random ids carry nothing to learn: with the axis from 0, noise around ln(vocab) looks flat.
+        label = f"chance level ln({summary['vocab_size']}) = {chance:.3f} (random data)"
+        ax1.axhline(chance, color="tab:gray", linestyle="--", linewidth=1, label=label)
+        ax1.set_ylim(0, 1.1 * max([chance, *losses]))
     evals = [h for h in hist if h.get("eval_loss") is not None]
     if evals:
         ax1.plot(
@@ -130,10 +168,16 @@ def plot(summary: dict[str, Any], path: str) -> None:
             color="tab:orange",
             label="eval",
         )
-        ax1.legend()
     ax1.set_ylabel("loss")
-    ax1.set_title(f"{summary['run_name']}: {summary['world_size']} × {summary['device']}")
+    ax1.legend(loc="best", fontsize="small")
+    epochs = summary.get("data_epochs")
+    repeats = f"; data read {epochs:.1f}×" if epochs and epochs > 1 else ""
+    ax1.set_title(f"{summary['run_name']}: {summary['world_size']} × {summary['device']}{repeats}")
     ax2.plot(steps, [h["tokens_per_s"] for h in hist], color="tab:green")
+    if summary.get("tokens_per_s"):
+        ax2.axhline(summary["tokens_per_s"], color="tab:green", linestyle=":", linewidth=1,
+                    label=f"steady window {summary['tokens_per_s']:,.0f} tokens/s")  # fmt: skip
+        ax2.legend(loc="best", fontsize="small")
     ax2.set_ylabel("tokens/s")
     ax2.set_xlabel("step")
     for r in summary["resumes"]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -70,7 +71,8 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "capacity",
         help="find where the GPU node group can launch; --write pins it into the settings",
-        description=__doc__,
+        # The package's docstring says what the command does (its last paragraph is for developers).
+        description="\n\n".join((sys.modules["raytrain.capacity"].__doc__ or "").split("\n\n")[:2]),
         epilog=EXIT_CODES_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -1,0 +1,152 @@
+"""The hourly cost estimate of an environment, from its settings and the pinned prices beside it
+(config/prices.py): used by `make synth`'s summary and by `raytrain cost`, which prints it.
+
+Idle: what runs between jobs (EKS control plane, system nodes and their root volumes, NAT
+gateways, interface endpoints, and the GPU group at its minimum size). Running: idle plus the GPU
+nodes of one job (`job.nodes`) and their root volumes. Three facts come from the infrastructure
+code that defines them (root volume throughput, the interface endpoints, the autoscaler's
+scale-down delay), read where they are written so they are never typed twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from config.prices import (
+    HOURS_PER_MONTH,
+    PRICES_AS_OF,
+    RegionPrices,
+    instance_per_hour,
+    prices_for,
+)
+from config.settings import Settings
+
+
+@dataclass(frozen=True)
+class Line:
+    item: str
+    quantity: str
+    per_hour: float
+
+
+@dataclass(frozen=True)
+class CostEstimate:
+    env: str
+    region: str
+    prices_as_of: str
+    idle: list[Line]
+    job: list[Line]
+    job_nodes: int
+    # One GPU node with its root volume, and how many the group keeps at idle (its minimum).
+    gpu_node_per_hour: float
+    gpu_min_nodes: int
+    # At most how long the job's added GPU nodes stay after it ends (autoscaler scale-down).
+    after_job_minutes: int
+
+    @property
+    def idle_per_hour(self) -> float:
+        return sum(line.per_hour for line in self.idle)
+
+    @property
+    def running_per_hour(self) -> float:
+        return self.idle_per_hour + sum(line.per_hour for line in self.job)
+
+    def running_with(self, nodes: int) -> float:
+        """Running cost with `nodes` GPU nodes up (those kept at idle count once)."""
+        return self.idle_per_hour + max(0, nodes - self.gpu_min_nodes) * self.gpu_node_per_hour
+
+    @property
+    def after_job(self) -> float:
+        """$ per job for the GPU nodes the job added, from its end until the autoscaler removes them."""
+        added = max(0, self.job_nodes - self.gpu_min_nodes)
+        return added * self.gpu_node_per_hour * self.after_job_minutes / 60
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "env": self.env,
+            "region": self.region,
+            "prices_as_of": self.prices_as_of,
+            "idle": [asdict(line) for line in self.idle],
+            "job": [asdict(line) for line in self.job],
+            "job_nodes": self.job_nodes,
+            "gpu_node_per_hour": self.gpu_node_per_hour,
+            "idle_per_hour": self.idle_per_hour,
+            "running_per_hour": self.running_per_hour,
+            "after_job_minutes": self.after_job_minutes,
+            "after_job": self.after_job,
+        }
+
+
+def root_volume_per_hour(prices: RegionPrices, size_gib: int, throughput_mibps: int) -> float:
+    """One gp3 root volume: storage plus provisioned throughput above the included baseline."""
+    extra = max(0, throughput_mibps - prices.gp3_included_mibps)
+    month = size_gib * prices.gp3_per_gib_month + extra * prices.gp3_per_mibps_month
+    return month / HOURS_PER_MONTH
+
+
+def job_nodes(settings: Settings) -> int:
+    """GPU nodes one job's Ray cluster runs on (one worker pod per node)."""
+    return settings.job.nodes
+
+
+def estimate(settings: Settings) -> CostEstimate:
+    # Imported here: they pull in aws_cdk, which `raytrain --help` does not need.
+    from cdk_constructs.cluster_autoscaler import empty_gpu_node_minutes
+    from cdk_constructs.node_groups import ROOT_THROUGHPUT_MIBPS
+    from stacks.network_stack import INTERFACE_ENDPOINTS
+
+    prices = prices_for(settings.region)
+    system, gpu = settings.system_nodes, settings.gpu_nodes
+    system_rate = instance_per_hour(prices, system.instance_type)
+    gpu_rate = instance_per_hour(prices, gpu.instance_type)
+    system_root = root_volume_per_hour(prices, system.root_volume_gib, ROOT_THROUGHPUT_MIBPS)
+    gpu_root = root_volume_per_hour(prices, gpu.root_volume_gib, ROOT_THROUGHPUT_MIBPS)
+    azs = len(settings.vpc.availability_zones)
+    endpoints = len(INTERFACE_ENDPOINTS)
+    idle = [
+        Line("EKS control plane", "1 cluster", prices.eks_cluster_per_hour),
+        Line(
+            f"system nodes ({system.instance_type})",
+            f"{system.desired_size} × ${system_rate:.4f}",
+            system.desired_size * system_rate,
+        ),
+        Line(
+            "system root volumes (gp3)",
+            f"{system.desired_size} × {system.root_volume_gib} GiB",
+            system.desired_size * system_root,
+        ),
+        Line(
+            "NAT gateways",
+            f"{settings.vpc.nat_gateways} × ${prices.nat_gateway_per_hour:.3f}",
+            settings.vpc.nat_gateways * prices.nat_gateway_per_hour,
+        ),
+        Line(
+            "interface endpoints",
+            f"{endpoints} × {azs} AZs × ${prices.interface_endpoint_per_az_hour:.3f}",
+            endpoints * azs * prices.interface_endpoint_per_az_hour,
+        ),
+        Line(
+            f"GPU nodes at minimum ({gpu.instance_type})",
+            f"{gpu.min_size} × ${gpu_rate:.4f}",
+            gpu.min_size * (gpu_rate + gpu_root),
+        ),
+    ]
+    nodes = job_nodes(settings)
+    # Nodes the group keeps anyway (its minimum) serve the job too; only the rest are added.
+    added = max(0, nodes - gpu.min_size)
+    job = [
+        Line(f"GPU nodes of the job ({gpu.instance_type})", f"{added} × ${gpu_rate:.4f}", added * gpu_rate),
+        Line("GPU root volumes (gp3)", f"{added} × {gpu.root_volume_gib} GiB", added * gpu_root),
+    ]
+    return CostEstimate(
+        env=settings.name,
+        region=settings.region,
+        prices_as_of=PRICES_AS_OF,
+        idle=idle,
+        job=job,
+        job_nodes=nodes,
+        gpu_node_per_hour=gpu_rate + gpu_root,
+        gpu_min_nodes=gpu.min_size,
+        after_job_minutes=empty_gpu_node_minutes(),
+    )
