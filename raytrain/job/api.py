@@ -70,7 +70,7 @@ class JobApi:
         """Create (or, with `dry_run`, have the API server validate without storing: its schema,
         CEL rules, admission) a RayJob."""
         what = f"{'validating' if dry_run else 'creating'} RayJob {namespace}/{body['metadata']['name']}"
-        kwargs = {"dry_run": "All"} if dry_run else {}
+        kwargs: dict[str, Any] = {"dry_run": "All"} if dry_run else {}
         return self._write(
             what,
             self.api.custom.create_namespaced_custom_object,
