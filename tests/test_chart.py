@@ -462,11 +462,29 @@ def test_entrypoint_carries_the_job_settings(name: str) -> None:
         "--expect-transport": "auto",
         # CloudWatch step metrics where the environment turns them on (training/emf.py).
         **({"--metrics-cluster": s.cluster.name} if s.observability.metrics else {}),
+        # Text or chat data the job prepares itself (k8s/job.py prepared_data_uri).
+        **(
+            {
+                "--text-field": job.text_field,
+                "--prepared-data": flags.get("--prepared-data"),
+                "--max-skipped-fraction": repr(job.max_skipped_fraction),
+                "--data-format": job.data_format.value,
+                "--too-long": job.too_long.value,
+            }
+            if "--prepared-data" in flags
+            else {}
+        ),
+        # Held-out evaluation, only where the job sets it.
+        **({"--eval-data": job.eval_data} if job.eval_data else {}),
+        **({"--eval-fraction": repr(job.eval_fraction)} if job.eval_fraction else {}),
+        **({"--eval-every": str(job.eval_every)} if job.eval_every else {}),
+        **({"--early-stop-patience": str(job.early_stop_patience)} if job.early_stop_patience else {}),
     }
     assert switches == {
         "--compile" if job.compile else "--no-compile",
         "--liger" if job.liger else "--no-liger",
         "--float8" if job.float8_on(s.gpu_nodes.instance) else "--no-float8",
+        "--export" if job.export else "--no-export",
     }
 
 
@@ -477,13 +495,13 @@ def test_entrypoint_switches_and_quoting() -> None:
     )
     job = next(o for o in render(s) if o["kind"] == "RayJob")
     _, flags, switches = parsed_entrypoint(job)
-    assert switches == {"--compile", "--liger", "--activation-checkpointing", "--no-float8"}
+    assert switches == {"--compile", "--liger", "--activation-checkpointing", "--no-float8", "--export"}
     assert flags["--data"] == "/data/a&b;c"
     # Eager layers and the full-logits loss need more memory per token: shorter sequences keep
     # this variant inside dev's L4 (the memory plan would refuse it at 2048, config/memory.py).
     off = variant("dev", job={"compile": False, "liger": False, "seq_len": 512})
     _, _, switches = parsed_entrypoint(next(o for o in render(off) if o["kind"] == "RayJob"))
-    assert switches == {"--no-compile", "--no-liger", "--no-float8"}
+    assert switches == {"--no-compile", "--no-liger", "--no-float8", "--export"}
     runtime_env = yaml.safe_load(
         next(o for o in render(off) if o["kind"] == "RayJob")["spec"]["runtimeEnvYAML"]
     )

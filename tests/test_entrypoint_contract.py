@@ -60,8 +60,9 @@ def s3_chat_records(monkeypatch: pytest.MonkeyPatch) -> None:
     def data_files(data: str) -> list[str]:
         return [data] if data.startswith("s3://") else real_files(data)
 
-    def first_record_fields(first_file: str) -> list[str]:
-        return ["messages"] if first_file.startswith("s3://") else real_fields(first_file)
+    def first_record_fields(files: str | list[str]) -> tuple[str, list[str]]:
+        first = files if isinstance(files, str) else files[0]
+        return (first, ["messages"]) if first.startswith("s3://") else real_fields(files)
 
     monkeypatch.setattr(options, "data_files", data_files)
     monkeypatch.setattr(options, "first_record_fields", first_record_fields)

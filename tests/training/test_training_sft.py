@@ -125,7 +125,9 @@ def _write(tmp_path: Path, records: list[Any], seq_len: int, too_long: str = "dr
     data = tmp_path / name
     data.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records))
     seg = Segment(0, str(data), False, 0, data.stat().st_size)
-    return seg, Settings(seq_len, "text", "tiny", str(tmp_path / "tok"), 1 << 20, "chat", too_long)
+    return seg, Settings(
+        seq_len, "text", "tiny", str(tmp_path / "tok"), 1 << 20, data_format="chat", too_long=too_long
+    )
 
 
 def _read(path: Path, seq_len: int) -> tuple[np.ndarray, np.ndarray]:

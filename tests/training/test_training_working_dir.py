@@ -16,6 +16,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import uuid
 import zipfile
 from pathlib import Path
 
@@ -23,7 +24,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 REGION = "us-west-2"
-BUCKET = "cdk-hnb659fds-assets-111122223333-us-west-2"
+BUCKET = f"cdk-hnb659fds-assets-{uuid.uuid4().hex[:8]}"  # moto keeps buckets per process
 
 
 def _zip_folder(folder: Path, target: Path) -> None:
