@@ -547,6 +547,9 @@ def test_submitter_policy_uploads_code_and_nothing_else(
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", key["AccessKeyId"])
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", key["SecretAccessKey"])
     monkeypatch.setenv("AWS_SESSION_TOKEN", creds["SessionToken"])
+    # boto3's default session keeps the credentials it resolved first (an earlier test's): a fresh
+    # one reads these, as a new `raytrain job submit` process does.
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)
     zipped = code.CodeZip(tmp_path / "c.zip", "ab" * 32, 4)
     zipped.path.write_bytes(b"PK\x05\x06")
     import hashlib
