@@ -492,6 +492,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    owned = False
     try:
         if args.seq_len <= 0 or args.segment_mb <= 0:
             raise OptionError("--seq-len and --segment-mb: must be > 0")
@@ -501,6 +502,10 @@ def main(argv: list[str] | None = None) -> int:
         from training.ray_session import init_ray_at
 
         data_format = resolve_data_format(args.data_format, check_data_path(args.data), args.text_field)
+        import ray
+
+        # Shut down below only a Ray this call started (a caller's own session stays).
+        owned = not ray.is_initialized()
         init_ray_at(args.address)
         prepare(args.data, args.out, seq_len=args.seq_len, text_field=args.text_field,
                 shape=args.shape, model=args.model, segment_mb=args.segment_mb,
@@ -513,7 +518,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"python -m training.prepare: error: {exc}", file=sys.stderr)
         return INPUT_ERROR_EXIT
     finally:
-        if "ray" in sys.modules:
+        if owned:
             sys.modules["ray"].shutdown()
     return 0
 

@@ -241,7 +241,7 @@ def test_prepare_on_ray_writes_chat_shards_and_refuses_a_bad_record_by_name(
     ray_session: str, tmp_path: Path, tok_dir: str
 ) -> None:
     from training.data import Batches
-    from training.options import OptionError
+    from training.errors import DataError
     from training.prepare import prepare
 
     corpus = tmp_path / "chats.jsonl"
@@ -266,11 +266,12 @@ def test_prepare_on_ray_writes_chat_shards_and_refuses_a_bad_record_by_name(
     bad = tmp_path / "bad.jsonl"
     good = json.dumps(CHATS[0]) + "\n"
     bad.write_text(good * 3 + json.dumps({"messages": [{"role": "user", "content": "x"}]}) + "\n")
-    with pytest.raises(OptionError) as err:
+    # An input error like a bad text record (training/errors.py): one line, exit 4 on the CLI.
+    with pytest.raises(DataError) as err:
         prepare(str(bad), str(tmp_path / "bad-out"), data_format="chat", **kw)
     msg = str(err.value)
     assert msg == (
-        f"--data: {bad}: line at byte {3 * len(good)}: field 'messages': no turn with role 'assistant' "
+        f"{bad}: line at byte {3 * len(good)}: field 'messages': no turn with role 'assistant' "
         "(nothing to train on)"
     )
     assert not (tmp_path / "bad-out" / shards.MANIFEST).exists()  # nothing a later run would trust
