@@ -18,7 +18,8 @@
   Fluent Bit file (the add-on's documented `containerLogs.fluentBit.config.extraFiles`) ships the
   training loop's EMF lines to their own group (training/emf.py says why).
 - `TrainingDashboard`: GPU utilisation and memory per node, EFA bytes in/out per node, node
-  counts, and the job's tokens/s, MFU and loss per run.
+  counts, and the job's tokens/s, MFU, training and held-out loss, step time, held-out perplexity
+  and token accuracy per run.
 
 Metric names: Container Insights' are from its EKS metric reference
 (Container-Insights-metrics-enhanced-EKS.html: node_gpu_utilization, node_gpu_memory_utilization,
@@ -270,18 +271,23 @@ class TrainingDashboard(Construct):
         super().__init__(scope, construct_id)
         on_cluster = {"ClusterName": cluster_name}
 
-        def graph(title: str, expression: str, label: str, unit: str = "") -> cw.GraphWidget:
+        def lines(title: str, series: list[tuple[str, str]], unit: str = "") -> cw.GraphWidget:
+            """One graph of (expression, label) pairs on the left axis."""
             return cw.GraphWidget(
                 title=title,
                 left=[
                     cw.MathExpression(
                         expression=expression, using_metrics={}, label=label, period=Duration.minutes(1)
                     )
+                    for expression, label in series
                 ],
                 left_y_axis=cw.YAxisProps(label=unit, show_units=False) if unit else None,
                 width=12,
                 height=6,
             )
+
+        def graph(title: str, expression: str, label: str, unit: str = "") -> cw.GraphWidget:
+            return lines(title, [(expression, label)], unit)
 
         def node(metric: str, stat: str = "Average") -> str:
             return _search(CONTAINER_INSIGHTS_NAMESPACE, _NODE_DIMS, metric, on_cluster, stat)
@@ -307,9 +313,20 @@ class TrainingDashboard(Construct):
             graph("Job: tokens/s", job(emf.TOKENS_PER_SECOND), "", "tokens/s"),
             graph("Job: MFU", job(emf.MFU), "", "%"),
         )
+        # Two searches on one graph: a dynamic label (applied to every series a search returns)
+        # tells a run's training line from its held-out one.
+        run = f"${{PROP('Dim.{emf.RUN_DIMENSION}')}}"
         self.dashboard.add_widgets(
-            graph("Job: loss", job(emf.LOSS), ""),
+            lines(
+                "Job: loss (training, held-out)",
+                [(job(emf.LOSS), f"{run} training"), (job(emf.EVAL_LOSS), f"{run} held-out")],
+            ),
             graph("Job: step time", job(emf.STEP_TIME), "", "s"),
+        )
+        # Held-out figures: one point per evaluation (--eval-every), none on other steps.
+        self.dashboard.add_widgets(
+            graph("Job: held-out perplexity", job(emf.EVAL_PERPLEXITY), ""),
+            graph("Job: held-out token accuracy", job(emf.EVAL_ACCURACY), "", "%"),
         )
         self.dashboard.add_widgets(
             graph("GPU utilisation per node", node("node_gpu_utilization"), "", "%"),
@@ -351,7 +368,24 @@ class TrainingDashboard(Construct):
                 log_group_names=[metrics_log_group],
                 query_lines=[
                     f"fields @timestamp, {emf.RUN_DIMENSION}, Step, {emf.LOSS}, "
-                    f"{emf.TOKENS_PER_SECOND}, {emf.MFU}",
+                    f"{emf.TOKENS_PER_SECOND}, {emf.MFU}, {emf.EVAL_LOSS}, {emf.EVAL_PERPLEXITY}, "
+                    f"{emf.EVAL_ACCURACY}",
+                    "sort @timestamp desc",
+                    "limit 20",
+                ],
+                width=24,
+                height=6,
+            )
+        )
+        # Evaluations are sparse (every --eval-every steps): the latest steps seldom hold one.
+        self.dashboard.add_widgets(
+            cw.LogQueryWidget(
+                title="Latest evaluations",
+                log_group_names=[metrics_log_group],
+                query_lines=[
+                    f"fields @timestamp, {emf.RUN_DIMENSION}, Step, {emf.LOSS}, {emf.EVAL_LOSS}, "
+                    f"{emf.EVAL_PERPLEXITY}, {emf.EVAL_ACCURACY}",
+                    f"filter ispresent({emf.EVAL_LOSS})",
                     "sort @timestamp desc",
                     "limit 20",
                 ],

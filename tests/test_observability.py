@@ -333,6 +333,44 @@ def test_dashboard_plots_gpu_efa_nodes_and_the_jobs_metrics(prod: Any) -> None:
     assert logs and f"/aws/containerinsights/{name}/{obs.METRICS_LOG_KIND}" in logs[0]["properties"]["query"]
 
 
+def test_dashboard_plots_exactly_the_step_metrics_the_loop_emits(prod: Any) -> None:
+    body = _dashboard_body(prod)
+    schema = re.escape("{" + ",".join((emf.NAMESPACE, *emf.DIMENSIONS)) + "}")
+    graphs = {
+        w["properties"]["title"]: [m[0] for m in w["properties"]["metrics"]]
+        for w in body["widgets"]
+        if w["type"] == "metric"
+    }
+
+    def job_metrics(series: list[dict[str, Any]]) -> list[str]:
+        return [n for s in series for n in re.findall(schema + r' MetricName="(\w+)"', s["expression"])]
+
+    # Every metric of training/emf.py has a graph, and no graph searches for a name it does not write.
+    plotted = [n for series in graphs.values() for n in job_metrics(series)]
+    assert sorted(plotted) == sorted(emf.METRICS)
+    # Training and held-out loss on one graph, each line labelled with its run and its kind.
+    loss = graphs["Job: loss (training, held-out)"]
+    assert job_metrics(loss) == [emf.LOSS, emf.EVAL_LOSS]
+    run = f"${{PROP('Dim.{emf.RUN_DIMENSION}')}}"
+    assert [s["label"] for s in loss] == [f"{run} training", f"{run} held-out"]
+    assert job_metrics(graphs["Job: held-out perplexity"]) == [emf.EVAL_PERPLEXITY]
+    assert job_metrics(graphs["Job: held-out token accuracy"]) == [emf.EVAL_ACCURACY]
+    (accuracy,) = (
+        w for w in body["widgets"] if w["properties"].get("title") == "Job: held-out token accuracy"
+    )
+    # The loop's fraction arrives in percent (emf.METRICS' scale), the axis says so.
+    assert emf.METRICS[emf.EVAL_ACCURACY][1:] == ("Percent", 100.0)
+    assert accuracy["properties"]["yAxis"]["left"]["label"] == "%"
+    # The log queries list the held-out figures; one keeps to the steps that evaluated.
+    queries = {
+        w["properties"]["title"]: w["properties"]["query"] for w in body["widgets"] if w["type"] == "log"
+    }
+    for query in queries.values():
+        for name in (emf.EVAL_LOSS, emf.EVAL_PERPLEXITY, emf.EVAL_ACCURACY):
+            assert f", {name}" in query, (name, query)
+    assert f"filter ispresent({emf.EVAL_LOSS})" in queries["Latest evaluations"]
+
+
 # --- settings -------------------------------------------------------------------------------------
 
 

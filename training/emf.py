@@ -42,6 +42,7 @@ MFU = "MFU"
 LOSS = "Loss"
 STEP_TIME = "StepTime"
 EVAL_LOSS = "EvalLoss"
+EVAL_PERPLEXITY = "EvalPerplexity"
 EVAL_ACCURACY = "EvalAccuracy"
 # Metric name -> (key in the loop's per-step metrics, CloudWatch unit, scale).
 METRICS: dict[str, tuple[str, str, float]] = {
@@ -51,8 +52,13 @@ METRICS: dict[str, tuple[str, str, float]] = {
     STEP_TIME: ("step_time_s", "Seconds", 1.0),
     # Only on the steps that evaluate (training/evaluate.py); absent values are left out.
     EVAL_LOSS: ("eval_loss", "None", 1.0),
+    EVAL_PERPLEXITY: ("eval_perplexity", "None", 1.0),
     EVAL_ACCURACY: ("eval_accuracy", "Percent", 100.0),
 }
+
+# CloudWatch rejects metric values beyond +-2^360 (PutMetricData, MetricDatum.Value); a diverged
+# run's perplexity (exp of the loss, up to e^700 in training/evaluate.py) can get there.
+MAX_VALUE = 2.0**360
 
 # Every line starts with this (json.dumps keeps insertion order); Fluent Bit greps for it.
 EMF_LINE_PREFIX = '{"_aws":'
@@ -63,12 +69,15 @@ CONTAINER_STDOUT = "/proc/1/fd/1"
 def emf_record(
     metrics: Mapping[str, Any], *, cluster: str, run_name: str, timestamp_ms: int
 ) -> dict[str, Any]:
-    """One EMF object for one step; non-finite or missing values are left out (JSON has no NaN)."""
+    """One EMF object for one step; missing, non-finite (JSON has no NaN) and out-of-range values
+    (`MAX_VALUE`) are left out."""
     values: dict[str, float] = {}
     for name, (key, _unit, scale) in METRICS.items():
         value = metrics.get(key)
         if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-            values[name] = float(value) * scale
+            scaled = float(value) * scale
+            if abs(scaled) <= MAX_VALUE:
+                values[name] = scaled
     record: dict[str, Any] = {
         "_aws": {
             "Timestamp": int(timestamp_ms),

@@ -307,7 +307,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--metrics-cluster",
         type=_cluster_name,
         metavar="NAME",
-        help="on EKS: rank 0 writes each step's tokens/s, MFU, loss and step time as CloudWatch "
+        help="on EKS: rank 0 writes each step's tokens/s, MFU, loss and step time (and the held-out "
+        "loss, perplexity and accuracy on the steps that evaluate) as CloudWatch "
         "embedded-metric-format lines to its container's stdout, with dimension ClusterName=NAME",
     )
     return p

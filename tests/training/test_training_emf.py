@@ -52,7 +52,7 @@ def assert_valid_emf(record: dict[str, Any]) -> None:
         for metric in directive["Metrics"]:
             value = record[metric["Name"]]
             assert isinstance(value, float | int) and not isinstance(value, bool)
-            assert math.isfinite(value)
+            assert math.isfinite(value) and abs(value) <= 2.0**360  # PutMetricData's range
             assert metric.get("Unit", "None") in _UNITS
 
 
@@ -83,6 +83,43 @@ def test_non_finite_and_missing_values_are_left_out() -> None:
     names = {m["Name"] for m in record["_aws"]["CloudWatchMetrics"][0]["Metrics"]}
     assert names == {"TokensPerSecond", "StepTime"}
     assert "Loss" not in record and "MFU" not in record
+
+
+# What training/evaluate.py returns, merged into the step's metrics on the steps that evaluate.
+EVAL_FIGURES = {
+    "eval_loss": 1.25,
+    "eval_perplexity": math.exp(1.25),
+    "eval_accuracy": 0.625,
+    "eval_tokens": 96,
+}
+
+
+def test_an_evaluating_step_adds_the_held_out_figures() -> None:
+    record = json.loads(emf.emf_line({**STEP, **EVAL_FIGURES}, cluster="c", run_name="r", timestamp_ms=1))
+    assert_valid_emf(record)
+    directive = record["_aws"]["CloudWatchMetrics"][0]
+    units = {m["Name"]: m["Unit"] for m in directive["Metrics"]}
+    assert units == {
+        "TokensPerSecond": "Count/Second", "MFU": "Percent", "Loss": "None", "StepTime": "Seconds",
+        "EvalLoss": "None", "EvalPerplexity": "None", "EvalAccuracy": "Percent",
+    }  # fmt: skip
+    assert record["EvalLoss"] == 1.25 and record["EvalPerplexity"] == pytest.approx(math.exp(1.25))
+    assert record["EvalAccuracy"] == pytest.approx(62.5)  # a fraction in the loop
+    assert "eval_tokens" not in record and "EvalTokens" not in record
+    # The keys of the loop's per-step metrics that become metrics (each has a dashboard graph).
+    assert {k for k, *_ in emf.METRICS.values()} == {
+        "tokens_per_s", "mfu", "loss", "step_time_s", "eval_loss", "eval_perplexity", "eval_accuracy",
+    }  # fmt: skip
+
+
+def test_values_beyond_cloudwatchs_range_are_left_out() -> None:
+    # A diverged run: evaluate.py caps the loss at 700 for exp(), far beyond CloudWatch's 2^360.
+    step = {**STEP, **EVAL_FIGURES, "eval_loss": 700.0, "eval_perplexity": math.exp(700.0)}
+    record = json.loads(emf.emf_line(step, cluster="c", run_name="r", timestamp_ms=1))
+    assert_valid_emf(record)
+    assert "EvalPerplexity" not in record and record["EvalLoss"] == 700.0
+    edge = emf.emf_record({"eval_perplexity": emf.MAX_VALUE}, cluster="c", run_name="r", timestamp_ms=1)
+    assert edge["EvalPerplexity"] == emf.MAX_VALUE
 
 
 def _opts(cluster: str | None) -> SimpleNamespace:

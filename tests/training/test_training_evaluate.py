@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from tests.training.test_training_loss import write_chat_blocks
-from training import shards
+from training import emf, shards
 from training.evaluate import EarlyStop, held_out_split, rank_share
 from training.loss import IGNORE_INDEX, labels_and_positions
 
@@ -112,6 +112,11 @@ def test_eval_figures_are_the_same_on_one_and_two_ranks_and_match_a_direct_compu
         assert got["eval_perplexity"] == pytest.approx(math.exp(got["eval_loss"]))
         assert got["eval_accuracy"] == pytest.approx(float(acc), abs=1.5 / int(keep.sum()))
     assert one["figures"]["eval_loss"] == pytest.approx(two["figures"]["eval_loss"], rel=1e-3)
+    # The loop merges these figures into the step's metrics: exactly the held-out CloudWatch
+    # metrics come of them (training/emf.py), the ones the dashboard plots.
+    record = emf.emf_record(one["figures"], cluster="c", run_name="r", timestamp_ms=1)
+    names = {m["Name"] for m in record["_aws"]["CloudWatchMetrics"][0]["Metrics"]}
+    assert names == {emf.EVAL_LOSS, emf.EVAL_PERPLEXITY, emf.EVAL_ACCURACY}
 
 
 def test_eval_options_are_checked(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from bench import chat_tokenizer
 from tests.training.test_training_sft import CHATS, CORPUS
+from training import emf
 from training.summary import SUMMARY_FILE
 
 pytestmark = [pytest.mark.ray, pytest.mark.filterwarnings("ignore::DeprecationWarning:ray.*")]
@@ -39,6 +40,10 @@ def test_chat_run_evaluates_and_exports(
     assert "[prepare] chat: 48 conversations" in out and "eval loss" in out
     summary = json.loads((tmp_path / "out" / SUMMARY_FILE).read_text())
     assert [h["step"] for h in summary["history"] if "eval_loss" in h] == [2, 4]
+    # An evaluating step's record (the loop's per-step metrics) carries the held-out CloudWatch
+    # metrics too, under the names the dashboard plots.
+    record = emf.emf_record(summary["history"][-1], cluster="c", run_name="ft", timestamp_ms=1)
+    assert {emf.EVAL_LOSS, emf.EVAL_PERPLEXITY, emf.EVAL_ACCURACY} <= set(record)
     assert summary["eval"]["step"] == 4 and summary["eval"]["eval_tokens"] > 0
     assert all(h["target_tokens"] > 0 for h in summary["history"])
     assert summary["options"]["data_format"] == "chat"
