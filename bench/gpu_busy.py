@@ -41,7 +41,26 @@ CONFIGS: dict[str, list[str]] = {
     "float8-chunk4096": ["--float8", "--loss-chunk-tokens", "4096"],
     "bf16-gathered": ["--no-float8", "--no-reshard-after-forward"],
     "float8-gathered": ["--float8", "--no-reshard-after-forward"],
+    "bf16-gathered-chunk4096": ["--no-float8", "--no-reshard-after-forward", "--loss-chunk-tokens", "4096"],
 }
+# Compiler settings a configuration name may end with (issue 30: host time at small micro-batches):
+# "-cppwrapper": inductor's C++ wrapper instead of its Python one around each compiled layer's kernels;
+# "-noguards": after the warm-up, dynamo evaluates only the guards that tell its compiled graphs
+# apart (torch.compiler.set_stance(skip_guard_eval_unsafe=True)): the shapes never change there.
+COMPILER_SUFFIXES = ("-cppwrapper", "-noguards")
+
+
+def split_config(name: str) -> tuple[str, set[str]]:
+    """(configuration in CONFIGS, compiler suffixes) of a name such as bf16-gathered-cppwrapper."""
+    suffixes: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for suffix in COMPILER_SUFFIXES:
+            if name.endswith(suffix) and name[: -len(suffix)]:
+                name, changed = name[: -len(suffix)], True
+                suffixes.add(suffix)
+    return name, suffixes
 
 
 def busy_and_gaps(intervals: list[tuple[int, int]]) -> tuple[int, list[int]]:
@@ -89,15 +108,20 @@ def summarize(
 
 def profile(name: str, args: argparse.Namespace) -> dict[str, Any]:
     import torch
+    import torch._inductor.config as inductor_config
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
     steps = args.warmup + 2 * args.steps
     batch = ["--global-batch-size", str(args.micro_batch * args.accum)]
-    tr = trainer(args.shape, args.seq_len, args.micro_batch, steps, [*CONFIGS[name], *batch])
+    base, suffixes = split_config(name)
+    inductor_config.cpp_wrapper = "-cppwrapper" in suffixes
+    tr = trainer(args.shape, args.seq_len, args.micro_batch, steps, [*CONFIGS[base], *batch])
     for _ in range(args.warmup):
         tr.train_step()
+    if "-noguards" in suffixes:
+        torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
     plain = [tr.train_step()["step_time_s"] for _ in range(args.steps)]
     with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
         profiled = [tr.train_step()["step_time_s"] for _ in range(args.steps)]
@@ -112,6 +136,8 @@ def profile(name: str, args: argparse.Namespace) -> dict[str, Any]:
            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30}  # fmt: skip
     row.update(summarize(intervals, kernels, profiled))
     del tr, prof
+    torch.compiler.set_stance("default", skip_guard_eval_unsafe=False)
+    inductor_config.cpp_wrapper = False
     release()
     return row
 
@@ -120,7 +146,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--configs", default="bf16,float8", help=f"any of {', '.join(CONFIGS)}")
+    parser.add_argument(
+        "--configs",
+        default="bf16,float8",
+        help=f"any of {', '.join(CONFIGS)}, each optionally ending in "
+        f"{' and/or '.join(COMPILER_SUFFIXES)}; a name given twice runs twice",
+    )
     parser.add_argument("--shape", default="qwen2.5-1.5b")
     parser.add_argument("--micro-batch", type=int, default=8)
     parser.add_argument("--accum", type=int, default=1, help="micro-batches per optimizer step")
@@ -130,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="also write the JSON lines to this file")
     args = parser.parse_args(argv)
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
-    unknown = [c for c in configs if c not in CONFIGS]
+    unknown = [c for c in configs if split_config(c)[0] not in CONFIGS]
     if unknown or not configs:
         parser.error(f"--configs: any of {', '.join(CONFIGS)}; unknown: {unknown}")
     for flag in ("micro_batch", "accum", "seq_len", "warmup", "steps"):
@@ -153,7 +184,7 @@ def _profile_all(configs: list[str], args: argparse.Namespace) -> None:
         {"environment": {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__}}
     ]
     print(json.dumps(lines[0]), flush=True)
-    for name in dict.fromkeys(configs):
+    for name in configs:  # a name given twice runs twice: the run-to-run spread
         lines.append(profile(name, args))
         print(json.dumps(lines[-1]), flush=True)
     if args.out:
