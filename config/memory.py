@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from training.loss_chunks import default_chunk_tokens
 from training.memory_plan import GIB, JobMemory, largest_micro_batch, plan
 from training.sharding import mesh_shape
 
@@ -36,6 +37,8 @@ def plan_options(job: JobSettings, gpu: Instance, nodes: int) -> dict[str, Any]:
         activation_checkpointing=job.activation_checkpointing,
         liger=job.liger,
         float8=job.float8_on(gpu),
+        # The loop's --loss-chunk-tokens default for this GPU (the RayJob does not set it).
+        loss_chunk_tokens=default_chunk_tokens(gpu.gpu_memory_cuda_gib),
     )
 
 

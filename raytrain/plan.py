@@ -21,6 +21,8 @@ from rich.table import Table
 from config.loader import ENVIRONMENTS_DIR, SettingsError, load_settings
 from config.memory import accumulation, capacity_bytes, job_memory, largest_micro_batch_for
 from config.settings import Settings
+from config.settings.workload import DataFormat
+from training.loss_chunks import LOSS_CHUNK_TOKENS, default_chunk_tokens
 from training.memory_plan import GIB, Dims
 from training.sharding import mesh_shape
 from training.step_time import Hardware, StepTime, step_time
@@ -72,6 +74,9 @@ def predict(settings: Settings, **overrides: Any) -> StepTime:
         mesh=mesh_shape(str(job.sharding), world, gpu.gpus),
         float8=job.float8_on(gpu),
         liger=job.liger,
+        loss_chunk_tokens=default_chunk_tokens(gpu.gpu_memory_cuda_gib),
+        # The loop skips guard evaluation on random ids and text, not on chat blocks (--skip-guard-eval).
+        skip_guards=job.compile and (job.data == "random" or job.data_format == DataFormat.TEXT),
     )
     options.update(overrides)
     return step_time(str(job.shape), hardware(settings), **options)
@@ -90,7 +95,14 @@ def speed(settings: Settings) -> dict[str, Any]:
     alternatives = {
         "accumulate 2x more": dict(accum=options["accum"] * 2),
         "float8 on" if not options["float8"] else "float8 off": dict(float8=not options["float8"]),
-        "Liger loss in 4,096-token chunks (--loss-chunk-tokens 4096)": dict(loss_chunk_tokens=4096),
+        **(
+            {
+                f"Liger loss in {LOSS_CHUNK_TOKENS:,}-token chunks (--loss-chunk-tokens {LOSS_CHUNK_TOKENS}; "
+                "more memory: raytrain plan's table)": dict(loss_chunk_tokens=LOSS_CHUNK_TOKENS)
+            }
+            if options["loss_chunk_tokens"] != LOSS_CHUNK_TOKENS
+            else {}
+        ),
         "micro-batch x2 (activation checkpointing if it does not fit)": dict(
             micro_batch=options["micro_batch"] * 2, accum=max(1, options["accum"] // 2)
         ),

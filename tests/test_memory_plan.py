@@ -193,7 +193,12 @@ def test_accumulation_costs_four_bytes_per_parameter_unsharded() -> None:
 def test_small_batches_peak_at_the_end_of_the_backward_large_ones_at_its_start() -> None:
     # One GPU: fp32 gradients (4 B/param) outgrow a micro-batch of activations.
     assert plan("qwen2.5-1.5b", seq_len=2048, micro_batch=1).peak_moment == "backward end"
-    assert plan("qwen2.5-1.5b", seq_len=2048, micro_batch=8).peak_moment == "backward start"
+    own = dict(loss_chunk_tokens=0)  # Liger's own chunks: a logits block of 128 tokens at micro-batch 8
+    assert plan("qwen2.5-1.5b", seq_len=2048, micro_batch=8, **own).peak_moment == "backward start"
+    # A 4,096-token block (1.16 GiB) outweighs one layer's backward working set at 8 x 2048 (0.82
+    # GiB), not at 16 x 2048 (1.64 GiB): there the measured peaks with either chunk were equal.
+    assert plan("qwen2.5-1.5b", seq_len=2048, micro_batch=8).peak_moment == "loss"
+    assert plan("qwen2.5-1.5b", seq_len=2048, micro_batch=16).peak_moment == "backward start"
 
 
 def test_activation_checkpointing_and_sharding_lower_the_peak() -> None:

@@ -12,6 +12,7 @@ from ruamel.yaml import YAML
 from config.catalogue import CATALOGUE, GPU_MEMORY_CUDA_GIB
 from config.loader import ENVIRONMENTS_DIR, SettingsError, load_settings, parse_settings
 from config.memory import capacity_bytes, job_memory, largest_fitting_micro_batch, valid_micro_batches
+from training.loss_chunks import SMALL_GPU_CHUNK_TOKENS
 from training.memory_plan import GIB, plan
 
 SOURCE = "config/environments/dev.yaml"
@@ -104,5 +105,10 @@ def test_the_plan_follows_the_jobs_sharding() -> None:
     assert auto.inputs["shard"] == 4 and full.inputs["shard"] == 8
     one_node = job_memory(settings.job, gpu, 1)
     assert one_node.inputs["shard"] == 4
-    expected = plan("qwen2.5-1.5b", seq_len=2048, micro_batch=1, accum=2, shard=4, communicators=3)
+    # The loop's loss chunk on a 24 GB L4 (training/loss_chunks.py) is the plan's too.
+    assert auto.inputs["loss_chunk_tokens"] == SMALL_GPU_CHUNK_TOKENS
+    expected = plan(
+        "qwen2.5-1.5b", seq_len=2048, micro_batch=1, accum=2, shard=4, communicators=3,
+        loss_chunk_tokens=SMALL_GPU_CHUNK_TOKENS,
+    )  # fmt: skip
     assert auto.device_bytes == expected.device_bytes

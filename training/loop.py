@@ -21,7 +21,7 @@ from training.data import Batches, BlockRange
 from training.evaluate import EarlyStop, evaluate, held_out_split
 from training.flops import count_params, flops_per_token, mfu, peak_tflops
 from training.loss import count_targets, labels_and_positions
-from training.loss_chunks import chunk_mem_const
+from training.loss_chunks import chunk_mem_const, default_chunk_tokens
 from training.model import (
     apply_float8,
     apply_fsdp,
@@ -40,6 +40,9 @@ from training.timing import StepTimer
 
 EXPECT_ENV = "RAYTRAIN_EXPECT_TRANSPORT"
 GC_EVERY = 50  # steps between the young-generation collections the loop runs itself
+# Training steps a process runs with every guard evaluated before --skip-guard-eval applies: the
+# first compiles the layers, the second sees the steady state (gathered parameters, grad sync).
+SKIP_GUARDS_AFTER = 2
 
 
 def resolve_expect(flag: str, backend: str, nodes: int, env: Mapping[str, str]) -> str:
@@ -72,6 +75,13 @@ def _torchao_installed() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("torchao") is not None
+
+
+def _gpu_memory_gib(device: torch.device) -> float:
+    """The device's memory (0 on the CPU, where Liger does not run)."""
+    if device.type != "cuda":
+        return 0.0
+    return torch.cuda.get_device_properties(device).total_memory / 2**30
 
 
 def _peak_mem_gib(device: torch.device) -> float:
@@ -239,19 +249,32 @@ class _Trainer:
         )
         # Liger's loss in chunks of --loss-chunk-tokens (training/loss_chunks.py), passed through the
         # model's forward kwargs, which Liger's patched forward hands to its loss.
+        self.loss_chunk_tokens = (
+            opts.loss_chunk_tokens
+            if opts.loss_chunk_tokens is not None
+            else default_chunk_tokens(_gpu_memory_gib(self.device))
+        )
         self.loss_kwargs = (
             {"chunk_mem_const": chunk_mem_const(
-                micro * opts.seq_len, mcfg.vocab_size, mcfg.hidden_size, opts.loss_chunk_tokens
+                micro * opts.seq_len, mcfg.vocab_size, mcfg.hidden_size, self.loss_chunk_tokens
             )}
             if self.liger
             else {}
         )  # fmt: skip
+        self.skip_guards, self.steps_here = self._skip_guards(), 0
         self.step, self.position = 0, 0
         self.history: list[dict[str, Any]] = []
         self.resumes: list[dict[str, Any]] = []
         self.transport: dict[str, Any] = {}
         self.timer = StepTimer(self.device)
         torch.manual_seed(opts.seed * 1000 + self.rank)
+
+    def _skip_guards(self) -> bool:
+        """--skip-guard-eval: only with compiled layers, and by default only where every
+        micro-batch has one shape and no attention mask (text or random data, not chat blocks)."""
+        flagged = self.blocks is not None and self.blocks.has_flags
+        chosen = self.opts.skip_guard_eval
+        return self.compile and (not flagged if chosen is None else chosen)
 
     def _split_eval(self, eval_data: str | None) -> tuple[Any, Any]:
         """(training blocks, held-out blocks): --eval-fraction holds out the last blocks of the
@@ -288,6 +311,9 @@ class _Trainer:
         if self.float8:
             check_float8_device(capability, torch.cuda.get_device_name(self.device) if self.on_gpu else "cpu")
             self.float8_layers = apply_float8(model, all_gather=opts.float8_all_gather)
+            # By default, a model with no linear large enough (--shape tiny/small) trains in bf16
+            # and says so, rather than reporting float8 with nothing converted.
+            self.float8 = bool(self.float8_layers) or opts.float8 is not None
 
     def resume(self, ckpt_dir: str, filesystem: Any = None) -> None:
         meta = checkpoint.load(ckpt_dir, self.model, self.optimizer, filesystem=filesystem)
@@ -318,7 +344,6 @@ class _Trainer:
         FSDP2's average over ranks, the step's gradient is that of the mean over the global batch.
         Returns (this rank's share of the step's loss, on the device; data wait in seconds; the
         step's target tokens over all ranks)."""
-        model = self.model
         tw = time.perf_counter()
         # The whole step's micro-batches first (prefetched during the last step): the divisor
         # must be known before the first backward.
@@ -336,6 +361,16 @@ class _Trainer:
             targets = self.global_batch * (self.opts.seq_len - 1)
             divisor = targets / self.world
         loss_sum = torch.zeros((), device=self.device, dtype=torch.float32)
+        warm = self.skip_guards and self.steps_here >= SKIP_GUARDS_AFTER
+        with torch.compiler.set_stance("default", skip_guard_eval_unsafe=warm):
+            self._micro_batches(inputs, divisor, loss_sum)
+        return loss_sum, data_wait, targets
+
+    def _micro_batches(
+        self, inputs: list[Any], divisor: float | torch.Tensor, loss_sum: torch.Tensor
+    ) -> None:
+        """Forward and backward of each micro-batch; the losses are added into `loss_sum`."""
+        model = self.model
         on = self.device
         for mb, (ids_h, labels_h, pos_h) in enumerate(inputs):
             ids, labels = ids_h.to(on, non_blocking=True), labels_h.to(on, non_blocking=True)
@@ -356,7 +391,6 @@ class _Trainer:
             ).loss
             loss.backward()
             loss_sum += loss.detach().float()
-        return loss_sum, data_wait, targets
 
     def run_eval(self) -> dict[str, Any]:
         """Collective: the held-out figures, the same on every rank (training/evaluate.py)."""
@@ -390,6 +424,7 @@ class _Trainer:
         # The step ends when the host has seen the GPU finish it, the all-reduce included: NCCL
         # returns to the host as soon as the collective is queued (training/timing.py).
         dt, end = self.timer.stop()
+        self.steps_here += 1
         self.step += 1
         self.position += self.global_batch
         self._note_data_epochs(self.position - self.global_batch, self.position)
@@ -457,6 +492,8 @@ class _Trainer:
             "compile": self.compile,
             "liger": self.liger,
             "liger_layers": self.liger_layers,
+            "skip_guard_eval": self.skip_guards,
+            "loss_chunk_tokens": self.loss_chunk_tokens,
             "float8": self.float8,
             "float8_layers": len(self.float8_layers),
             "mesh": list(self.mesh_shape),

@@ -33,11 +33,14 @@ Built during a step:
                    forward, chunk by chunk, so the [tokens, vocab] logits never exist: it keeps
                    grad_input [tokens, d] and grad_weight [vocab, d] (both bf16, the dtype of its
                    inputs) for the backward, and one [chunk, vocab] logits block at a time with
-                   chunk = next_pow2(ceil(tokens / ceil(vocab / d))) (liger_kernel/ops/
-                   fused_linear_cross_entropy.py). Without Liger, Hugging Face's loss upcasts the
-                   full logits to fp32 and log_softmax saves an fp32 copy: 12 bytes per
-                   token x vocab at the start of the backward (bf16 logits 2 + fp32 4 + saved
-                   log-probabilities 4, then the fp32 gradient 4 while the bf16 logits are gone)
+                   chunk = next_pow2(ceil(tokens / ceil(vocab / d))) by Liger's default, or
+                   --loss-chunk-tokens' (training/loss_chunks.py; liger_kernel/ops/
+                   fused_linear_cross_entropy.py). The block lives only inside the loss's forward
+                   (the "loss" moment, before the backward's working set exists). Without Liger,
+                   Hugging Face's loss upcasts the full logits to fp32 and log_softmax saves an
+                   fp32 copy: 12 bytes per token x vocab at the start of the backward (bf16
+                   logits 2 + fp32 4 + saved log-probabilities 4, then the fp32 gradient 4 while
+                   the bf16 logits are gone)
 Outside torch's allocator (what `torch.cuda.max_memory_allocated` does not see):
   allocator slack  the caching allocator reserves more than is allocated (block rounding and
                    fragmentation): ALLOCATOR_SLACK of the allocated peak, as measured
@@ -60,10 +63,10 @@ Calibration: tests/test_memory_plan.py pins the measured peaks (H200, BENCHMARKS
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from training.loss_chunks import LOSS_CHUNK_TOKENS, chunk_mem_const, chunk_tokens
 from training.shapes import SHAPES
 
 GIB = 2**30
@@ -237,6 +240,7 @@ def plan(
     float8: bool = False,
     reshard_after_forward: bool = True,
     master_bf16: bool = False,
+    loss_chunk_tokens: int = LOSS_CHUNK_TOKENS,
 ) -> JobMemory:
     """The memory of one rank of `python -m training` with these options.
 
@@ -248,6 +252,7 @@ def plan(
     (62.4 GiB against 62.6 GiB at micro-batch 16 on an H200, BENCHMARKS.md).
     `reshard_after_forward=False` keeps every layer's all-gathered bf16 parameters from its
     forward to its backward: 2 B x the layers' parameters, unsharded, at the backward's start.
+    `loss_chunk_tokens` is the loop's --loss-chunk-tokens (0: Liger's own ~64 chunks).
     `master_bf16` models the AWS sample's original recipe (the whole model, its gradients and
     AdamW state in bf16), for comparison.
     """
@@ -317,14 +322,15 @@ def plan(
         "2 B x tokens x 3 ffn",
     )
     if liger:
-        inc = math.ceil(v / d)
-        chunk = min(tokens, 1 << max(0, math.ceil(tokens / inc) - 1).bit_length())
+        chunk = chunk_tokens(tokens, v, d, chunk_mem_const(tokens, v, d, loss_chunk_tokens))
         loss = [
-            Term("loss: grad_input + grad_weight", BF16 * (tokens * d + v * d), "2 B x (tokens x d + V x d)"),
-            Term("loss: logits chunk", BF16 * chunk * v, f"2 B x {chunk} x V (Liger chunk)"),
+            Term("loss: grad_input + grad_weight", BF16 * (tokens * d + v * d), "2 B x (tokens x d + V x d)")
         ]
+        # Alive only inside the loss's forward (Liger computes the gradients there, chunk by chunk).
+        logits = [Term("loss: logits chunk", BF16 * chunk * v, f"2 B x {chunk} x V (Liger chunk)")]
     else:
         loss = [Term("loss: full logits", 12 * tokens * v, f"12 B x {tokens} tokens x V={v}")]
+        logits = []
 
     # The root unit is reduced last: the reduce-scatter's fp32 input (a copy of its unsharded
     # gradient, foreach_reduce in _fsdp_collectives.py) is alive next to all the sharded gradients
@@ -332,6 +338,7 @@ def plan(
     # 4 B x N_root = 0.87 GiB apart).
     root_reduce = Term("root reduce-scatter input", FP32 * n_root, "4 B x N_root")
     moments = {
+        "loss": [weights, adam, *accumulated, *acts, *loss, *logits, gathered],
         "backward start": [weights, adam, *accumulated, *acts, *loss, gathered, working],
         "backward end": [weights, adam, grads, root_reduce],
         "optimizer step": [weights, adam, grads],
@@ -358,6 +365,7 @@ def plan(
         float8=float8,
         reshard_after_forward=reshard_after_forward,
         master_bf16=master_bf16,
+        loss_chunk_tokens=loss_chunk_tokens,
     )
     return JobMemory(moments=moments, overhead=overhead, inputs=inputs)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from training.batch import accumulation_steps
-from training.loss_chunks import LOSS_CHUNK_TOKENS
+from training.loss_chunks import LARGE_GPU_GIB, LOSS_CHUNK_TOKENS, SMALL_GPU_CHUNK_TOKENS
 from training.precision import FLOAT8_MIN_TOKENS
 from training.shapes import SHAPES as SHAPE_TABLE
 from training.uri import LocationError, check_input, check_output
@@ -72,7 +72,7 @@ class TrainOptions:
     float8: bool | None  # None: on for compiled GPU workers with FP8 tensor cores (see --float8)
     float8_all_gather: bool
     reshard_after_forward: bool
-    loss_chunk_tokens: int
+    loss_chunk_tokens: int | None  # None: by the GPU's memory (training/loss_chunks.py)
     expect_transport: str
     emulate_hosts: int | None
     profile: str | None
@@ -89,6 +89,7 @@ class TrainOptions:
     eval_every: int = 0  # steps between evaluations (0: at every checkpoint) and at the end
     early_stop_patience: int = 0  # stop after this many evaluations without a lower eval loss
     export: bool = True  # a Hugging Face folder under the run at the end (training/export.py)
+    skip_guard_eval: bool | None = None  # None: on for compiled layers on unflagged (text) data
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -228,14 +229,26 @@ def build_parser() -> argparse.ArgumentParser:
         "per layer per step instead of two per micro-batch, for 2 B x the layers' parameters",
     )
     g.add_argument(
+        "--skip-guard-eval",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="after two training steps in a process, call the compiled layers without evaluating "
+        "the guards that would pick another compiled graph (torch.compiler.set_stance("
+        "skip_guard_eval_unsafe=True), inside the training micro-batches only): 8 %% less host "
+        "time at 1 x 2048 on an H200 (BENCHMARKS.md). Default: on with compiled layers on text or "
+        "random data, whose every micro-batch has one shape; off for chat data, whose attention "
+        "mask differs between blocks",
+    )
+    g.add_argument(
         "--loss-chunk-tokens",
         type=_non_negative_int,
-        default=0,
+        default=None,
         metavar="TOKENS",
         help="with Liger's loss, at least this many tokens per chunk of logits (rounded up to a power "
-        f"of two, e.g. {LOSS_CHUNK_TOKENS}: 2 B x TOKENS x vocab of logits at once); 0 (default) = "
-        "Liger's own chunks (~64 per micro-batch for a 152k vocabulary, each re-reading the lm_head "
-        "weight). Not yet measured faster: BENCHMARKS.md",
+        f"of two; 2 B x TOKENS x vocab of logits at once). Default: {LOSS_CHUNK_TOKENS} on GPUs of "
+        f"{LARGE_GPU_GIB:.0f} GiB or more (1.29x faster at 1 x 2048 and 1.02x at 16 x 2048 on an H200, "
+        f"BENCHMARKS.md), {SMALL_GPU_CHUNK_TOKENS} on smaller ones (L4); 0 = Liger's own chunks (~64 "
+        "per micro-batch for a 152k vocabulary, each re-reading the lm_head weight)",
     )
     g = p.add_argument_group("data")
     g.add_argument(
@@ -438,6 +451,11 @@ def parse_args(argv: list[str]) -> TrainOptions:
     else:
         d["data_format"] = "text"
     _check_eval(d)
+    if d["skip_guard_eval"] and d["data_format"] == "chat":
+        raise OptionError(
+            "--skip-guard-eval: not with chat data (packed conversations give blocks different "
+            "attention masks, which only the guards tell apart); drop it or use --no-skip-guard-eval"
+        )
     chat_to_prepare = d["prepared_data"] is not None and d["data_format"] == "chat"
     if (
         d["init"] == "pretrained"

@@ -15,7 +15,8 @@ GPU work (G), per micro-batch:
  and once per step the fused AdamW: 28 B per local parameter (read p, g, m, v; write p, m, v in fp32)
   at the same bandwidth (12.7 ms for 1.54 B parameters on an H200: 3.4 TB/s, 71 % of 4.8 TB/s).
 Host work (H): HOST_STEP_MS + accum x HOST_MICRO_MS (Python, FSDP2 hooks and ~2,600 kernel launches
-  per micro-batch), from the H200 machine: 1 x 1 steps of 259 ms with the GPU busy 42 % (gpu_busy.py),
+  per micro-batch), less HOST_CHUNK_MS per Liger chunk fewer than its own 64 and HOST_SKIP_GUARDS_MS
+  with --skip-guard-eval, from the H200 machine: 1 x 1 steps of 259 ms with the GPU busy 42 % (gpu_busy.py),
   1 x 2 through Ray 379 ms; float8 launches 1.51x the kernels (4,215 against 2,787 per step). The
   host of a g6 node is assumed to be as fast (not measured: no such machine here).
 Host and GPU overlap: the step is (H^P + G^P)^(1/P), which is max(H, G) when one dominates and more
@@ -44,7 +45,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from training.flops import PEAK_BF16_TFLOPS, flops_per_token
-from training.loss_chunks import chunk_mem_const, chunk_tokens
+from training.loss_chunks import LOSS_CHUNK_TOKENS, chunk_mem_const, chunk_tokens
 from training.memory_plan import Dims
 
 # GPU constants. Memory bandwidth per the data sheets: H100 SXM 3.35 TB/s, H200 4.8 TB/s,
@@ -62,7 +63,17 @@ FLOAT8_TOKEN_FACTOR = 0.835  # (527 - 12.7 - 36) / (16 x 35.8): H200 micro-batch
 FLOAT8_HOST_FACTOR = 4215 / 2787  # kernels per step, float8 against bf16 (gpu_busy.py)
 MEM_EFFICIENCY = 0.71  # fused AdamW: 43 GB in 12.7 ms on an H200 (4.8 TB/s peak)
 HOST_STEP_MS = 139.0  # 259 ms (1 x 1) - 120 ms
-HOST_MICRO_MS = 120.0  # 379 ms (1 x 2, through Ray) - 259 ms (1 x 1)
+HOST_MICRO_MS = 120.0  # 379 ms (1 x 2, through Ray) - 259 ms (1 x 1), with Liger's own chunks
+# Host per chunk of Liger's loss, calibrated on one invocation of gpu_busy.py at 1 x 2048 x 2 (bf16,
+# 2026-12-02): 4,096-token chunks (1 instead of Liger's 64) stepped in 311.3 ms against 400.9 ms (the
+# mean of two runs of Liger's own chunks, 406.5 and 395.4): 44.8 ms per micro-batch, 0.71 ms a chunk.
+# The host profile had seen only ~17 ms of that as launches: the rest is the host's wait at Liger's
+# `.item()` (target count, every forward) for the chunks' GPU work, which a sync cannot overlap.
+HOST_CHUNK_MS = (400.9 - 311.3) / 2 / 63
+LIGER_OWN_CHUNKS = 64  # what every calibration point above ran (training/loss_chunks.py)
+# Host per micro-batch that --skip-guard-eval saves: 285 -> 262 ms at 1 x 2048 x 2 (gpu_busy.py,
+# gathered parameters, 4,096-token chunks, 2026-12-02): 23 ms over two micro-batches.
+HOST_SKIP_GUARDS_MS = 11.5
 OVERLAP_P = 4.4
 # Collectives: NCCL reaches about 70 % of a link's nominal bandwidth as bus bandwidth (an assumption
 # for PCIe and EFA, which cannot be measured here); the socket transport's 3.4 GB/s was measured.
@@ -121,8 +132,9 @@ def step_time(  # noqa: PLR0915  (one formula, term by term)
     mesh: tuple[int, ...] = (1,),
     float8: bool = False,
     liger: bool = True,
-    loss_chunk_tokens: int = 0,
+    loss_chunk_tokens: int = LOSS_CHUNK_TOKENS,
     reshard_after_forward: bool = True,
+    skip_guards: bool = True,
 ) -> StepTime:
     """One rank's step of `python -m training` (compiled layers) on `hw` with this mesh."""
     dims = shape if isinstance(shape, Dims) else Dims.of(shape)
@@ -144,7 +156,7 @@ def step_time(  # noqa: PLR0915  (one formula, term by term)
     token_s = tokens * per_token_s * (1 + SMALL_K / per_sm**2)
     if float8:
         token_s *= FLOAT8_TOKEN_FACTOR
-    loss_s = 0.0
+    loss_s, chunks = 0.0, LIGER_OWN_CHUNKS
     if liger:
         c = chunk_mem_const(tokens, v, d, loss_chunk_tokens)
         chunks = math.ceil(tokens / chunk_tokens(tokens, v, d, c))
@@ -156,7 +168,9 @@ def step_time(  # noqa: PLR0915  (one formula, term by term)
         "optimizer": optimizer_s,
     }
     gpu_s = sum(compute.values())
-    host_s = (HOST_STEP_MS + accum * HOST_MICRO_MS * (FLOAT8_HOST_FACTOR if float8 else 1.0)) / 1e3
+    micro_ms = HOST_MICRO_MS * (FLOAT8_HOST_FACTOR if float8 else 1.0)
+    micro_ms -= (LIGER_OWN_CHUNKS - chunks) * HOST_CHUNK_MS + (HOST_SKIP_GUARDS_MS if skip_guards else 0.0)
+    host_s = (HOST_STEP_MS + accum * micro_ms) / 1e3
     busy = (host_s**OVERLAP_P + gpu_s**OVERLAP_P) ** (1 / OVERLAP_P)
 
     # Communication, per rank per step.
@@ -193,6 +207,7 @@ def step_time(  # noqa: PLR0915  (one formula, term by term)
     inputs = dict(
         seq_len=seq_len, micro_batch=micro_batch, accum=accum, mesh=list(mesh), float8=float8,
         liger=liger, loss_chunk_tokens=loss_chunk_tokens, reshard_after_forward=reshard_after_forward,
+        skip_guards=skip_guards,
         gpu=gpu, nodes=nodes, gpus_per_node=hw.gpus_per_node, intra_link=hw.intra_link,
         inter_link=hw.inter_link,
     )  # fmt: skip
