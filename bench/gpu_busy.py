@@ -32,22 +32,34 @@ if str(ROOT) not in sys.path:
 
 from bench.one_rank import one_rank_group, release, trainer  # noqa: E402  (after the path: run as a script)
 
-# Options over the GPU defaults. "-chunk4096": Liger's loss in chunks of 4,096 tokens instead of its
-# own ~64 per micro-batch; "-gathered": parameters kept gathered for the whole step.
+# Options over the GPU defaults of `python -m training`. "-before": the defaults before 2026-12-02
+# (Liger's own loss chunks, every guard evaluated), which earlier tables in BENCHMARKS.md measured;
+# "-chunk4096": Liger's loss in chunks of 4,096 tokens (the default on GPUs of 40 GiB or more since);
+# "-ownchunks": Liger's own ~64 chunks; "-gathered": parameters kept gathered for the whole step;
+# "-skipguards" / "-guards": --skip-guard-eval on / off.
 CONFIGS: dict[str, list[str]] = {
     "bf16": ["--no-float8"],
     "float8": ["--float8"],
-    "bf16-chunk4096": ["--no-float8", "--loss-chunk-tokens", "4096"],
-    "float8-chunk4096": ["--float8", "--loss-chunk-tokens", "4096"],
+    "bf16-before": ["--no-float8", "--loss-chunk-tokens", "0", "--no-skip-guard-eval"],
+    "float8-before": ["--float8", "--loss-chunk-tokens", "0", "--no-skip-guard-eval"],
+    "float8-ownchunks": ["--float8", "--loss-chunk-tokens", "0", "--skip-guard-eval"],
+    "bf16-chunk4096-guards": ["--no-float8", "--loss-chunk-tokens", "4096", "--no-skip-guard-eval"],
+    "float8-chunk4096": ["--float8", "--loss-chunk-tokens", "4096", "--skip-guard-eval"],
     "bf16-gathered": ["--no-float8", "--no-reshard-after-forward"],
     "float8-gathered": ["--float8", "--no-reshard-after-forward"],
-    "bf16-gathered-chunk4096": ["--no-float8", "--no-reshard-after-forward", "--loss-chunk-tokens", "4096"],
-}
+    "bf16-gathered-chunk4096-guards": [
+        "--no-float8", "--no-reshard-after-forward", "--loss-chunk-tokens", "4096", "--no-skip-guard-eval",
+    ],
+    "bf16-gathered-chunk4096-skipguards": [
+        "--no-float8", "--no-reshard-after-forward", "--loss-chunk-tokens", "4096", "--skip-guard-eval",
+    ],
+    "float8-gathered-chunk4096": [
+        "--float8", "--no-reshard-after-forward", "--loss-chunk-tokens", "4096", "--skip-guard-eval",
+    ],
+}  # fmt: skip
 # Compiler settings a configuration name may end with (issue 30: host time at small micro-batches):
-# "-cppwrapper": inductor's C++ wrapper instead of its Python one around each compiled layer's kernels;
-# "-noguards": after the warm-up, dynamo evaluates only the guards that tell its compiled graphs
-# apart (torch.compiler.set_stance(skip_guard_eval_unsafe=True)): the shapes never change there.
-COMPILER_SUFFIXES = ("-cppwrapper", "-noguards")
+# "-cppwrapper": inductor's C++ wrapper instead of its Python one around each compiled layer's kernels.
+COMPILER_SUFFIXES = ("-cppwrapper",)
 
 
 def split_config(name: str) -> tuple[str, set[str]]:
@@ -120,8 +132,6 @@ def profile(name: str, args: argparse.Namespace) -> dict[str, Any]:
     tr = trainer(args.shape, args.seq_len, args.micro_batch, steps, [*CONFIGS[base], *batch])
     for _ in range(args.warmup):
         tr.train_step()
-    if "-noguards" in suffixes:
-        torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
     plain = [tr.train_step()["step_time_s"] for _ in range(args.steps)]
     with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
         profiled = [tr.train_step()["step_time_s"] for _ in range(args.steps)]
@@ -136,7 +146,6 @@ def profile(name: str, args: argparse.Namespace) -> dict[str, Any]:
            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30}  # fmt: skip
     row.update(summarize(intervals, kernels, profiled))
     del tr, prof
-    torch.compiler.set_stance("default", skip_guard_eval_unsafe=False)
     inductor_config.cpp_wrapper = False
     release()
     return row

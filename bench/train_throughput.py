@@ -41,6 +41,8 @@ from bench.args import int_list  # noqa: E402  (after the path: run as a script)
 # Variants of our loop: options layered over the GPU defaults of `python -m training`.
 OURS: dict[str, list[str]] = {
     "ours": [],  # the GPU defaults of `python -m training` (float8 where the GPU has FP8 cores)
+    # The GPU defaults before 2026-12-02: Liger's own loss chunks, every dynamo guard evaluated.
+    "ours-before": ["--loss-chunk-tokens", "0", "--no-skip-guard-eval"],
     "ours-bf16": ["--compile", "--liger", "--no-float8"],  # the GPU defaults before float8
     "ours-bf16-noreshard": ["--compile", "--liger", "--no-float8", "--no-reshard-after-forward"],
     "ours-float8": ["--compile", "--liger", "--float8"],
@@ -167,6 +169,7 @@ def run_ours(name: str, args: argparse.Namespace, workers: int) -> dict[str, Any
         "--global-batch-size", str(args.batch * workers),
         "--steps", str(args.steps),
         "--checkpoint-every", str(args.steps),
+        "--no-export",  # a Hugging Face folder of random weights measures nothing
         "--warmup-steps", "0",
         "--num-workers", str(workers),
         "--sharding", args.sharding,
