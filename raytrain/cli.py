@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+
+# Subcommands import aws-cdk-lib, whose jsii runtime prints a Node 20 end-of-life banner on every
+# start; the Makefile and app.py silence it the same way (README: Node.js 20+).
+os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
 # (module) — each registers one or more subcommands.
 COMMAND_MODULES: list[str] = [

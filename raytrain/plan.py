@@ -125,7 +125,11 @@ def speed(settings: Settings) -> dict[str, Any]:
         "running_per_hour_usd": per_hour,
         "usd_per_billion_tokens": per_hour / (base.tokens_per_s * 3600) * 1e9,
         "moves": sorted(moves, key=lambda m: -m["vs_now"]),
-        "checked": "the model is checked against H200 runs and the AWS sample's 2 x g6.12xlarge figures "
+        "checked": "the step is the GPU's work and the host's overlapped (the longer of the two, a "
+        "little more when they are close), plus the exposed communication; the job time is "
+        f"{job.steps} steps of it (no start-up, image pull, evaluation or idle nodes); "
+        "'accumulate 2x more' doubles the global batch (a training choice, not a free speed-up). "
+        "The model is checked against H200 runs and the AWS sample's 2 x g6.12xlarge figures "
         "(tests/test_step_time.py); no L4 step of this job has been measured",
     }
 

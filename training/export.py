@@ -33,7 +33,7 @@ import tempfile
 from typing import Any
 
 from training import shards
-from training.options import OptionError
+from training.options import OptionError, location_option
 
 INDEX_FILE = "model.safetensors.index.json"
 DTYPES = ("bfloat16", "float32")
@@ -177,7 +177,12 @@ def export(checkpoint: str, out: str, *, model: str | None = None, dtype: str = 
     tensors = model_tensors(fs, path)
     torch_dtype = getattr(torch, dtype)
     local_parent = os.path.dirname(os.path.abspath(out)) if not shards.is_remote(out) else None
+    if local_parent is not None:
+        os.makedirs(local_parent, exist_ok=True)
     work = tempfile.mkdtemp(prefix=".export-", dir=local_parent)
+    # mkdtemp makes its folder private (0700); the published model is read by serving containers
+    # and other users, as a folder save_pretrained makes would be.
+    os.chmod(work, 0o755)  # noqa: S103 (a model folder to be read, like save_pretrained's)
     try:
         cfg = _config_and_tokenizer(state, model, dtype, work)
         if getattr(cfg, "tie_word_embeddings", False):
@@ -234,7 +239,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.shard_mb <= 0:
             raise OptionError("--shard-mb: must be > 0")
-        export(args.checkpoint, args.out, model=args.model, dtype=args.dtype, shard_mb=args.shard_mb)
+        # The one URI rule of every location option (training/uri.py): typos and missing or
+        # unwritable places are named before anything is read or written.
+        checkpoint = location_option("--checkpoint", args.checkpoint)
+        out = location_option("--out", args.out, output=True)
+        export(checkpoint, out, model=args.model, dtype=args.dtype, shard_mb=args.shard_mb)
     except OptionError as exc:
         print(f"python -m training.export: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2

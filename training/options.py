@@ -112,7 +112,7 @@ def _positive(kind: type) -> Any:
             raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
         return value
 
-    conv.__name__ = kind.__name__
+    conv.__name__ = f"positive {'integer' if kind is int else 'number'}"
     return conv
 
 
@@ -121,6 +121,10 @@ def _non_negative_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
     return value
+
+
+# argparse names the type in "invalid <name> value: 'abc'".
+_non_negative_int.__name__ = "non-negative integer"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -172,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--model",
         default=DEFAULT_MODEL,
         help="Hugging Face id, local dir or s3:// prefix (weights with --init pretrained; "
-        "tokenizer for real data unless --shape tiny)",
+        "tokenizer of real data: text unless --shape tiny, chat data always with its chat template)",
     )
     g.add_argument("--init", choices=("pretrained", "random"), default="pretrained")
     g.add_argument("--shape", choices=SHAPES, default="qwen2.5-1.5b", help="architecture for --init random")
@@ -528,8 +532,9 @@ def _check_eval(d: dict[str, Any]) -> None:
         raise OptionError("--eval-every/--early-stop-patience: need --eval-data or --eval-fraction")
     if not d["eval_data"]:
         return
+    d["eval_data"] = location_option("--eval-data", d["eval_data"])
     if shards.manifest_location(d["eval_data"]) is None:
-        check_data_path(d["eval_data"])
+        check_data_path(d["eval_data"], "--eval-data")
         d["eval_prepared"] = shards.join(d["storage_path"], "_prepared", d["run_name"] + "-eval")
     if not shards.is_remote(d["eval_data"]):
         d["eval_data"] = os.path.abspath(d["eval_data"])
@@ -683,20 +688,22 @@ def _split_corpus(files: list[str], *, single: bool) -> tuple[list[str], list[st
     return used, [f for f in files if not f.endswith(DATA_SUFFIXES)]
 
 
-def check_data_path(data: str) -> list[str]:
+def check_data_path(data: str, option: str = "--data") -> list[str]:
+    """The jsonl/parquet files of a data option (--data, --eval-data), or one line naming it."""
     try:
         files = data_files(data)
-    except OptionError:
-        raise
+    except OptionError as exc:
+        text = str(exc)
+        raise OptionError(option + text[len("--data") :] if text.startswith("--data:") else text) from None
     except Exception as exc:
-        raise OptionError(f"--data: cannot read {data}: {exc}") from None
+        raise OptionError(f"{option}: cannot read {data}: {exc}") from None
     if not files:
-        raise OptionError(f"--data: no {'/'.join(DATA_SUFFIXES)} files under {data}")
+        raise OptionError(f"{option}: no {'/'.join(DATA_SUFFIXES)} files under {data}")
     for f in files:
         if "://" not in f and not os.access(f, os.R_OK):
-            raise OptionError(f"--data: {f} is not readable")
+            raise OptionError(f"{option}: {f} is not readable")
     if len({f.endswith(".parquet") for f in files}) > 1:
-        raise OptionError(f"--data: {data} mixes jsonl and parquet files; use one format")
+        raise OptionError(f"{option}: {data} mixes jsonl and parquet files; use one format")
     return files
 
 

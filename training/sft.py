@@ -123,7 +123,11 @@ class ChatRenderer:
         prev = ""
         for i, turn in enumerate(turns):
             cur = self._text(turns[: i + 1], where)
-            if cur == prev:
+            # A role the template does not know renders nothing of its turn; as the first turn it
+            # may still add the template's default system text, so the turn's own content is looked
+            # for in what it added (templates may trim it).
+            content = turn["content"].strip()
+            if cur == prev or (content and content not in cur[len(prev) :]):
                 raise RecordError(
                     f"{where}: field messages[{i}].role: the chat template renders nothing for role "
                     f"{turn['role']!r} (a role it does not know)"

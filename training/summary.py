@@ -161,15 +161,26 @@ def plot(summary: dict[str, Any], path: str) -> None:
         ax1.set_ylim(0, 1.1 * max([chance, *losses]))
     evals = [h for h in hist if h.get("eval_loss") is not None]
     if evals:
+        last = evals[-1]
+        ppl = f", perplexity {last['eval_perplexity']:.2f}" if last.get("eval_perplexity") else ""
         ax1.plot(
             [h["step"] for h in evals],
             [h["eval_loss"] for h in evals],
             "o-",
             color="tab:orange",
-            label="eval",
+            label=f"held-out loss; final {last['eval_loss']:.3f}{ppl}",
         )
+        scored = [h for h in evals if h.get("eval_accuracy") is not None]
+        if scored:  # token accuracy on the held-out targets, on its own axis (percent)
+            acc = ax1.twinx()
+            final = f"final {100 * scored[-1]['eval_accuracy']:.1f} %"
+            acc.plot([h["step"] for h in scored], [100 * h["eval_accuracy"] for h in scored], "s--",
+                     color="tab:purple", label=f"held-out token accuracy; {final}")  # fmt: skip
+            acc.set_ylim(0, 100)
+            acc.set_ylabel("token accuracy, %")
+            acc.legend(loc="center right", fontsize="small")
     ax1.set_ylabel("loss")
-    ax1.legend(loc="best", fontsize="small")
+    ax1.legend(loc="upper right", fontsize="small")
     epochs = summary.get("data_epochs")
     repeats = f"; data read {epochs:.1f}×" if epochs and epochs > 1 else ""
     ax1.set_title(f"{summary['run_name']}: {summary['world_size']} × {summary['device']}{repeats}")

@@ -126,6 +126,27 @@ def test_bad_input_is_one_line_and_nothing_is_overwritten(
     assert not (tmp_path / "m").exists() and not [
         p for p in tmp_path.iterdir() if p.name.startswith(".export-")
     ]
+    # Locations by the one URI rule, before anything is read or written: one line each.
+    for argv, needle in (
+        (["--checkpoint", str(tmp_path / "nope"), "--out", str(tmp_path / "m")],
+         f"--checkpoint: {tmp_path / 'nope'} does not exist"),
+        (["--checkpoint", "s3:/bucket/ckpt", "--out", str(tmp_path / "m")],
+         "--checkpoint: 's3:/bucket/ckpt' looks like a URI but is not scheme://"),
+        (["--checkpoint", str(ckpt), "--out", "s3:/bucket/m"], "--out: 's3:/bucket/m' looks like a URI"),
+        (["--checkpoint", str(ckpt), "--out", "s3:///key"], "--out: 's3:///key'"),
+    ):  # fmt: skip
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"python -m training.export: error: {needle}") and err.count("\n") == 1, err
+
+
+def test_export_into_a_new_folder_tree_is_readable_by_others(
+    trained: tuple[Path, str, torch.Tensor], tmp_path: Path
+) -> None:
+    ckpt, _, _ = trained
+    out = tmp_path / "a" / "b" / "model"  # parents created, as a user expects of an output folder
+    assert main(["--checkpoint", str(ckpt), "--out", str(out)]) == 0
+    assert (out.stat().st_mode & 0o777) == 0o755  # a serving container's user reads it
 
 
 def test_export_to_a_uri_writes_config_last(trained: tuple[Path, str, torch.Tensor], tmp_path: Path,

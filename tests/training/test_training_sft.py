@@ -113,6 +113,19 @@ def test_a_role_the_template_does_not_know_is_refused(tok: Any) -> None:
         ChatRenderer(tok).render(turns, "f.jsonl: line at byte 0")
 
 
+@pytest.mark.parametrize("role", ["human", "developer"])
+def test_an_unknown_role_in_the_first_turn_is_refused_though_the_template_adds_its_system_text(
+    tok: Any, role: str
+) -> None:
+    # Qwen-style templates render a default system turn when turn 0 is not 'system': the unknown
+    # turn itself renders nothing, and the answer would be trained with no question before it.
+    turns = [{"role": role, "content": "Reverse: abc"}, {"role": "assistant", "content": "cba"}]
+    with pytest.raises(
+        RecordError, match=rf"messages\[0\].role: the chat template renders nothing for role '{role}'"
+    ):
+        ChatRenderer(tok).render(turns, "f.jsonl: line at byte 0")
+
+
 def test_a_tokenizer_without_chat_template_is_refused(tok: Any) -> None:
     from transformers import PreTrainedTokenizerFast
 
