@@ -25,6 +25,23 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
 
 
+# --- Where the Ray-marked tests live ---
+
+RAY_TESTS_DIR = ROOT / "tests" / "training"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """CI runs `-m "not ray"` in `make test` and the Ray-marked tests only in `make test-image`,
+    which runs tests/training: a Ray-marked test elsewhere would run in neither (Makefile, .ci/run)."""
+    outside = [i.nodeid for i in items if i.get_closest_marker("ray") and RAY_TESTS_DIR not in i.path.parents]
+    if outside:
+        raise pytest.UsageError(
+            "Ray-marked tests must live under tests/training (make test-image runs them there): "
+            + ", ".join(outside)
+        )
+
+
 # --- A fake Kubernetes API server, shared by the operator-command tests (verify, job) ---
 
 Server = TypeVar("Server", bound=ThreadingHTTPServer)

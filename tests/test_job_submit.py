@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import hashlib
 import json
 from collections.abc import Callable, Iterator
@@ -36,7 +37,9 @@ ANCHOR_UID = "5f0c3f4e-anchor-uid"
 CRD = Path(__file__).resolve().parents[1] / "k8s" / "crds" / "ray.io_rayjobs.yaml"
 
 
+@functools.cache
 def _schema() -> dict[str, Any]:
+    """Parsed once per session (ruamel's pure-Python loader takes seconds over this CRD); read-only."""
     crd = YAML(typ="safe", pure=True).load(CRD.read_text())
     (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
     return dict(version["schema"]["openAPIV3Schema"])

@@ -25,6 +25,10 @@ def ray_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *paths])
     # ray.train.report waits for the controller's poll (2 s by default); the controller inherits this.
     os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = "0.2"
+    # Each run would start one more actor process (Ray Train's spot-preemption watcher) and export
+    # Prometheus metrics: neither is what these tests check, and on 2 cores every process counts.
+    os.environ["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] = "0"
+    os.environ["RAY_TRAIN_METRICS_ENABLED"] = "0"
     ray.init(num_cpus=2, _temp_dir=str(tmp), include_dashboard=True, log_to_driver=True)
     try:
         yield ray.get_runtime_context().gcs_address

@@ -1,7 +1,7 @@
 """Real processes on local Ray: a SIGKILLed worker and a killed driver both resume from the last
-checkpoint and end bitwise-identical to an uninterrupted run with the same seed. The worker kill runs
-on real text read from prepared shards (the sample, crossing an epoch boundary), the driver kill on
-random token ids."""
+checkpoint and end bitwise-identical to an uninterrupted run with the same seed, all three on real text
+read from prepared shards (the sample, crossing an epoch boundary). Random token ids: the other runs
+here (their resume position: test_training_data's random_sequences tests)."""
 
 from __future__ import annotations
 
@@ -77,20 +77,14 @@ def _assert_same_run(got: dict[str, Any], ref: dict[str, Any]) -> None:
 
 @pytest.fixture(scope="module")
 def reference(ray_session: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Uninterrupted run on the sample text, which the driver prepares first into shards: the
+    reference of both kills (one uninterrupted run for both: each Ray Train run here costs ~40 s)."""
     tmp = tmp_path_factory.mktemp("ref")
-    summary = run(parse_args(_argv(tmp, "reference")))
+    summary = run(parse_args(_argv(tmp, "reference", str(SAMPLE_DATA))))
     assert summary["resumes"] == []
     assert (tmp / "reference" / "summary.json").is_file()
     if importlib.util.find_spec("matplotlib") is not None:  # the image has none: no plot there
         assert (tmp / "reference" / "training.png").stat().st_size > 0
-    return summary
-
-
-@pytest.fixture(scope="module")
-def reference_text(ray_session: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Uninterrupted run on the sample text, which the driver prepares first into shards."""
-    tmp = tmp_path_factory.mktemp("ref-text")
-    summary = run(parse_args(_argv(tmp, "reference", str(SAMPLE_DATA))))
     prepared = tmp / "storage" / "_prepared" / "reference"
     manifest = shards.read_manifest(str(prepared))
     assert manifest["blocks"] < STEPS * 8  # the run wraps into a second epoch
@@ -98,9 +92,7 @@ def reference_text(ray_session: str, tmp_path_factory: pytest.TempPathFactory) -
     return {**summary, "prepared": str(prepared)}
 
 
-def test_sigkill_worker_resumes_bitwise(
-    reference_text: dict[str, Any], ray_session: str, tmp_path: Path
-) -> None:
+def test_sigkill_worker_resumes_bitwise(reference: dict[str, Any], ray_session: str, tmp_path: Path) -> None:
     """Workers read the shards the reference prepared; one is SIGKILLed, the restarted group
     reopens the shards and continues from the checkpoint's data position."""
     from ray.util.state import list_actors
@@ -109,7 +101,7 @@ def test_sigkill_worker_resumes_bitwise(
 
     def target() -> None:
         try:
-            box["summary"] = run(parse_args(_argv(tmp_path, "killed", reference_text["prepared"])))
+            box["summary"] = run(parse_args(_argv(tmp_path, "killed", reference["prepared"])))
         except BaseException as exc:
             box["error"] = exc
 
@@ -141,16 +133,17 @@ def test_sigkill_worker_resumes_bitwise(
     ]
     assert resumed["read_bytes"] < 0.6 * max(sizes), (resumed["read_files"], sizes)
     assert "rng-rank1.pt" not in resumed["read_files"] and "rng-rank0.pt" in resumed["read_files"]
-    _assert_same_run(summary, reference_text)
+    _assert_same_run(summary, reference)
 
 
 def test_stopped_run_resumes_under_same_name(
     reference: dict[str, Any], ray_session: str, tmp_path: Path
 ) -> None:
     """The driver dies (as when a RayJob's submitter is restarted); a new one with the same name
-    picks up the last checkpoint instead of starting over."""
+    picks up the last checkpoint instead of starting over. It reads the shards the reference prepared."""
+    argv = _argv(tmp_path, "stopped", reference["prepared"])
     proc = subprocess.Popen(
-        [sys.executable, "-m", "training", *_argv(tmp_path, "stopped"), "--address", ray_session],
+        [sys.executable, "-m", "training", *argv, "--address", ray_session],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -162,7 +155,7 @@ def test_stopped_run_resumes_under_same_name(
         proc.wait(timeout=60)
     assert committed < STEPS, "the first run finished before it was stopped"
 
-    summary = run(parse_args(_argv(tmp_path, "stopped")))
+    summary = run(parse_args(argv))
     assert len(summary["resumes"]) == 1, summary["resumes"]
     assert committed <= summary["resumes"][0]["from_step"] < STEPS
     _assert_same_run(summary, reference)
@@ -201,16 +194,30 @@ def test_emulated_hosts_must_divide_the_workers_the_cluster_gives(
     assert "--emulate-hosts: 3 hosts must divide the 2 workers" in err, err
 
 
+@pytest.fixture(scope="module")
+def two_hosts(ray_session: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One 2-step run of two workers as two emulated hosts, checkpointed at step 2, shared by two tests
+    (a Ray Train run costs ~40 s here, nearly all of it starting processes): the emulated-hosts test
+    reads its summary, the input-error test then corrupts its checkpoint and resumes from it."""
+    from training.__main__ import main
+
+    tmp = tmp_path_factory.mktemp("two-hosts")
+    argv = _argv(tmp, "corrupt")
+    at = argv.index("--steps")
+    first = [*argv[:at], "--steps", "2", *argv[at + 2 :], "--checkpoint-every", "2", "--emulate-hosts", "2"]
+    rc = main(first)
+    summary = json.loads((tmp / "corrupt" / "summary.json").read_text()) if rc == 0 else None
+    return {"argv": first, "at": at, "rc": rc, "summary": summary, "storage": tmp / "storage" / "corrupt"}
+
+
 def test_emulated_hosts_count_as_nodes_and_auto_shards_one_worker_hosts_fully(
-    ray_session: str, tmp_path: Path
+    two_hosts: dict[str, Any],
 ) -> None:
     """Two workers as two hosts (one NCCL_HOSTID each): the loop counts 2 nodes and the gate sees
     both; with one worker per host `auto` shards over both (HSDP there would only replicate),
     so the mesh is (2,), not (replicate, shard) = (2, 1)."""
-    argv = _argv(tmp_path, "emu2")
-    at = argv.index("--steps")
-    argv[at + 1] = "2"
-    summary = run(parse_args([*argv, "--emulate-hosts", "2", "--checkpoint-every", "2"]))
+    assert two_hosts["rc"] == 0
+    summary = two_hosts["summary"]
     assert summary["nodes"] == 2 and summary["mesh"] == [2]
     assert summary["options"]["sharding"] == "auto"
     assert summary["transport"]["nodes"] == 2
@@ -218,21 +225,19 @@ def test_emulated_hosts_count_as_nodes_and_auto_shards_one_worker_hosts_fully(
 
 
 def test_input_error_in_a_worker_stops_the_run_without_retries(
-    ray_session: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    two_hosts: dict[str, Any], ray_session: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A corrupt train_state.json in the checkpoint a run resumes from: every attempt would fail
     the same way, so the first worker error ends the run (no --max-failures restarts) and the
-    driver prints one line naming the checkpoint, exit 4."""
+    driver prints one line naming the checkpoint, exit 4. (The first run is two_hosts's.)"""
     from ray.util.state import list_actors
 
     from training.__main__ import main
     from training.errors import INPUT_ERROR_EXIT
 
-    argv = _argv(tmp_path, "corrupt")
-    at = argv.index("--steps")
-    first = [*argv[:at], "--steps", "2", *argv[at + 2 :], "--checkpoint-every", "2"]
-    assert main(first) == 0
-    (ckpt,) = [d for d in (tmp_path / "storage" / "corrupt").glob("checkpoint_*") if d.is_dir()]
+    first, at = two_hosts["argv"], two_hosts["at"]
+    assert two_hosts["rc"] == 0
+    (ckpt,) = [d for d in two_hosts["storage"].glob("checkpoint_*") if d.is_dir()]
     (ckpt / checkpoint.STATE_FILE).write_text('{"step": 2, "posit')
     capsys.readouterr()
 
