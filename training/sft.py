@@ -236,8 +236,10 @@ def segment_records(seg: Any) -> Iterator[tuple[str, dict[str, Any]]]:
         if line.strip():
             try:
                 record = json.loads(line)
-            except ValueError as exc:
-                raise RecordError(f"{where}: not a JSON object: {exc}") from None
+            except json.JSONDecodeError as exc:  # worded as the text path words it (corpus.py)
+                raise RecordError(f"{where}: malformed JSON ({exc.msg} at column {exc.colno})") from None
+            except ValueError as exc:  # invalid UTF-8
+                raise RecordError(f"{where}: malformed JSON ({exc})") from None
             if not isinstance(record, dict):
                 raise RecordError(f"{where}: not a JSON object")
             yield where, record

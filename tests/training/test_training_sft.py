@@ -192,8 +192,15 @@ def test_a_bad_line_names_its_file_and_byte(tmp_path: Path, tok_dir: str) -> Non
     (tmp_path / "tok").symlink_to(tok_dir)
     good = json.dumps(CHATS[0])
     seg, settings = _write(tmp_path, [CHATS[0], "{not json", CHATS[1]], 256)
-    with pytest.raises(RecordError, match=rf"c.jsonl: line at byte {len(good) + 1}: not a JSON object"):
+    with pytest.raises(
+        RecordError,
+        match=rf"c.jsonl: line at byte {len(good) + 1}: malformed JSON \(Expecting property name "
+        r"enclosed in double quotes at column 2\)",
+    ):
         write_segment(seg, settings, str(tmp_path / "x.bin"))
+    seg, settings = _write(tmp_path, [CHATS[0], "[1, 2]", CHATS[1]], 256)
+    with pytest.raises(RecordError, match=rf"line at byte {len(good) + 1}: not a JSON object$"):
+        write_segment(seg, settings, str(tmp_path / "y.bin"))
     assert [w for w, _ in segment_records(_write(tmp_path, [CHATS[0], CHATS[1]], 256)[0])] == [
         f"{tmp_path / 'c.jsonl'}: line at byte 0",
         f"{tmp_path / 'c.jsonl'}: line at byte {len(good) + 1}",
