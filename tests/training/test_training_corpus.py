@@ -38,7 +38,7 @@ def _refused(argv: list[str], capsys: pytest.CaptureFixture[str], *needles: str)
     ("name", "content", "needles"),
     [
         ("c.jsonl", b"", ["c.jsonl is empty"]),
-        ("c.jsonl", os.urandom(64) + b"\x00", ["is binary data, not JSON lines", "valid: JSON lines"]),
+        ("c.jsonl", bytes(range(128, 191)) + b"\0", ["is binary data, not JSON lines", "valid: JSON lines"]),
         ("c.jsonl", gzip.compress(_lines(GOOD)), ["is gzip-compressed; decompress it first"]),
         ("c.jsonl", json.dumps(GOOD).encode(), ["is a JSON array, not JSON lines", "jq -c"]),
         ("c.json", b"just some prose\nover two lines\n", ["is plain text, not JSON lines"]),
