@@ -362,34 +362,21 @@ class TrainingDashboard(Construct):
                 "nodes",
             ),
         )
-        self.dashboard.add_widgets(
-            cw.LogQueryWidget(
-                title="Latest steps",
+
+        def latest(title: str, fields: list[str], *filters: str) -> cw.LogQueryWidget:
+            """The newest 20 step lines of the metrics log group with these fields."""
+            return cw.LogQueryWidget(
+                title=title,
                 log_group_names=[metrics_log_group],
-                query_lines=[
-                    f"fields @timestamp, {emf.RUN_DIMENSION}, Step, {emf.LOSS}, "
-                    f"{emf.TOKENS_PER_SECOND}, {emf.MFU}, {emf.EVAL_LOSS}, {emf.EVAL_PERPLEXITY}, "
-                    f"{emf.EVAL_ACCURACY}",
-                    "sort @timestamp desc",
-                    "limit 20",
-                ],
+                query_lines=[f"fields @timestamp, {emf.RUN_DIMENSION}, Step, {', '.join(fields)}",
+                             *filters, "sort @timestamp desc", "limit 20"],
                 width=24,
                 height=6,
-            )
-        )
+            )  # fmt: skip
+
+        evals = [emf.EVAL_LOSS, emf.EVAL_PERPLEXITY, emf.EVAL_ACCURACY]
+        self.dashboard.add_widgets(latest("Latest steps", [emf.LOSS, emf.TOKENS_PER_SECOND, emf.MFU, *evals]))
         # Evaluations are sparse (every --eval-every steps): the latest steps seldom hold one.
         self.dashboard.add_widgets(
-            cw.LogQueryWidget(
-                title="Latest evaluations",
-                log_group_names=[metrics_log_group],
-                query_lines=[
-                    f"fields @timestamp, {emf.RUN_DIMENSION}, Step, {emf.LOSS}, {emf.EVAL_LOSS}, "
-                    f"{emf.EVAL_PERPLEXITY}, {emf.EVAL_ACCURACY}",
-                    f"filter ispresent({emf.EVAL_LOSS})",
-                    "sort @timestamp desc",
-                    "limit 20",
-                ],
-                width=24,
-                height=6,
-            )
+            latest("Latest evaluations", [emf.LOSS, *evals], f"filter ispresent({emf.EVAL_LOSS})")
         )
