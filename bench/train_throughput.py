@@ -48,6 +48,9 @@ OURS: dict[str, list[str]] = {
     "ours-float8": ["--compile", "--liger", "--float8"],
     "ours-float8-ag": ["--compile", "--liger", "--float8", "--float8-all-gather"],
     "ours-noreshard": ["--no-reshard-after-forward"],
+    # The micro-batch the memory plan picks for --batch (a worker's share of the step), over --micro-batch.
+    "ours-auto": ["--micro-batch-size", "auto"],
+    "ours-auto-noreshard": ["--micro-batch-size", "auto", "--no-reshard-after-forward"],
     "ours-liger-all": ["--compile", "--liger", "--liger-layers"],
     "ours-nocompile": ["--no-compile", "--liger"],
     "ours-noliger": ["--compile", "--no-liger"],
@@ -186,6 +189,8 @@ def run_ours(name: str, args: argparse.Namespace, workers: int) -> dict[str, Any
         "data_wait_fraction": summary.get("data_wait_fraction"),
         "wall_s": time.time() - t0,
         "options": {k: summary["options"][k] for k in REPORTED_OPTIONS},
+        "micro_batch": summary.get("micro_batch_size"),  # as run (an auto variant's choice)
+        "accum_steps": summary.get("accum_steps"),
         "float8_layers": summary.get("float8_layers"),
         "liger_layers": summary.get("liger_layers"),
         "mesh": summary.get("mesh"),

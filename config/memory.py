@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from training.loss_chunks import default_chunk_tokens
-from training.memory_plan import GIB, JobMemory, largest_micro_batch, plan
+from training.memory_plan import GIB, JobMemory, auto_micro_batch, largest_micro_batch, plan
 from training.sharding import mesh_shape
 
 if TYPE_CHECKING:  # config.settings imports this module: no cycle at run time
@@ -22,8 +22,9 @@ if TYPE_CHECKING:  # config.settings imports this module: no cycle at run time
     from config.settings import JobSettings
 
 
-def plan_options(job: JobSettings, gpu: Instance, nodes: int) -> dict[str, Any]:
-    """`plan` keyword arguments for this job on `nodes` nodes of `gpu` (all but micro_batch/accum)."""
+def plan_options(job: JobSettings, gpu: Instance, nodes: int, micro: int | None = None) -> dict[str, Any]:
+    """`plan` keyword arguments for this job on `nodes` nodes of `gpu` (all but micro_batch/accum),
+    float8 as the job has it at micro-batch `micro` (default: the job's)."""
     world = nodes * gpu.gpus
     mesh = mesh_shape(str(job.sharding), world, gpu.gpus)
     return dict(
@@ -36,7 +37,7 @@ def plan_options(job: JobSettings, gpu: Instance, nodes: int) -> dict[str, Any]:
         compile=job.compile,
         activation_checkpointing=job.activation_checkpointing,
         liger=job.liger,
-        float8=job.float8_on(gpu),
+        float8=job.float8_on(gpu, micro),
         # The loop's --loss-chunk-tokens default for this GPU (the RayJob does not set it).
         loss_chunk_tokens=default_chunk_tokens(gpu.gpu_memory_cuda_gib),
     )
@@ -47,12 +48,27 @@ def accumulation(global_batch: int, micro_batch: int, world: int) -> int:
     return max(1, global_batch // (micro_batch * world))
 
 
+def micro_batch(job: JobSettings, gpu: Instance, nodes: int) -> int:
+    """The micro-batch the job runs: job.micro_batch_size, or for `auto` the memory plan's choice
+    for one GPU of `gpu` (training/memory_plan.py auto_micro_batch, the rule `python -m training
+    --micro-batch-size auto` applies on the worker). The RayJob carries the number chosen here."""
+    if job.micro_batch_size != "auto":
+        return job.micro_batch_size
+    world = nodes * gpu.gpus
+    if not world or job.global_batch_size % world:
+        return 1  # no GPU to plan for, or a batch the workers cannot share (refused by the settings)
+    return auto_micro_batch(
+        job.global_batch_size // world, capacity_bytes(gpu), lambda m: plan_options(job, gpu, nodes, m)
+    )
+
+
 def job_memory(job: JobSettings, gpu: Instance, nodes: int) -> JobMemory:
     world = nodes * gpu.gpus
+    micro = micro_batch(job, gpu, nodes)
     return plan(
-        micro_batch=job.micro_batch_size,
-        accum=accumulation(job.global_batch_size, job.micro_batch_size, world),
-        **plan_options(job, gpu, nodes),
+        micro_batch=micro,
+        accum=accumulation(job.global_batch_size, micro, world),
+        **plan_options(job, gpu, nodes, micro),
     )
 
 
@@ -70,13 +86,14 @@ def largest_fitting_micro_batch(job: JobSettings, gpu: Instance, nodes: int) -> 
     Each has its own accumulation: fewer micro-batches per step also drops FSDP's unsharded
     gradients when there is only one."""
     world = nodes * gpu.gpus
-    options = plan_options(job, gpu, nodes)
     fitting = [
         m
         for m in valid_micro_batches(job.global_batch_size, world)
-        if plan(micro_batch=m, accum=accumulation(job.global_batch_size, m, world), **options).fits(
-            capacity_bytes(gpu)
-        )
+        if plan(
+            micro_batch=m,
+            accum=accumulation(job.global_batch_size, m, world),
+            **plan_options(job, gpu, nodes, m),
+        ).fits(capacity_bytes(gpu))
     ]
     return max(fitting, default=0)
 
@@ -86,7 +103,7 @@ def largest_micro_batch_for(
 ) -> int:
     """The largest micro-batch at `seq_len` that fits, accumulating (>1 micro-batch per step) or
     not, other settings as the job's (or `overrides`)."""
-    options = {**plan_options(job, gpu, nodes), "seq_len": seq_len, **overrides}
+    options = {**plan_options(job, gpu, nodes, micro_batch(job, gpu, nodes)), "seq_len": seq_len, **overrides}
     return largest_micro_batch(capacity_bytes(gpu), accum=2 if accumulate else 1, **options)
 
 
@@ -100,8 +117,9 @@ def fit_problem(job: JobSettings, gpu: Instance, nodes: int) -> str | None:
     if need.fits(have):
         return None
     world = nodes * gpu.gpus
-    options = plan_options(job, gpu, nodes)
-    micro, accum = job.micro_batch_size, accumulation(job.global_batch_size, job.micro_batch_size, world)
+    micro = micro_batch(job, gpu, nodes)
+    options = plan_options(job, gpu, nodes, micro)
+    accum = accumulation(job.global_batch_size, micro, world)
     fixes: list[str] = []
     best = largest_fitting_micro_batch(job, gpu, nodes)
     if best:

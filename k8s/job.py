@@ -85,7 +85,8 @@ def training_args(settings: Settings, *, checkpoint_uri: str) -> list[str]:
         "--data", job.data,
         "--seq-len", str(job.seq_len),
         "--global-batch-size", str(job.global_batch_size),
-        "--micro-batch-size", str(job.micro_batch_size),
+        # `auto` as synthesis resolved it for the node group's GPU: the change set shows the number.
+        "--micro-batch-size", str(job.micro_batch(settings.gpu_nodes.instance)),
         "--steps", str(job.steps),
         "--lr", repr(job.lr),
         "--seed", str(job.seed),

@@ -23,7 +23,7 @@ from config.memory import accumulation, capacity_bytes, job_memory, largest_micr
 from config.settings import Settings
 from config.settings.workload import DataFormat
 from training.loss_chunks import LOSS_CHUNK_TOKENS, default_chunk_tokens
-from training.memory_plan import GIB, Dims
+from training.memory_plan import AUTO_HEADROOM, GIB, Dims
 from training.sharding import mesh_shape
 from training.step_time import Hardware, StepTime, step_time
 
@@ -69,8 +69,8 @@ def predict(settings: Settings, **overrides: Any) -> StepTime:
     world = settings.num_workers
     options: dict[str, Any] = dict(
         seq_len=job.seq_len,
-        micro_batch=job.micro_batch_size,
-        accum=accumulation(job.global_batch_size, job.micro_batch_size, world),
+        micro_batch=job.micro_batch(gpu),
+        accum=accumulation(job.global_batch_size, job.micro_batch(gpu), world),
         mesh=mesh_shape(str(job.sharding), world, gpu.gpus),
         float8=job.float8_on(gpu),
         liger=job.liger,
@@ -103,8 +103,15 @@ def speed(settings: Settings) -> dict[str, Any]:
             if options["loss_chunk_tokens"] != LOSS_CHUNK_TOKENS
             else {}
         ),
-        "micro-batch x2 (activation checkpointing if it does not fit)": dict(
-            micro_batch=options["micro_batch"] * 2, accum=max(1, options["accum"] // 2)
+        # The same global batch in half the micro-batches (none to halve at one per step).
+        **(
+            {
+                "micro-batch x2 (activation checkpointing if it does not fit)": dict(
+                    micro_batch=options["micro_batch"] * 2, accum=options["accum"] // 2
+                )
+            }
+            if options["accum"] % 2 == 0
+            else {}
         ),
         "full sharding" if len(options["mesh"]) == 2 else "HSDP": dict(
             mesh=(world,)
@@ -208,7 +215,10 @@ def breakdown(settings: Settings) -> Table:
     job, gpu = settings.job, settings.gpu_nodes.instance
     nodes = settings.num_workers // gpu.gpus
     need = job_memory(job, gpu, nodes)
-    accum = accumulation(job.global_batch_size, job.micro_batch_size, settings.num_workers)
+    micro = job.micro_batch(gpu)
+    accum = accumulation(job.global_batch_size, micro, settings.num_workers)
+    auto = job.micro_batch_size == "auto"
+    chosen = f" (auto: the memory plan leaves {AUTO_HEADROOM:.0%} free)" if auto else ""
     opts = need.inputs
     features = [
         name
@@ -224,7 +234,7 @@ def breakdown(settings: Settings) -> Table:
         title=(
             f"raytrain plan: {settings.name}, one rank of {settings.num_workers} ({nodes} x {gpu.name}, "
             f"{gpu.gpus} x {gpu.gpu_model} {gpu.gpu_memory_cuda_gib} GiB usable)\n"
-            f"{job.shape}, seq_len {job.seq_len}, micro-batch {job.micro_batch_size} x {accum} "
+            f"{job.shape}, seq_len {job.seq_len}, micro-batch {micro}{chosen} x {accum} "
             f"per step, sharded over {opts['shard']} GPUs ({job.sharding}), "
             f"{', '.join(features) or 'eager, Hugging Face loss'}"
         ),

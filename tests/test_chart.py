@@ -454,7 +454,8 @@ def test_entrypoint_carries_the_job_settings(name: str) -> None:
         "--data": job.data,
         "--seq-len": str(job.seq_len),
         "--global-batch-size": str(job.global_batch_size),
-        "--micro-batch-size": str(job.micro_batch_size),
+        # `auto` resolved for the node group's GPU by the memory plan (config/memory.py).
+        "--micro-batch-size": str(job.micro_batch(s.gpu_nodes.instance)),
         "--steps": str(job.steps),
         "--lr": repr(job.lr),
         "--seed": str(job.seed),

@@ -86,7 +86,8 @@ def test_every_entrypoint_parses_into_the_settings(env: str, tmp_path: Path) -> 
     assert opts.num_workers == settings.num_workers
     assert (opts.model, opts.init, opts.shape) == (job.model, job.init.value, job.shape.value)
     assert (opts.seq_len, opts.steps, opts.lr, opts.seed) == (job.seq_len, job.steps, job.lr, job.seed)
-    assert (opts.global_batch_size, opts.micro_batch_size) == (job.global_batch_size, job.micro_batch_size)
+    gpu = settings.gpu_nodes.instance
+    assert (opts.global_batch_size, opts.micro_batch_size) == (job.global_batch_size, job.micro_batch(gpu))
     assert (opts.checkpoint_every, opts.keep_checkpoints, opts.max_failures) == (
         job.checkpoint_every,
         job.keep_checkpoints,

@@ -12,7 +12,16 @@ from typing import Any
 
 import pytest
 
-from training.memory_plan import GIB, Dims, JobMemory, largest_micro_batch, plan, saved_per_token
+from training.memory_plan import (
+    GIB,
+    Dims,
+    JobMemory,
+    auto_micro_batch,
+    divisors,
+    largest_micro_batch,
+    plan,
+    saved_per_token,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 POINTS = json.loads((ROOT / "tests" / "fixtures" / "memory_peaks.json").read_text())["points"]
@@ -223,3 +232,25 @@ def test_bad_inputs_are_named() -> None:
         plan("gpt5", seq_len=2048, micro_batch=1)
     with pytest.raises(ValueError, match="micro_batch must be >= 1"):
         plan("tiny", seq_len=2048, micro_batch=0)
+
+
+def test_auto_micro_batch_is_the_largest_divisor_inside_the_headroom() -> None:
+    """--micro-batch-size auto on one H200 (139.8 GiB as CUDA reports it): the 1.5B model's
+    2 x 2048 and 16 x 2048 steps run in one micro-batch (measured: 24.8 and 62.4 GiB peak,
+    BENCHMARKS.md); on a 24 GB L4 alone even one sequence of a 1.5B model exceeds 90 %."""
+    h200, l4 = int(139.8 * GIB), int(21.96 * GIB)
+
+    def options(m: int) -> dict[str, Any]:
+        return {"shape": "qwen2.5-1.5b", "seq_len": 2048, "communicators": 0}
+
+    assert auto_micro_batch(2, h200, options) == 2
+    assert auto_micro_batch(16, h200, options) == 16
+    assert auto_micro_batch(6, h200, options) == 6
+    # 128 per rank: only the divisors are candidates; the largest within 90 % of the GPU.
+    chosen = auto_micro_batch(128, h200, options)
+    assert chosen in divisors(128) and chosen < 128
+    assert plan(micro_batch=chosen, accum=128 // chosen, **options(chosen)).device_bytes <= 0.9 * h200
+    twice = 2 * chosen
+    assert plan(micro_batch=twice, accum=128 // twice, **options(twice)).device_bytes > 0.9 * h200
+    assert auto_micro_batch(2, l4, options) == 1  # nothing fits: 1, which the fit check then refuses
+    assert divisors(12) == [1, 2, 3, 4, 6, 12]

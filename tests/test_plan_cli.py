@@ -34,7 +34,6 @@ def test_dev_fits_and_shows_every_term_and_the_margin(envdir: Path) -> None:
     for term in (
         "master weights",
         "AdamW state",
-        "accumulated gradients (unsharded)",
         "activations",
         "all-gathered bf16 params",
         "loss: grad_input + grad_weight",
@@ -43,10 +42,13 @@ def test_dev_fits_and_shows_every_term_and_the_margin(envdir: Path) -> None:
     ):
         assert term in out, term
     assert "one rank of 8 (2 x g6.12xlarge, 4 x L4 21.96 GiB usable)" in out
-    # What the job runs with: dev's 1 x 2048 micro-batch is below float8's default threshold.
+    # dev's micro_batch_size is auto: its 2 sequences per GPU in one micro-batch, no accumulation.
+    assert re.search(r"micro-batch 2 \(auto: the memory plan leaves 10% free\)\s+x 1 per\s+step", out), out
+    assert "accumulated gradients (unsharded)" not in out
+    # What the job runs with: dev's 2 x 2048 micro-batch is below float8's default threshold.
     assert re.search(r"compiled\s+layers,\s+Liger\s+loss\s", out) and "float8 linears" not in out, out
-    assert re.search(r"fits: 18\.\d GiB of 21\.96 GiB per L4, 3\.\d GiB \(1\d%\) to spare", out), out
-    # The table of micro-batches: seq 2048 row, accumulating and not (dev accumulates 2).
+    assert re.search(r"fits: 15\.\d GiB of 21\.96 GiB per L4, 7\.\d GiB \(3\d%\) to spare", out), out
+    # The table of micro-batches: seq 2048 row, accumulating and not.
     row = next(line for line in out.splitlines() if re.match(r"\W*2048\W", line))
     accumulating, single, other = (int(x) for x in re.findall(r"\d+", row)[1:4])
     assert 1 <= accumulating < single and other > accumulating
@@ -62,7 +64,8 @@ def test_a_job_that_does_not_fit_is_explained_not_refused(envdir: Path) -> None:
     code, out = run(envdir, "dev")
     assert code == plan_cmd.EXIT_DOES_NOT_FIT
     assert "does not fit" in out and "GiB short" in out
-    assert "seq_len 8192, micro-batch 1 x 4 per step" in out
+    # auto: nothing leaves the headroom, so 1 (x 4), which the plan then shows does not fit.
+    assert re.search(r"seq_len 8192, micro-batch 1 \(auto: [^)]*\)\s+x 4 per\s+step", out), out
 
 
 def test_unusable_settings_exit_2(envdir: Path) -> None:

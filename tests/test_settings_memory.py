@@ -11,9 +11,18 @@ from ruamel.yaml import YAML
 
 from config.catalogue import CATALOGUE, GPU_MEMORY_CUDA_GIB
 from config.loader import ENVIRONMENTS_DIR, SettingsError, load_settings, parse_settings
-from config.memory import capacity_bytes, job_memory, largest_fitting_micro_batch, valid_micro_batches
+from config.memory import (
+    capacity_bytes,
+    job_memory,
+    largest_fitting_micro_batch,
+    micro_batch,
+    valid_micro_batches,
+)
+from k8s.job import training_args
+from training.loop import planned_micro_batch
 from training.loss_chunks import SMALL_GPU_CHUNK_TOKENS
-from training.memory_plan import GIB, plan
+from training.memory_plan import AUTO_HEADROOM, GIB, plan
+from training.options import parse_args
 
 SOURCE = "config/environments/dev.yaml"
 # The headroom the shipped jobs keep on a 24 GB L4 (docs/training.md states it).
@@ -107,8 +116,88 @@ def test_the_plan_follows_the_jobs_sharding() -> None:
     assert one_node.inputs["shard"] == 4
     # The loop's loss chunk on a 24 GB L4 (training/loss_chunks.py) is the plan's too.
     assert auto.inputs["loss_chunk_tokens"] == SMALL_GPU_CHUNK_TOKENS
+    # dev's micro_batch_size is auto: 2 sequences per GPU per step, in one micro-batch.
     expected = plan(
-        "qwen2.5-1.5b", seq_len=2048, micro_batch=1, accum=2, shard=4, communicators=3,
+        "qwen2.5-1.5b", seq_len=2048, micro_batch=2, accum=1, shard=4, communicators=3,
         loss_chunk_tokens=SMALL_GPU_CHUNK_TOKENS,
     )  # fmt: skip
     assert auto.device_bytes == expected.device_bytes
+
+
+DATA_FLAGS = (
+    "--data",
+    "--prepared-data",
+    "--eval-data",
+    "--eval-every",
+    "--early-stop-patience",
+    "--data-format",
+)
+
+
+def _without_data(args: list[str]) -> list[str]:
+    out, i = [], 0
+    while i < len(args):
+        if args[i] in DATA_FLAGS:
+            i += 2
+            continue
+        out.append(args[i])
+        i += 1
+    return [*out, "--data", "random"]
+
+
+@pytest.mark.parametrize("env", ["dev", "prod"])
+def test_the_worker_chooses_what_synthesis_wrote(env: str) -> None:
+    """The RayJob's --micro-batch-size (settings: auto) is what a worker of that job would choose
+    itself from its GPU's memory with `--micro-batch-size auto` and the job's other arguments."""
+    settings = load_settings(env)
+    gpu, job = settings.gpu_nodes.instance, settings.job
+    assert job.micro_batch_size == "auto"
+    args = training_args(settings, checkpoint_uri="s3://bucket/checkpoints")
+    written = int(args[args.index("--micro-batch-size") + 1])
+    assert written == micro_batch(job, gpu, job.nodes)
+    # The last of a flag wins. Liger and torchao are the pods' packages, not necessarily this
+    # machine's: the layers as a rank built them are `kernels` and `float8_at` below. The data
+    # (S3, not reachable here) does not enter the plan: random ids instead.
+    opts = parse_args([*_without_data(args), "--micro-batch-size", "auto", "--no-liger", "--no-float8"])
+    chosen = planned_micro_batch(
+        opts,
+        world=settings.num_workers,
+        local_world=gpu.gpus,
+        kernels=(job.compile, job.liger, not job.compile),
+        capacity=capacity_bytes(gpu),
+        float8_at=lambda m: job.float8_on(gpu, m),
+    )
+    assert chosen == written
+
+
+def test_auto_is_the_largest_micro_batch_that_leaves_the_headroom() -> None:
+    """`job.micro_batch_size: auto` against every valid micro-batch: the largest whose plan leaves
+    AUTO_HEADROOM of the L4 free; an explicit one is held to the plan alone."""
+    settings = load_settings("dev")
+    gpu = settings.gpu_nodes.instance
+    budget = capacity_bytes(gpu) * (1 - AUTO_HEADROOM)
+    for global_batch, seq_len in ((16, 2048), (32, 2048), (64, 1024), (128, 512), (8, 8192)):
+        job = settings.job.model_copy(update={"global_batch_size": global_batch, "seq_len": seq_len})
+        chosen = micro_batch(job, gpu, 2)
+        valid = valid_micro_batches(global_batch, 8)
+        leaving = [
+            m
+            for m in valid
+            if job_memory(job.model_copy(update={"micro_batch_size": m}), gpu, 2).device_bytes <= budget
+        ]
+        assert chosen == max(leaving, default=1), (global_batch, seq_len)
+    # prod's 4 sequences per GPU: 4 x 1 fits the plan (explicitly allowed) but not with the headroom.
+    prod = load_settings("prod")
+    assert micro_batch(prod.job, gpu, 2) == 1
+    four = job_memory(prod.job.model_copy(update={"micro_batch_size": 4}), gpu, 2)
+    assert four.fits(capacity_bytes(gpu)) and four.device_bytes > budget
+
+
+def test_auto_needs_a_global_batch_the_workers_share() -> None:
+    data = dev_data()
+    data["job"].update(global_batch_size=12, micro_batch_size="auto")
+    line = error_of(data).splitlines()[1]
+    assert line == "  - job.global_batch_size: 12 is not a multiple of workers (8 = 2 nodes x 4 GPUs)", line
+    data["job"]["micro_batch_size"] = "two"
+    line = error_of(data).splitlines()[1]
+    assert line == "  - job.micro_batch_size: must be a positive integer or 'auto', got 'two'", line

@@ -41,6 +41,14 @@ CHUNKS_4096 = [
 ]
 
 
+# Through Ray Train with the loop's defaults (4,096-token chunks, guards skipped), 2026-12-02 (issue 30):
+# bench/train_throughput.py, one invocation per line, 25 and 12 measured steps.
+RAY_DEFAULTS = [
+    (2, 1, False, 202.3, "bf16 2 x 2048 x 1 (--micro-batch-size auto at 2 per step): 20.2k tokens/s"),
+    (16, 1, True, 521.0, "float8 16 x 2048 x 1, the H200 headline: 62.8k tokens/s"),
+]
+
+
 @pytest.mark.parametrize(("micro", "accum", "float8", "measured_ms", "source"), ONE_GPU)
 def test_one_h200_within_eight_percent(
     micro: int, accum: int, float8: bool, measured_ms: float, source: str
@@ -55,6 +63,25 @@ def test_one_h200_with_large_loss_chunks_within_eight_percent(
 ) -> None:
     predicted = step_time(SHAPE, H200, seq_len=2048, micro_batch=micro, accum=accum, float8=float8, **options)
     assert predicted.step_s * 1e3 == pytest.approx(measured_ms, rel=0.08), source
+
+
+@pytest.mark.parametrize(("micro", "accum", "float8", "measured_ms", "source"), RAY_DEFAULTS)
+def test_ray_train_with_the_defaults_within_eight_percent(
+    micro: int, accum: int, float8: bool, measured_ms: float, source: str
+) -> None:
+    predicted = step_time(SHAPE, H200, seq_len=2048, micro_batch=micro, accum=accum, float8=float8)
+    assert predicted.step_s * 1e3 == pytest.approx(measured_ms, rel=0.08), source
+
+
+def test_ray_train_at_one_sequence_per_micro_batch_is_underestimated() -> None:
+    """A miss, kept as one: at 1 x 2048 x 2 through Ray Train the defaults took 316.5 and 364.4 ms
+    in two invocations on the same kind of machine (the configuration before them: 344.4 and
+    427.6 ms, 24 % apart), against 269 ms predicted from the host terms calibrated without Ray
+    (gpu_busy.py: 311.3 ms with the chunks alone, 262.5 ms with gathered parameters and skipped
+    guards). The host-bound step follows the host's speed, which varied between the runs; a
+    micro-batch of 2 (GPU-bound) was within 5 % of the model in both invocations (212.9, 202.3 ms)."""
+    predicted = step_time(SHAPE, H200, seq_len=2048, micro_batch=1, accum=2).step_s * 1e3
+    assert predicted < min(316.5, 364.4) * 0.9
 
 
 def test_large_loss_chunks_and_skipped_guards_shorten_the_host_bound_step() -> None:

@@ -14,7 +14,7 @@ from typing import Any
 from training import summary as summary_mod
 from training.batch import accumulation_steps
 from training.errors import find_input_error
-from training.options import OptionError, TrainOptions
+from training.options import OptionError, TrainOptions, batch_split_error
 from training.ray_session import init_ray_at
 
 
@@ -113,11 +113,8 @@ def resolve_workers(opts: TrainOptions) -> tuple[int, bool]:
     if opts.emulate_hosts and workers % opts.emulate_hosts:
         raise OptionError(f"--emulate-hosts: {opts.emulate_hosts} hosts must divide the {workers} workers")
     global_batch, micro = opts.global_batch_size, opts.micro_batch_size
-    if global_batch is not None and accumulation_steps(global_batch, micro, workers) is None:
-        raise OptionError(
-            f"--global-batch-size: {global_batch} is not a multiple of micro batch × "
-            f"workers = {micro} × {workers} = {micro * workers}"
-        )
+    if global_batch is not None and accumulation_steps(global_batch, micro or 1, workers) is None:
+        raise OptionError(batch_split_error(global_batch, micro, workers))
     return workers, use_gpu
 
 

@@ -10,7 +10,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -22,6 +22,7 @@ from training.evaluate import EarlyStop, evaluate, held_out_split
 from training.flops import count_params, flops_per_token, mfu, peak_tflops
 from training.loss import count_targets, labels_and_positions
 from training.loss_chunks import chunk_mem_const, default_chunk_tokens
+from training.memory_plan import auto_micro_batch
 from training.model import (
     apply_float8,
     apply_fsdp,
@@ -35,6 +36,7 @@ from training.model import (
 from training.netprobe import TransportGateError, host_key, run_transport_gate
 from training.options import TrainOptions, profile_range
 from training.precision import float8_by_default
+from training.sharding import mesh_shape
 from training.shards import TokenBlocks
 from training.timing import StepTimer
 
@@ -164,6 +166,40 @@ class StepProfiler:
         return [trace, table_path]
 
 
+def planned_micro_batch(
+    opts: TrainOptions,
+    *,
+    world: int,
+    local_world: int,
+    kernels: tuple[bool, bool, bool],
+    capacity: int,
+    float8_at: Callable[[int], bool],
+) -> int:
+    """--micro-batch-size auto on a GPU of `capacity` bytes: the memory plan's choice
+    (training/memory_plan.py auto_micro_batch) for these options, `world` ranks of `local_world`
+    per node, and the layers as the rank built them (compiled, Liger loss, Liger layers)."""
+    assert opts.global_batch_size is not None
+    compiled, liger, liger_layers = kernels
+    mesh = mesh_shape(opts.sharding, world, local_world)
+    chunk = opts.loss_chunk_tokens
+    if chunk is None:
+        chunk = default_chunk_tokens(capacity / 2**30)
+    common = dict(
+        shape=opts.shape,
+        seq_len=opts.seq_len,
+        shard=mesh[-1],
+        communicators=0 if world == 1 else 1 if len(mesh) == 1 else 3,
+        compile=compiled,
+        activation_checkpointing=opts.activation_checkpointing,
+        liger=liger,
+        liger_layers=liger_layers,
+        reshard_after_forward=opts.reshard_after_forward,
+        loss_chunk_tokens=chunk,
+    )
+    per_rank = opts.global_batch_size // world
+    return auto_micro_batch(per_rank, capacity, lambda m: {**common, "float8": float8_at(m)})
+
+
 class _Trainer:
     """One rank's model, optimizer, data and counters."""
 
@@ -200,7 +236,7 @@ class _Trainer:
             raise ValueError(f"--sharding hsdp needs the same number of contiguous ranks per host: {keys}")
 
         model = build_model(opts.init, opts.shape, opts.model, opts.seed)
-        self._choose_kernels(model)
+        self._choose_kernels(model, local_world or self.world)
         self.n_params = count_params(model)
         mcfg: Any = model.config
         self.flops_tok = flops_per_token(
@@ -226,7 +262,7 @@ class _Trainer:
             weight_decay=opts.weight_decay,
             fused=True if self.on_gpu else None,
         )
-        micro = opts.micro_batch_size
+        micro = self.micro
         self.global_batch = opts.global_batch_size or micro * self.world
         self.accum = self.global_batch // (micro * self.world)
         # Prepared shards, read by position: memory-mapped or ranged reads, never the whole corpus.
@@ -284,8 +320,8 @@ class _Trainer:
             return BlockRange(self.blocks, 0, split), BlockRange(self.blocks, split, len(self.blocks))
         return self.blocks, TokenBlocks(eval_data) if eval_data is not None else None
 
-    def _choose_kernels(self, model: Any) -> None:
-        """Compile, Liger and float8, applied to the model before fully_shard."""
+    def _choose_kernels(self, model: Any, local_world: int) -> None:
+        """Compile, Liger, the micro-batch and float8, applied to the model before fully_shard."""
         opts = self.opts
         # Unset (None) means the fastest measured GPU settings (BENCHMARKS.md) on GPU workers, and
         # plain eager PyTorch on CPU, where neither pays off.
@@ -297,16 +333,16 @@ class _Trainer:
         if self.liger:
             apply_liger(model, layers=self.liger_layers)
         capability = torch.cuda.get_device_capability(self.device) if self.on_gpu else None
-        self.float8 = (
-            float8_by_default(
-                capability,
-                compiled=self.compile,
-                torchao=_torchao_installed(),
-                tokens=opts.micro_batch_size * opts.seq_len,
+
+        def float8_at(micro: int) -> bool:
+            if opts.float8 is not None:
+                return opts.float8
+            return float8_by_default(
+                capability, compiled=self.compile, torchao=_torchao_installed(), tokens=micro * opts.seq_len
             )
-            if opts.float8 is None
-            else opts.float8
-        )
+
+        self.micro = opts.micro_batch_size or self._auto_micro_batch(local_world, float8_at)
+        self.float8 = float8_at(self.micro)
         self.float8_layers: list[str] = []
         if self.float8:
             check_float8_device(capability, torch.cuda.get_device_name(self.device) if self.on_gpu else "cpu")
@@ -314,6 +350,31 @@ class _Trainer:
             # By default, a model with no linear large enough (--shape tiny/small) trains in bf16
             # and says so, rather than reporting float8 with nothing converted.
             self.float8 = bool(self.float8_layers) or opts.float8 is not None
+
+    def _auto_micro_batch(self, local_world: int, float8_at: Callable[[int], bool]) -> int:
+        """--micro-batch-size auto: the memory plan's choice for this GPU (training/memory_plan.py),
+        the same on every rank (the smallest, should the ranks' GPUs differ: a different
+        accumulation would leave one rank waiting in a collective the others never start)."""
+        opts = self.opts
+        assert opts.global_batch_size is not None  # auto needs it: checked by parse_args
+        per_rank = opts.global_batch_size // self.world  # a multiple: checked by the driver
+        if not self.on_gpu:
+            return per_rank  # the host's memory is not planned: one pass per step
+        capacity = torch.cuda.get_device_properties(self.device).total_memory
+        mine = planned_micro_batch(
+            opts,
+            world=self.world,
+            local_world=local_world,
+            kernels=(self.compile, self.liger, self.liger_layers),
+            capacity=capacity,
+            float8_at=float8_at,
+        )
+        chosen: list[Any] = [None] * self.world
+        dist.all_gather_object(chosen, mine)
+        micro = min(int(c) for c in chosen)
+        if self.rank == 0:
+            _say(f"[train] --micro-batch-size auto: {micro} x {per_rank // micro} per step on each worker")
+        return micro
 
     def resume(self, ckpt_dir: str, filesystem: Any = None) -> None:
         meta = checkpoint.load(ckpt_dir, self.model, self.optimizer, filesystem=filesystem)
@@ -400,7 +461,7 @@ class _Trainer:
             self.eval_blocks,
             rank=self.rank,
             world=self.world,
-            micro=self.opts.micro_batch_size,
+            micro=self.micro,
             device=self.device,
         )
         out["eval_time_s"] = time.perf_counter() - t0
@@ -488,6 +549,7 @@ class _Trainer:
             "backend": self.backend,
             "nodes": self.nodes,
             "global_batch_size": self.global_batch,
+            "micro_batch_size": self.micro,
             "accum_steps": self.accum,
             "compile": self.compile,
             "liger": self.liger,

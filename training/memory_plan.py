@@ -63,6 +63,7 @@ Calibration: tests/test_memory_plan.py pins the measured peaks (H200, BENCHMARKS
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,6 +93,12 @@ CUDA_CONTEXT_GIB = 0.82
 # 0.75 GiB more beyond the reserved bytes than one rank did (1.57 against 0.82 GiB at every point);
 # the plan serves the L4s of g6 (PCIe, a few channels), where it is an estimate, not measured.
 NCCL_GIB = 0.15
+
+# `--micro-batch-size auto` / `job.micro_batch_size: auto` keep this share of the GPU free: the plan is
+# checked within 10 % of every measured peak (tests/test_memory_plan.py), so a choice that needs more
+# than 90 % of the GPU could be one the GPU does not have. An explicit micro-batch is held only to the
+# plan itself.
+AUTO_HEADROOM = 0.10
 
 # How many all-gathered layers are alive at once: the one computing and the prefetched next one.
 GATHERED_LAYERS = 2
@@ -381,3 +388,24 @@ def largest_micro_batch(capacity_bytes: int, *, limit: int = 1024, **kwargs: Any
         else:
             hi = mid - 1
     return lo
+
+
+def divisors(n: int) -> list[int]:
+    return [m for m in range(1, n + 1) if n % m == 0]
+
+
+def auto_micro_batch(per_rank: int, capacity_bytes: int, options: Callable[[int], dict[str, Any]]) -> int:
+    """`--micro-batch-size auto`: of the micro-batches that split a rank's `per_rank` sequences per
+    step evenly, the largest whose plan leaves AUTO_HEADROOM of the GPU free; 1 when none does (the
+    fit check then says what would fit). `options(m)` gives `plan`'s other arguments at micro-batch
+    m (float8's default follows the micro-batch's tokens).
+
+    Larger is faster at a fixed global batch on every point measured: fewer, larger kernels per
+    token and no unsharded gradients kept between micro-batches (BENCHMARKS.md, "A larger
+    micro-batch, chosen by the memory plan"); the optimizer step and the data are the same.
+    Activation checkpointing is never turned on for it (a third more compute)."""
+    budget = int(capacity_bytes * (1 - AUTO_HEADROOM))
+    for m in sorted(divisors(per_rank), reverse=True):
+        if plan(micro_batch=m, accum=per_rank // m, **options(m)).fits(budget):
+            return m
+    return 1

@@ -12,6 +12,7 @@ from typing import Any, NoReturn
 
 from training.batch import accumulation_steps
 from training.loss_chunks import LARGE_GPU_GIB, LOSS_CHUNK_TOKENS, SMALL_GPU_CHUNK_TOKENS
+from training.memory_plan import AUTO_HEADROOM
 from training.precision import FLOAT8_MIN_TOKENS
 from training.shapes import SHAPES as SHAPE_TABLE
 from training.uri import LocationError, check_input, check_output
@@ -57,7 +58,7 @@ class TrainOptions:
     text_field: str
     seq_len: int
     global_batch_size: int | None
-    micro_batch_size: int
+    micro_batch_size: int | None  # None: `auto`, chosen by each worker from the memory plan (loop.py)
     steps: int
     lr: float
     warmup_steps: int
@@ -125,6 +126,25 @@ def _non_negative_int(text: str) -> int:
 
 # argparse names the type in "invalid <name> value: 'abc'".
 _non_negative_int.__name__ = "non-negative integer"
+
+
+def batch_split_error(global_batch: int, micro: int | None, workers: int) -> str:
+    """--global-batch-size does not split into the workers' equal micro-batches: one line."""
+    if micro is None:
+        return f"--global-batch-size: {global_batch} is not a multiple of the {workers} workers"
+    return (
+        f"--global-batch-size: {global_batch} is not a multiple of micro batch × "
+        f"workers = {micro} × {workers} = {micro * workers}"
+    )
+
+
+def _micro_batch(text: str) -> int | None:
+    if text == "auto":
+        return None
+    value = int(text) if text.isdigit() else 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer or 'auto', got {text!r}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -284,7 +304,15 @@ def build_parser() -> argparse.ArgumentParser:
         type=pos_int,
         help="sequences per optimizer step (default: micro batch × workers)",
     )
-    g.add_argument("--micro-batch-size", type=pos_int, default=1, help="sequences per worker pass")
+    g.add_argument(
+        "--micro-batch-size",
+        type=_micro_batch,
+        default=1,
+        metavar="N|auto",
+        help="sequences per worker pass; auto (needs --global-batch-size): the largest that splits a "
+        f"worker's share of the step evenly and, by the memory plan, leaves {AUTO_HEADROOM * 100:.0f}%% "
+        "of its GPU free",
+    )
     _add_fine_tuning_arguments(g)
     g = p.add_argument_group("optimisation")
     g.add_argument("--steps", type=pos_int, default=100)
@@ -551,16 +579,17 @@ def _check_training(d: dict[str, Any]) -> None:
     if d["weight_decay"] < 0:
         raise OptionError(f"--weight-decay: must be >= 0, got {d['weight_decay']}")
     global_batch, micro, workers = d["global_batch_size"], d["micro_batch_size"], d["num_workers"]
+    if micro is None and global_batch is None:
+        raise OptionError(
+            "--micro-batch-size auto: needs --global-batch-size (the sequences per step it splits)"
+        )
     # Without --num-workers the driver applies the rule once it knows the cluster's workers.
-    if global_batch is not None and accumulation_steps(global_batch, micro, workers or 1) is None:
+    if global_batch is not None and accumulation_steps(global_batch, micro or 1, workers or 1) is None:
         if not workers:
             raise OptionError(
                 f"--global-batch-size: must be a multiple of --micro-batch-size ({micro}), got {global_batch}"
             )
-        raise OptionError(
-            f"--global-batch-size: {global_batch} is not a multiple of micro batch × "
-            f"workers = {micro} × {workers} = {micro * workers}"
-        )
+        raise OptionError(batch_split_error(global_batch, micro, workers))
     if d["liger_layers"] and d["liger"] is False:
         raise OptionError("--liger-layers: needs Liger (drop --no-liger)")
     if d["emulate_hosts"] and d["num_workers"] and d["num_workers"] % d["emulate_hosts"]:

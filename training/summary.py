@@ -95,6 +95,7 @@ def summarize(meta: dict[str, Any], options: dict[str, Any], wall_s: float) -> d
         "device": meta.get("device"),
         "backend": meta.get("backend"),
         "global_batch_size": meta.get("global_batch_size"),
+        "micro_batch_size": meta.get("micro_batch_size"),  # --micro-batch-size auto: the one chosen
         "accum_steps": meta.get("accum_steps"),
         "compile": meta.get("compile"),
         "liger": meta.get("liger"),

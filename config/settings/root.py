@@ -219,12 +219,13 @@ class Settings(SettingsModel):
                 f"({job.active_deadline_seconds})",
             )
         workers = self.num_workers
-        if accumulation_steps(job.global_batch_size, job.micro_batch_size, workers) is None:
+        micro = 1 if job.micro_batch_size == "auto" else job.micro_batch_size
+        if accumulation_steps(job.global_batch_size, micro, workers) is None:
+            split = "" if job.micro_batch_size == "auto" else f"micro_batch_size ({micro}) x "
             raise FieldError(
                 ("job", "global_batch_size"),
-                f"{job.global_batch_size} is not a multiple of micro_batch_size "
-                f"({job.micro_batch_size}) x workers ({workers} = {job.nodes} "
-                f"nodes x {gpu.gpus} GPUs)",
+                f"{job.global_batch_size} is not a multiple of {split}workers ({workers} = "
+                f"{job.nodes} nodes x {gpu.gpus} GPUs)",
             )
         return self
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from enum import StrEnum
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -306,7 +307,10 @@ class JobSettings(SettingsModel):
     # Sequences per optimizer step across all workers; a multiple of micro_batch_size times
     # the number of workers (GPUs) so every worker accumulates the same number of micro-batches.
     global_batch_size: int = Field(default=16, ge=1)
-    micro_batch_size: int = Field(default=1, ge=1)
+    # Sequences per GPU per forward/backward pass; `auto`: the largest that splits a GPU's share of
+    # the global batch evenly and, by the memory plan, leaves 10 % of the GPU free (config/memory.py
+    # micro_batch; the RayJob carries the number chosen).
+    micro_batch_size: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"
     steps: int = Field(default=200, ge=1)
     lr: float = Field(default=3e-4, gt=0, lt=1)
     seed: int = Field(default=0, ge=0)
@@ -403,6 +407,14 @@ class JobSettings(SettingsModel):
             raise ValueError("lists a key twice")
         return value
 
+    @field_validator("micro_batch_size", mode="before")
+    @classmethod
+    def _micro_batch_size(cls, value: object) -> object:
+        # One message for the two forms (pydantic would report each member of the union).
+        if value == "auto" or (type(value) is int and value >= 1):
+            return value
+        raise ValueError(f"must be a positive integer or 'auto', got {value!r}")
+
     @field_validator("output_dir")
     @classmethod
     def _output_dir(cls, value: str | None) -> str | None:
@@ -414,7 +426,7 @@ class JobSettings(SettingsModel):
     def _rules(self) -> JobSettings:
         if self.init is ModelInit.PRETRAINED and self.shape is ModelShape.TINY:
             raise FieldError(("init",), "shape 'tiny' has no pretrained weights; use init: random")
-        if self.micro_batch_size > self.global_batch_size:
+        if self.micro_batch_size != "auto" and self.micro_batch_size > self.global_batch_size:
             raise FieldError(
                 ("micro_batch_size",),
                 f"{self.micro_batch_size} is larger than global_batch_size ({self.global_batch_size})",
@@ -453,13 +465,20 @@ class JobSettings(SettingsModel):
         """Whether data, eval_data or model is read from S3."""
         return any(v and v.startswith("s3://") for v in (self.data, self.eval_data, self.model))
 
-    def float8_on(self, gpu: Instance) -> bool:
-        """Whether the job trains with float8 linears on `gpu`'s node type; unset: where the GPU
-        has FP8 tensor cores, with compiled layers, at micro-batches where it was measured to pay
-        (the training CLI's own rule, training.precision.float8_by_default)."""
+    def micro_batch(self, gpu: Instance) -> int:
+        """The micro-batch the job runs on `gpu`'s nodes (`auto` resolved: config/memory.py)."""
+        from config.memory import micro_batch  # config.memory types against this module
+
+        return micro_batch(self, gpu, self.nodes)
+
+    def float8_on(self, gpu: Instance, micro: int | None = None) -> bool:
+        """Whether the job trains with float8 linears on `gpu`'s node type at micro-batch `micro`
+        (default: the job's); unset: where the GPU has FP8 tensor cores, with compiled layers, at
+        micro-batches where it was measured to pay (the training CLI's own rule,
+        training.precision.float8_by_default)."""
         if self.float8 is not None:
             return self.float8
-        tokens = self.micro_batch_size * self.seq_len
+        tokens = (micro or self.micro_batch(gpu)) * self.seq_len
         return gpu.fp8 and self.compile and tokens >= FLOAT8_MIN_TOKENS
 
     def transport(self, efa: bool) -> Transport:

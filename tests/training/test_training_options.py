@@ -142,7 +142,8 @@ def test_cli_exit_code_and_single_line() -> None:
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "python -m training: error: argument --micro-batch-size: must be > 0, got 0"
+        "python -m training: error: argument --micro-batch-size: "
+        "must be a positive integer or 'auto', got '0'"
     ]
 
 

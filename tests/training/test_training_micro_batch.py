@@ -1,0 +1,53 @@
+"""--micro-batch-size auto: the worker takes the memory plan's micro-batch for its GPU (the plan's
+choice is tested in tests/test_memory_plan.py; that a worker chooses what synthesis wrote into
+the RayJob, in tests/test_settings_memory.py); bad values are refused naming the flag. On a GPU the
+choice was run through Ray Train on an H200 (BENCHMARKS.md, "A larger micro-batch, chosen by the
+memory plan")."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from training.loop import _Trainer
+from training.options import OptionError, parse_args
+
+BASE = ["--init", "random", "--shape", "tiny", "--seq-len", "32", "--steps", "2"]
+NEEDS_NUMBER = "--micro-batch-size: must be a positive integer or 'auto'"
+
+
+def _trainer(argv: list[str]) -> _Trainer:
+    opts = parse_args([*BASE, *argv])
+    return _Trainer(opts, None, place=(0, 1, torch.device("cpu")))
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--micro-batch-size", "auto"], "--micro-batch-size auto: needs --global-batch-size"),
+        (["--micro-batch-size", "0"], f"{NEEDS_NUMBER}, got '0'"),
+        (["--micro-batch-size", "two"], f"{NEEDS_NUMBER}, got 'two'"),
+        (
+            ["--micro-batch-size", "auto", "--global-batch-size", "3", "--num-workers", "2"],
+            "--global-batch-size: 3 is not a multiple of the 2 workers",
+        ),
+    ],
+)
+def test_bad_micro_batch_is_refused_naming_the_flag(argv: list[str], message: str) -> None:
+    with pytest.raises(OptionError, match=re.escape(message)):
+        parse_args([*BASE, *argv])
+
+
+def test_auto_on_the_cpu_is_one_pass_per_step(single_rank_group: None) -> None:
+    # The host's memory is not planned: the rank's whole share of the step in one micro-batch.
+    tr = _trainer(["--micro-batch-size", "auto", "--global-batch-size", "4"])
+    assert (tr.micro, tr.accum) == (4, 1)
+    assert tr.train_step()["loss"] > 0
+    assert tr.checkpoint_extra()["micro_batch_size"] == 4
+
+
+def test_an_explicit_micro_batch_is_kept(single_rank_group: None) -> None:
+    tr = _trainer(["--micro-batch-size", "1", "--global-batch-size", "4"])
+    assert (tr.micro, tr.accum) == (1, 4)
