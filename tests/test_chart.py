@@ -486,6 +486,7 @@ def test_entrypoint_carries_the_job_settings(name: str) -> None:
         "--liger" if job.liger else "--no-liger",
         "--float8" if job.float8_on(s.gpu_nodes.instance) else "--no-float8",
         "--export" if job.export else "--no-export",
+        *(["--activation-checkpointing"] if job.activation_checkpointing else []),
     }
 
 

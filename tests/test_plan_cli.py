@@ -93,3 +93,24 @@ def test_plan_json_predicts_the_step_and_its_cost() -> None:
     assert data["usd_per_billion_tokens"] > 0 and data["job_cost_usd"] > 0
     assert {m["change"] for m in data["moves"]} >= {"full sharding", "accumulate 2x more"}
     assert data["memory"]["fits"] is True
+
+
+def test_a_larger_micro_batch_is_offered_only_as_the_memory_plan_allows() -> None:
+    """Halving the micro-batches of a step: plain where it fits, with activation checkpointing (and
+    its recompute in the prediction) where only that fits, and not at all with one per step."""
+    from config.loader import load_settings
+    from raytrain.plan import predict, speed
+
+    shipped = load_settings("prod")
+    # prod without checkpointing: auto takes 1 x 4 per L4, and 2 x 2 does not fit without it.
+    job = shipped.job.model_copy(update={"activation_checkpointing": False})
+    settings = shipped.model_copy(update={"job": job})
+    prod = speed(settings)
+    (move,) = [m for m in prod["moves"] if m["change"].startswith("micro-batch 2 x 2")]
+    assert "with activation checkpointing" in move["change"]
+    plain = predict(settings, micro_batch=2, accum=2)
+    checkpointed = predict(settings, micro_batch=2, accum=2, activation_checkpointing=True)
+    assert move["tokens_per_s"] == checkpointed.tokens_per_s
+    assert checkpointed.gpu_s > plain.gpu_s * 1.2 and checkpointed.host_s > plain.host_s
+    dev = speed(load_settings("dev"))  # 2 x 1: one micro-batch per step, nothing to halve
+    assert not [m for m in dev["moves"] if m["change"].startswith("micro-batch")]

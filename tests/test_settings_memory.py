@@ -186,11 +186,14 @@ def test_auto_is_the_largest_micro_batch_that_leaves_the_headroom() -> None:
             if job_memory(job.model_copy(update={"micro_batch_size": m}), gpu, 2).device_bytes <= budget
         ]
         assert chosen == max(leaving, default=1), (global_batch, seq_len)
-    # prod's 4 sequences per GPU: 4 x 1 fits the plan (explicitly allowed) but not with the headroom.
+    # prod's 4 sequences per GPU: without activation checkpointing 4 x 1 fits the plan (explicitly
+    # allowed) but not with the headroom, so auto takes 1 x 4; prod checkpoints, and takes 4 x 1.
     prod = load_settings("prod")
-    assert micro_batch(prod.job, gpu, 2) == 1
-    four = job_memory(prod.job.model_copy(update={"micro_batch_size": 4}), gpu, 2)
+    plain = prod.job.model_copy(update={"activation_checkpointing": False})
+    assert micro_batch(plain, gpu, 2) == 1
+    four = job_memory(plain.model_copy(update={"micro_batch_size": 4}), gpu, 2)
     assert four.fits(capacity_bytes(gpu)) and four.device_bytes > budget
+    assert prod.job.activation_checkpointing and micro_batch(prod.job, gpu, 2) == 4
 
 
 def test_auto_needs_a_global_batch_the_workers_share() -> None:

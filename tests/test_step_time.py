@@ -109,9 +109,9 @@ def test_two_h200s_over_nvlink_hide_fsdp_traffic() -> None:
     ("mesh", "measured_s", "tolerance"),
     [
         ((2,), 2.042, 0.10),
-        # HSDP (2, 1) measured 20 % above the model: its all-reduce follows each layer's
-        # reduce-scatter on one stream and overlaps the backward less than the model assumes.
-        ((2, 1), 2.268, 0.20),
+        # HSDP (2, 1): the gradients' all-reduce can only overlap the backward (20 % above the
+        # model while the model let it hide behind the whole step's GPU work; 8 % since 2026-12-02).
+        ((2, 1), 2.268, 0.10),
     ],
 )
 def test_two_emulated_hosts_over_sockets(mesh: tuple[int, ...], measured_s: float, tolerance: float) -> None:
@@ -158,3 +158,26 @@ def test_importing_the_model_loads_no_torch() -> None:
         "heavy = [m for m in ('torch', 'ray', 'transformers') if m in sys.modules]; assert not heavy, heavy"
     )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)
+
+
+def test_activation_checkpointing_recomputes_the_layers_forward() -> None:
+    """A third more of the layers' FLOPs (not the lm_head's), and a third more host per micro-batch:
+    from FLOPs, as no step with checkpointing was measured."""
+    plain = step_time(SHAPE, H200, seq_len=2048, micro_batch=16)
+    ac = step_time(SHAPE, H200, seq_len=2048, micro_batch=16, activation_checkpointing=True)
+    ratio = ac.compute_s["layers and loss GEMMs"] / plain.compute_s["layers and loss GEMMs"]
+    assert 1.25 < ratio < 4 / 3  # the lm_head (233 M of 1.54 B parameters) is not recomputed
+    assert ac.host_s > plain.host_s and ac.inputs["activation_checkpointing"]
+
+
+def test_gradient_traffic_hides_only_behind_the_last_backward() -> None:
+    """Accumulation keeps gradients unsharded until the last micro-batch, so HSDP's all-reduce
+    has one backward to hide behind: on the L4 pair four micro-batches of 1 expose more of it than
+    one of 4 (checkpointed, as prod runs)."""
+    hw = Hardware("L4", inter_link="efa", **G6_PAIR)
+    four = step_time(SHAPE, hw, seq_len=2048, micro_batch=1, accum=4, mesh=(2, 4))
+    one = step_time(
+        SHAPE, hw, seq_len=2048, micro_batch=4, accum=1, mesh=(2, 4), activation_checkpointing=True
+    )
+    assert four.gpu_s < one.gpu_s and four.exposed_comm_s > 2 * one.exposed_comm_s
+    assert one.tokens_per_s > 1.3 * four.tokens_per_s

@@ -19,6 +19,8 @@ Host work (H): HOST_STEP_MS + accum x HOST_MICRO_MS (Python, FSDP2 hooks and ~2,
   with --skip-guard-eval, from the H200 machine: 1 x 1 steps of 259 ms with the GPU busy 42 % (gpu_busy.py),
   1 x 2 through Ray 379 ms; float8 launches 1.51x the kernels (4,215 against 2,787 per step). The
   host of a g6 node is assumed to be as fast (not measured: no such machine here).
+Activation checkpointing: the layers' forward again in the backward, a third more of their FLOPs
+  and AC_HOST_SHARE more host per micro-batch (from FLOPs, not measured).
 Host and GPU overlap: the step is (H^P + G^P)^(1/P), which is max(H, G) when one dominates and more
   when they are close (each is the bottleneck for part of the step). P is calibrated on the H200's
   4 x 2 point (379 ms of host against 383 ms of GPU work measured 440 ms).
@@ -75,6 +77,10 @@ LIGER_OWN_CHUNKS = 64  # what every calibration point above ran (training/loss_c
 # gathered parameters, 4,096-token chunks, 2026-12-02): 23 ms over two micro-batches.
 HOST_SKIP_GUARDS_MS = 11.5
 OVERLAP_P = 4.4
+# Activation checkpointing launches each layer's forward again in the backward: its host share is
+# assumed to be the forward's third of a micro-batch's host work, as its GPU share is a third of the
+# layers' FLOPs. Neither was measured (no step time with checkpointing on the H200): a prediction.
+AC_HOST_SHARE = 1 / 3
 # Collectives: NCCL reaches about 70 % of a link's nominal bandwidth as bus bandwidth (an assumption
 # for PCIe and EFA, which cannot be measured here); the socket transport's 3.4 GB/s was measured.
 LINK_EFFICIENCY = 0.7
@@ -135,6 +141,7 @@ def step_time(  # noqa: PLR0915  (one formula, term by term)
     loss_chunk_tokens: int = LOSS_CHUNK_TOKENS,
     reshard_after_forward: bool = True,
     skip_guards: bool = True,
+    activation_checkpointing: bool = False,
 ) -> StepTime:
     """One rank's step of `python -m training` (compiled layers) on `hw` with this mesh."""
     dims = shape if isinstance(shape, Dims) else Dims.of(shape)
@@ -156,6 +163,13 @@ def step_time(  # noqa: PLR0915  (one formula, term by term)
     token_s = tokens * per_token_s * (1 + SMALL_K / per_sm**2)
     if float8:
         token_s *= FLOAT8_TOKEN_FACTOR
+    ac_factor = 1.0
+    if activation_checkpointing:
+        # Each decoder layer's forward runs again in the backward: a third of the layers' FLOPs
+        # (6 N_layers + 12 L d T per token, without the lm_head's 6 V d), not the loss's.
+        layer_flops = 6 * (n - v * d) + 12 * dims.layers * d * seq_len
+        ac_factor = 1 + layer_flops / 3 / f_tok
+        token_s *= ac_factor
     loss_s, chunks = 0.0, LIGER_OWN_CHUNKS
     if liger:
         c = chunk_mem_const(tokens, v, d, loss_chunk_tokens)
@@ -170,6 +184,8 @@ def step_time(  # noqa: PLR0915  (one formula, term by term)
     gpu_s = sum(compute.values())
     micro_ms = HOST_MICRO_MS * (FLOAT8_HOST_FACTOR if float8 else 1.0)
     micro_ms -= (LIGER_OWN_CHUNKS - chunks) * HOST_CHUNK_MS + (HOST_SKIP_GUARDS_MS if skip_guards else 0.0)
+    if activation_checkpointing:
+        micro_ms *= 1 + AC_HOST_SHARE
     host_s = (HOST_STEP_MS + accum * micro_ms) / 1e3
     busy = (host_s**OVERLAP_P + gpu_s**OVERLAP_P) ** (1 / OVERLAP_P)
 
@@ -181,18 +197,24 @@ def step_time(  # noqa: PLR0915  (one formula, term by term)
     gathers = accum * (2 if reshard_after_forward else 1)
     fsdp_bytes = _ring(shard) * (gathers * 2 * n + 4 * n)
     comm: dict[str, float] = {}
+    grad_s = 0.0  # the gradients' share: reduce-scatter and HSDP all-reduce
     if shard > 1:
-        if shard_crosses_nodes:
-            # A ring over every rank crosses each node's NIC once per direction: every byte a rank
-            # receives passes some NIC, and a node's GPUs share one.
-            comm[f"FSDP over {hw.inter_link}"] = fsdp_bytes / inter
-        else:
-            comm[f"FSDP over {hw.intra_link}"] = fsdp_bytes / intra
+        link = inter if shard_crosses_nodes else intra
+        # A ring over every rank crosses each node's NIC once per direction: every byte a rank
+        # receives passes some NIC, and a node's GPUs share one.
+        name = f"FSDP over {hw.inter_link if shard_crosses_nodes else hw.intra_link}"
+        comm[name] = fsdp_bytes / link
+        grad_s += _ring(shard) * 4 * n / link
     if replicas > 1:
         per_rank = 2 * _ring(replicas) * 4 * n / shard
         comm[f"HSDP all-reduce over {hw.inter_link}"] = per_rank * hw.gpus_per_node / inter
+        grad_s += comm[f"HSDP all-reduce over {hw.inter_link}"]
     total_comm = sum(comm.values())
-    exposed = max(0.0, total_comm - gpu_s) + total_comm / dims.layers
+    # All traffic hides behind the step's GPU work at best; the gradients' only behind the last
+    # micro-batch's backward (accumulation keeps them unsharded until then), which is two thirds of
+    # its layer work, plus the recompute with activation checkpointing.
+    backward_s = (token_s * (2 / 3 if not activation_checkpointing else 1 - 1 / 3 / ac_factor)) + loss_s
+    exposed = max(0.0, total_comm - gpu_s, grad_s - backward_s) + total_comm / dims.layers
     step_s = busy + exposed
     tps = world * accum * tokens / step_s
     mfu = tps * f_tok / (world * PEAK[gpu] * 1e12)
@@ -207,7 +229,7 @@ def step_time(  # noqa: PLR0915  (one formula, term by term)
     inputs = dict(
         seq_len=seq_len, micro_batch=micro_batch, accum=accum, mesh=list(mesh), float8=float8,
         liger=liger, loss_chunk_tokens=loss_chunk_tokens, reshard_after_forward=reshard_after_forward,
-        skip_guards=skip_guards,
+        skip_guards=skip_guards, activation_checkpointing=activation_checkpointing,
         gpu=gpu, nodes=nodes, gpus_per_node=hw.gpus_per_node, intra_link=hw.intra_link,
         inter_link=hw.inter_link,
     )  # fmt: skip
