@@ -142,8 +142,11 @@ def _larger_micro_batch(settings: Settings, options: dict[str, Any]) -> dict[str
     change: dict[str, Any] = dict(micro_batch=options["micro_batch"] * 2, accum=options["accum"] // 2)
     twice = job.model_copy(update={"micro_batch_size": change["micro_batch"]})
     nodes = settings.num_workers // gpu.gpus
-    if job_memory(twice, gpu, nodes).fits(capacity_bytes(gpu)):
-        return {f"micro-batch {change['micro_batch']} x {change['accum']} (fits)": change}
+    need = job_memory(twice, gpu, nodes)
+    if need.fits(capacity_bytes(gpu)):
+        free = 1 - need.device_bytes / capacity_bytes(gpu)
+        name = f"micro-batch {change['micro_batch']} x {change['accum']} (fits, {free:.0%} of the GPU free)"
+        return {name: change}
     if job.activation_checkpointing:
         return {}
     checkpointed = twice.model_copy(update={"activation_checkpointing": True})
@@ -232,8 +235,14 @@ def breakdown(settings: Settings) -> Table:
     need = job_memory(job, gpu, nodes)
     micro = job.micro_batch(gpu)
     accum = accumulation(job.global_batch_size, micro, settings.num_workers)
-    auto = job.micro_batch_size == "auto"
-    chosen = f" (auto: the memory plan leaves {AUTO_HEADROOM:.0%} free)" if auto else ""
+    chosen = ""
+    if job.micro_batch_size == "auto":
+        kept = need.device_bytes <= capacity_bytes(gpu) * (1 - AUTO_HEADROOM)
+        chosen = (
+            f" (auto: the memory plan leaves {AUTO_HEADROOM:.0%} free)"
+            if kept
+            else f" (auto: none leaves {AUTO_HEADROOM:.0%} free; the largest that fits)"
+        )
     opts = need.inputs
     features = [
         name

@@ -161,6 +161,7 @@ def test_the_worker_chooses_what_synthesis_wrote(env: str) -> None:
     opts = parse_args([*_without_data(args), "--micro-batch-size", "auto", "--no-liger", "--no-float8"])
     chosen = planned_micro_batch(
         opts,
+        shape=opts.shape,
         world=settings.num_workers,
         local_world=gpu.gpus,
         kernels=(job.compile, job.liger, not job.compile),
@@ -204,3 +205,17 @@ def test_auto_needs_a_global_batch_the_workers_share() -> None:
     data["job"]["micro_batch_size"] = "two"
     line = error_of(data).splitlines()[1]
     assert line == "  - job.micro_batch_size: must be a positive integer or 'auto', got 'two'", line
+
+
+def test_auto_takes_the_largest_that_fits_when_none_leaves_the_headroom() -> None:
+    """dev at seq 4096: 1 x 2 needs more than an L4 (it accumulates, keeping unsharded gradients),
+    2 x 1 fits with less than 10 % to spare: auto takes 2 rather than a 1 that cannot run."""
+    data = dev_data()
+    data["job"].update(seq_len=4096)
+    settings = parse_settings(json.dumps(data), name="dev", source=SOURCE)
+    gpu = settings.gpu_nodes.instance
+    assert micro_batch(settings.job, gpu, 2) == 2
+    one = job_memory(settings.job.model_copy(update={"micro_batch_size": 1}), gpu, 2)
+    two = job_memory(settings.job, gpu, 2)
+    assert not one.fits(capacity_bytes(gpu))
+    assert two.fits(capacity_bytes(gpu)) and two.device_bytes > capacity_bytes(gpu) * (1 - AUTO_HEADROOM)

@@ -110,7 +110,7 @@ def test_two_h200s_over_nvlink_hide_fsdp_traffic() -> None:
     [
         ((2,), 2.042, 0.10),
         # HSDP (2, 1): the gradients' all-reduce can only overlap the backward (20 % above the
-        # model while the model let it hide behind the whole step's GPU work; 8 % since 2026-12-02).
+        # model while the model let it hide behind the whole step's GPU work; 7 % since 2026-12-02).
         ((2, 1), 2.268, 0.10),
     ],
 )

@@ -22,7 +22,7 @@ from training.evaluate import EarlyStop, evaluate, held_out_split
 from training.flops import count_params, flops_per_token, mfu, peak_tflops
 from training.loss import count_targets, labels_and_positions
 from training.loss_chunks import chunk_mem_const, default_chunk_tokens
-from training.memory_plan import auto_micro_batch
+from training.memory_plan import Dims, auto_micro_batch
 from training.model import (
     apply_float8,
     apply_fsdp,
@@ -169,6 +169,7 @@ class StepProfiler:
 def planned_micro_batch(
     opts: TrainOptions,
     *,
+    shape: str | Dims,
     world: int,
     local_world: int,
     kernels: tuple[bool, bool, bool],
@@ -176,8 +177,9 @@ def planned_micro_batch(
     float8_at: Callable[[int], bool],
 ) -> int:
     """--micro-batch-size auto on a GPU of `capacity` bytes: the memory plan's choice
-    (training/memory_plan.py auto_micro_batch) for these options, `world` ranks of `local_world`
-    per node, and the layers as the rank built them (compiled, Liger loss, Liger layers)."""
+    (training/memory_plan.py auto_micro_batch) for these options, the model's `shape` (a built
+    model's, which a pretrained --model decides), `world` ranks of `local_world` per node, and the
+    layers as the rank built them (compiled, Liger loss, Liger layers)."""
     assert opts.global_batch_size is not None
     compiled, liger, liger_layers = kernels
     mesh = mesh_shape(opts.sharding, world, local_world)
@@ -185,7 +187,7 @@ def planned_micro_batch(
     if chunk is None:
         chunk = default_chunk_tokens(capacity / 2**30)
     common = dict(
-        shape=opts.shape,
+        shape=shape,
         seq_len=opts.seq_len,
         shard=mesh[-1],
         communicators=0 if world == 1 else 1 if len(mesh) == 1 else 3,
@@ -341,7 +343,9 @@ class _Trainer:
                 capability, compiled=self.compile, torchao=_torchao_installed(), tokens=micro * opts.seq_len
             )
 
-        self.micro = opts.micro_batch_size or self._auto_micro_batch(local_world, float8_at)
+        self.micro = opts.micro_batch_size or self._auto_micro_batch(
+            Dims.from_config(model.config.to_dict()), local_world, float8_at
+        )
         self.float8 = float8_at(self.micro)
         self.float8_layers: list[str] = []
         if self.float8:
@@ -351,7 +355,7 @@ class _Trainer:
             # and says so, rather than reporting float8 with nothing converted.
             self.float8 = bool(self.float8_layers) or opts.float8 is not None
 
-    def _auto_micro_batch(self, local_world: int, float8_at: Callable[[int], bool]) -> int:
+    def _auto_micro_batch(self, dims: Dims, local_world: int, float8_at: Callable[[int], bool]) -> int:
         """--micro-batch-size auto: the memory plan's choice for this GPU (training/memory_plan.py),
         the same on every rank (the smallest, should the ranks' GPUs differ: a different
         accumulation would leave one rank waiting in a collective the others never start)."""
@@ -363,6 +367,7 @@ class _Trainer:
         capacity = torch.cuda.get_device_properties(self.device).total_memory
         mine = planned_micro_batch(
             opts,
+            shape=dims,
             world=self.world,
             local_world=local_world,
             kernels=(self.compile, self.liger, self.liger_layers),

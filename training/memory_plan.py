@@ -63,7 +63,7 @@ Calibration: tests/test_memory_plan.py pins the measured peaks (H200, BENCHMARKS
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,6 +123,11 @@ class Dims:
             s = SHAPES[shape]
         except KeyError:
             raise ValueError(f"unknown model shape {shape!r}; known: {', '.join(SHAPES)}") from None
+        return cls.from_config(s)
+
+    @classmethod
+    def from_config(cls, s: Mapping[str, Any]) -> Dims:
+        """From a Hugging Face config's fields (a built model's `config.to_dict()`)."""
         return cls(
             vocab=s["vocab_size"],
             hidden=s["hidden_size"],
@@ -396,16 +401,20 @@ def divisors(n: int) -> list[int]:
 
 def auto_micro_batch(per_rank: int, capacity_bytes: int, options: Callable[[int], dict[str, Any]]) -> int:
     """`--micro-batch-size auto`: of the micro-batches that split a rank's `per_rank` sequences per
-    step evenly, the largest whose plan leaves AUTO_HEADROOM of the GPU free; 1 when none does (the
-    fit check then says what would fit). `options(m)` gives `plan`'s other arguments at micro-batch
-    m (float8's default follows the micro-batch's tokens).
+    step evenly, the largest whose plan leaves AUTO_HEADROOM of the GPU free; when none does, the
+    largest that fits at all (fewer micro-batches can need less: accumulating keeps unsharded
+    gradients), and 1 when none fits (the fit check then says what would). `options(m)` gives
+    `plan`'s other arguments at micro-batch m (float8's default follows the micro-batch's tokens).
 
     Larger is faster at a fixed global batch on every point measured: fewer, larger kernels per
     token and no unsharded gradients kept between micro-batches (BENCHMARKS.md, "A larger
     micro-batch, chosen by the memory plan"); the optimizer step and the data are the same.
     Activation checkpointing is never turned on for it (a third more compute)."""
-    budget = int(capacity_bytes * (1 - AUTO_HEADROOM))
-    for m in sorted(divisors(per_rank), reverse=True):
-        if plan(micro_batch=m, accum=per_rank // m, **options(m)).fits(budget):
-            return m
+    needs = {
+        m: plan(micro_batch=m, accum=per_rank // m, **options(m)).device_bytes for m in divisors(per_rank)
+    }
+    for budget in (capacity_bytes * (1 - AUTO_HEADROOM), capacity_bytes):
+        fitting = [m for m, need in needs.items() if need <= budget]
+        if fitting:
+            return max(fitting)
     return 1

@@ -311,7 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N|auto",
         help="sequences per worker pass; auto (needs --global-batch-size): the largest that splits a "
         f"worker's share of the step evenly and, by the memory plan, leaves {AUTO_HEADROOM * 100:.0f}%% "
-        "of its GPU free",
+        "of its GPU free (else the largest that fits); CPU workers take their whole share at once",
     )
     _add_fine_tuning_arguments(g)
     g = p.add_argument_group("optimisation")

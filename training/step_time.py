@@ -213,7 +213,8 @@ def step_time(  # noqa: PLR0915  (one formula, term by term)
     # All traffic hides behind the step's GPU work at best; the gradients' only behind the last
     # micro-batch's backward (accumulation keeps them unsharded until then), which is two thirds of
     # its layer work, plus the recompute with activation checkpointing.
-    backward_s = (token_s * (2 / 3 if not activation_checkpointing else 1 - 1 / 3 / ac_factor)) + loss_s
+    # (Liger's loss computes its gradients in the forward: no window there.)
+    backward_s = token_s * (2 / 3 if not activation_checkpointing else 1 - 1 / 3 / ac_factor)
     exposed = max(0.0, total_comm - gpu_s, grad_s - backward_s) + total_comm / dims.layers
     step_s = busy + exposed
     tps = world * accum * tokens / step_s

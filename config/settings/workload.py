@@ -305,7 +305,8 @@ class JobSettings(SettingsModel):
     input_kms_keys: list[str] = Field(default_factory=list, max_length=10)
     seq_len: int = Field(default=2048, ge=16, le=131072)
     # Sequences per optimizer step across all workers; a multiple of micro_batch_size times
-    # the number of workers (GPUs) so every worker accumulates the same number of micro-batches.
+    # the number of workers (GPUs), of the workers with `auto`, so every worker accumulates the
+    # same number of micro-batches.
     global_batch_size: int = Field(default=16, ge=1)
     # Sequences per GPU per forward/backward pass; `auto`: the largest that splits a GPU's share of
     # the global batch evenly and, by the memory plan, leaves 10 % of the GPU free (config/memory.py
@@ -330,9 +331,9 @@ class JobSettings(SettingsModel):
     # spread of data orders over 600 steps (BENCHMARKS.md). Unset: on with compiled layers where
     # the GPU node type has FP8 tensor cores (L4, L40S, H100, H200) and a micro-batch holds at
     # least 16,384 tokens (the smallest measured to pay: training.precision.FLOAT8_MIN_TOKENS); off
-    # elsewhere, so the L4 environments' 1 x 2048 stays bf16. `true` turns it on wherever the GPU
-    # has FP8 tensor cores (refused on others: A10G, A100), `false` off. torchao travels in the
-    # code asset (config/image.toml [job_packages]).
+    # elsewhere, so the L4 environments' micro-batches (dev 2 x 2048, prod 4 x 2048) stay bf16.
+    # `true` turns it on wherever the GPU has FP8 tensor cores (refused on others: A10G, A100),
+    # `false` off. torchao travels in the code asset (config/image.toml [job_packages]).
     float8: bool | None = None
     output_dir: str | None = None
     expect_transport: Transport = Transport.AUTO

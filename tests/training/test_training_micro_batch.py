@@ -51,3 +51,13 @@ def test_auto_on_the_cpu_is_one_pass_per_step(single_rank_group: None) -> None:
 def test_an_explicit_micro_batch_is_kept(single_rank_group: None) -> None:
     tr = _trainer(["--micro-batch-size", "1", "--global-batch-size", "4"])
     assert (tr.micro, tr.accum) == (1, 4)
+
+
+@pytest.mark.parametrize("shape", ["tiny", "small", "qwen2.5-1.5b"])
+def test_the_plan_sizes_the_model_the_worker_built(shape: str) -> None:
+    """A worker plans `auto` for the model it built (a pretrained --model decides its shape), read
+    from the model's config: for the named shapes, the same sizes as the shape table's."""
+    from training.memory_plan import Dims
+    from training.model import shape_config
+
+    assert Dims.from_config(shape_config(shape).to_dict()) == Dims.of(shape)
