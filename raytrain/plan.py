@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from config.loader import ENVIRONMENTS_DIR, SettingsError, load_settings
-from config.memory import accumulation, capacity_bytes, job_memory, largest_micro_batch_for
+from config.memory import accumulation, capacity_bytes, fit_problem, job_memory, largest_micro_batch_for
 from config.settings import Settings
 from config.settings.workload import DataFormat
 from training.loss_chunks import LOSS_CHUNK_TOKENS, default_chunk_tokens
@@ -105,6 +105,7 @@ def speed(settings: Settings) -> dict[str, Any]:
             else {}
         ),
         **_larger_micro_batch(settings, options),
+        **_checkpointing_for_auto(settings, options),
         "full sharding" if len(options["mesh"]) == 2 else "HSDP": dict(
             mesh=(world,)
             if len(options["mesh"]) == 2
@@ -131,6 +132,23 @@ def speed(settings: Settings) -> dict[str, Any]:
         "The model is checked against H200 runs and the AWS sample's 2 x g6.12xlarge figures "
         "(tests/test_step_time.py); no L4 step of this job has been measured",
     }
+
+
+def _checkpointing_for_auto(settings: Settings, options: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """With `micro_batch_size: auto` and no activation checkpointing: what auto would take with it
+    (each layer then keeps only its input, so a larger micro-batch leaves the headroom)."""
+    job, gpu = settings.job, settings.gpu_nodes.instance
+    if job.micro_batch_size != "auto" or job.activation_checkpointing:
+        return {}
+    micro = job.model_copy(update={"activation_checkpointing": True}).micro_batch(gpu)
+    if micro <= options["micro_batch"]:
+        return {}
+    accum = accumulation(job.global_batch_size, micro, settings.num_workers)
+    name = (
+        f"activation checkpointing on (auto then takes micro-batch {micro} x {accum}; recompute "
+        "from FLOPs, not measured)"
+    )
+    return {name: dict(micro_batch=micro, accum=accum, activation_checkpointing=True)}
 
 
 def _larger_micro_batch(settings: Settings, options: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -205,13 +223,22 @@ def run(args: argparse.Namespace, console: Console | None = None) -> int:
     if getattr(args, "json", False):
         import json
 
+        micro = settings.job.micro_batch(gpu)
         memory = {"device_gib": need.device_bytes / GIB, "allocated_gib": need.allocated_bytes / GIB,
-                  "capacity_gib": gpu.gpu_memory_cuda_gib, "fits": need.fits(have)}  # fmt: skip
+                  "capacity_gib": gpu.gpu_memory_cuda_gib, "spare_gib": (have - need.device_bytes) / GIB,
+                  "fits": need.fits(have), "peak_moment": need.peak_moment,
+                  "terms": [{"name": t.name, "gib": t.gib, "how": t.formula}
+                            for t in [*need.peak_terms, *need.overhead]],
+                  "micro_batch": micro,
+                  "accum": accumulation(settings.job.global_batch_size, micro, settings.num_workers),
+                  "micro_batch_setting": settings.job.micro_batch_size,
+                  "micro_batch_reason": auto_reason(settings)}  # fmt: skip
         print(json.dumps({"env": settings.name, "memory": memory, **result}, indent=2))
         return EXIT_FITS if need.fits(have) else EXIT_DOES_NOT_FIT
     for table in (breakdown(settings), micro_batches(settings), speed_table(result)):
         console.print(table)
     headroom = (have - need.device_bytes) / GIB
+    nodes = settings.num_workers // gpu.gpus
     if need.fits(have):
         console.print(
             f"[green]fits[/]: {need.device_bytes / GIB:.1f} GiB of {gpu.gpu_memory_cuda_gib} GiB per "
@@ -221,11 +248,24 @@ def run(args: argparse.Namespace, console: Console | None = None) -> int:
         return EXIT_FITS
     console.print(
         f"[bold red]does not fit[/]: {need.device_bytes / GIB:.1f} GiB of {gpu.gpu_memory_cuda_gib} GiB "
-        f"per {gpu.gpu_model}, {-headroom:.1f} GiB short; `npx cdk synth` refuses it with the "
-        "settings to change",
+        f"per {gpu.gpu_model}, {-headroom:.1f} GiB short. {fit_problem(settings.job, gpu, nodes)}",
         highlight=False,
+        soft_wrap=True,
     )
     return EXIT_DOES_NOT_FIT
+
+
+def auto_reason(settings: Settings) -> str | None:
+    """Why `micro_batch_size: auto` took the micro-batch it did (None when it is set)."""
+    job, gpu = settings.job, settings.gpu_nodes.instance
+    if job.micro_batch_size != "auto":
+        return None
+    need = job_memory(job, gpu, settings.num_workers // gpu.gpus).device_bytes
+    if need <= capacity_bytes(gpu) * (1 - AUTO_HEADROOM):
+        return f"auto: the largest that leaves at least {AUTO_HEADROOM:.0%} of the GPU free"
+    if need <= capacity_bytes(gpu):
+        return f"auto: none leaves {AUTO_HEADROOM:.0%} of the GPU free; the largest that fits"
+    return "auto: none fits"
 
 
 def breakdown(settings: Settings) -> Table:
@@ -235,14 +275,8 @@ def breakdown(settings: Settings) -> Table:
     need = job_memory(job, gpu, nodes)
     micro = job.micro_batch(gpu)
     accum = accumulation(job.global_batch_size, micro, settings.num_workers)
-    chosen = ""
-    if job.micro_batch_size == "auto":
-        kept = need.device_bytes <= capacity_bytes(gpu) * (1 - AUTO_HEADROOM)
-        chosen = (
-            f" (auto: the memory plan leaves {AUTO_HEADROOM:.0%} free)"
-            if kept
-            else f" (auto: none leaves {AUTO_HEADROOM:.0%} free; the largest that fits)"
-        )
+    why = auto_reason(settings)
+    chosen = f" ({why})" if why else ""
     opts = need.inputs
     features = [
         name
@@ -290,8 +324,9 @@ def micro_batches(settings: Settings) -> Table:
     max_seq = Dims.of(str(job.shape)).max_seq
     table = Table(
         title=f"largest micro-batch per sequence length on one {gpu.gpu_model} ({gpu.name})",
-        caption="0: not even one sequence fits. Accumulating: more than one micro-batch per optimizer "
-        "step (FSDP keeps unsharded fp32 gradients between them)",
+        caption="what fits at all (micro_batch_size: auto also keeps "
+        f"{AUTO_HEADROOM:.0%} of the GPU free). 0: not even one sequence fits. Accumulating: more than "
+        "one micro-batch per optimizer step (FSDP keeps unsharded fp32 gradients between them)",
     )
     table.add_column("seq_len", justify="right")
     table.add_column("accumulating", justify="right")

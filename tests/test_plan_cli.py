@@ -43,7 +43,8 @@ def test_dev_fits_and_shows_every_term_and_the_margin(envdir: Path) -> None:
         assert term in out, term
     assert "one rank of 8 (2 x g6.12xlarge, 4 x L4 21.96 GiB usable)" in out
     # dev's micro_batch_size is auto: its 2 sequences per GPU in one micro-batch, no accumulation.
-    assert re.search(r"micro-batch 2 \(auto: the memory plan leaves 10% free\)\s+x 1 per\s+step", out), out
+    flat = " ".join(out.split())
+    assert "micro-batch 2 (auto: the largest that leaves at least 10% of the GPU free) x 1 per step" in flat
     assert "accumulated gradients (unsharded)" not in out
     # What the job runs with: dev's 2 x 2048 micro-batch is below float8's default threshold.
     assert re.search(r"compiled\s+layers,\s+Liger\s+loss\s", out) and "float8 linears" not in out, out
@@ -64,8 +65,9 @@ def test_a_job_that_does_not_fit_is_explained_not_refused(envdir: Path) -> None:
     code, out = run(envdir, "dev")
     assert code == plan_cmd.EXIT_DOES_NOT_FIT
     assert "does not fit" in out and "GiB short" in out
-    # auto: nothing leaves the headroom, so 1 (x 4), which the plan then shows does not fit.
-    assert re.search(r"seq_len 8192, micro-batch 1 \(auto: [^)]*\)\s+x 4 per\s+step", out), out
+    # auto: nothing fits, so 1 (x 4), and the fixes synthesis would offer.
+    assert re.search(r"seq_len 8192, micro-batch 1 \(auto: none fits\)\s+x 4 per\s+step", out), out
+    assert "job.activation_checkpointing: true" in " ".join(out.split()), out
 
 
 def test_unusable_settings_exit_2(envdir: Path) -> None:
@@ -114,3 +116,7 @@ def test_a_larger_micro_batch_is_offered_only_as_the_memory_plan_allows() -> Non
     assert checkpointed.gpu_s > plain.gpu_s * 1.2 and checkpointed.host_s > plain.host_s
     dev = speed(load_settings("dev"))  # 2 x 1: one micro-batch per step, nothing to halve
     assert not [m for m in dev["moves"] if m["change"].startswith("micro-batch")]
+    # And what auto would take with checkpointing on: prod's shipped choice, 4 x 1.
+    (auto,) = [m for m in prod["moves"] if m["change"].startswith("activation checkpointing on")]
+    assert "auto then takes micro-batch 4 x 1" in auto["change"]
+    assert auto["tokens_per_s"] == predict(shipped).tokens_per_s

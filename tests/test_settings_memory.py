@@ -201,7 +201,10 @@ def test_auto_needs_a_global_batch_the_workers_share() -> None:
     data = dev_data()
     data["job"].update(global_batch_size=12, micro_batch_size="auto")
     line = error_of(data).splitlines()[1]
-    assert line == "  - job.global_batch_size: 12 is not a multiple of workers (8 = 2 nodes x 4 GPUs)", line
+    assert line == (
+        "  - job.global_batch_size: 12 is not a multiple of workers (8 = 2 nodes x 4 GPUs); "
+        "valid: global_batch_size 8 or 16"
+    ), line
     data["job"]["micro_batch_size"] = "two"
     line = error_of(data).splitlines()[1]
     assert line == "  - job.micro_batch_size: must be a positive integer or 'auto', got 'two'", line

@@ -363,7 +363,9 @@ class _Trainer:
         assert opts.global_batch_size is not None  # auto needs it: checked by parse_args
         per_rank = opts.global_batch_size // self.world  # a multiple: checked by the driver
         if not self.on_gpu:
-            return per_rank  # the host's memory is not planned: one pass per step
+            if self.rank == 0:  # the host's memory is not planned: one pass per step
+                _say(f"[train] --micro-batch-size auto: {per_rank} x 1 per step on each CPU worker")
+            return per_rank
         capacity = torch.cuda.get_device_properties(self.device).total_memory
         mine = planned_micro_batch(
             opts,

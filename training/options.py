@@ -309,9 +309,10 @@ def build_parser() -> argparse.ArgumentParser:
         type=_micro_batch,
         default=1,
         metavar="N|auto",
-        help="sequences per worker pass; auto (needs --global-batch-size): the largest that splits a "
-        f"worker's share of the step evenly and, by the memory plan, leaves {AUTO_HEADROOM * 100:.0f}%% "
-        "of its GPU free (else the largest that fits); CPU workers take their whole share at once",
+        help="sequences per worker pass (default 1); auto (needs --global-batch-size): the largest that "
+        "splits a worker's share of the step evenly and, by the memory plan, leaves "
+        f"{AUTO_HEADROOM * 100:.0f}%% of its GPU free (else the largest that fits); CPU workers take "
+        "their whole share at once",
     )
     _add_fine_tuning_arguments(g)
     g = p.add_argument_group("optimisation")

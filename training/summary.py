@@ -115,7 +115,10 @@ def summarize(meta: dict[str, Any], options: dict[str, Any], wall_s: float) -> d
         "resumes": meta.get("resumes", []),
         "transport": meta.get("transport"),
         "wall_time_s": wall_s,
-        "options": options,
+        # The options as given: --micro-batch-size auto is None in them (the choice is above).
+        "options": {**options, "micro_batch_size": options.get("micro_batch_size") or "auto"}
+        if "micro_batch_size" in options
+        else options,
         "history": history,
     }
 

@@ -7,7 +7,7 @@ import re
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from config.catalogue import CATALOGUE
-from config.memory import fit_problem
+from config.memory import fit_problem, valid_micro_batches
 from config.names import VerifyBuild, arn_partition
 from config.registries import ImageSource, cache_prefix_problem
 from config.settings.base import AZ_RE, FieldError, SettingsModel
@@ -222,10 +222,16 @@ class Settings(SettingsModel):
         micro = 1 if job.micro_batch_size == "auto" else job.micro_batch_size
         if accumulation_steps(job.global_batch_size, micro, workers) is None:
             split = "" if job.micro_batch_size == "auto" else f"micro_batch_size ({micro}) x "
+            below = job.global_batch_size // (micro * workers) * micro * workers
+            near = [b for b in (below, below + micro * workers) if b]
+            valid = valid_micro_batches(job.global_batch_size, workers)
+            fixes = f"global_batch_size {' or '.join(map(str, near))}"
+            if job.micro_batch_size != "auto" and valid:
+                fixes += f", or micro_batch_size {', '.join(map(str, valid))} or auto"
             raise FieldError(
                 ("job", "global_batch_size"),
                 f"{job.global_batch_size} is not a multiple of {split}workers ({workers} = "
-                f"{job.nodes} nodes x {gpu.gpus} GPUs)",
+                f"{job.nodes} nodes x {gpu.gpus} GPUs); valid: {fixes}",
             )
         return self
 

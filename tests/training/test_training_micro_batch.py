@@ -61,3 +61,13 @@ def test_the_plan_sizes_the_model_the_worker_built(shape: str) -> None:
     from training.model import shape_config
 
     assert Dims.from_config(shape_config(shape).to_dict()) == Dims.of(shape)
+
+
+def test_the_summary_keeps_auto_beside_the_choice() -> None:
+    from training.summary import summarize
+
+    options = {"run_name": "r", "micro_batch_size": None}
+    summary = summarize({"micro_batch_size": 4, "accum_steps": 1}, options, 1.0)
+    assert (summary["options"]["micro_batch_size"], summary["micro_batch_size"]) == ("auto", 4)
+    given = summarize({"micro_batch_size": 2, "accum_steps": 2}, {**options, "micro_batch_size": 2}, 1.0)
+    assert given["options"]["micro_batch_size"] == 2
