@@ -345,57 +345,61 @@ def prepare(  # noqa: PLR0915 (one step after another: check, plan, run, tally, 
     segments = plan_segments(inputs, settings.segment_bytes)
     shard_dir = f"shards-{fp[:16]}"
     fs, root = shards.filesystem(shards.join(out, shard_dir))
-    fs.create_dir(root, recursive=True)
-    log(f"[prepare] {len(inputs)} files, {len(segments)} segments -> {out}")
-    # One block per segment, so Ray Data runs the segments as parallel tasks on any node's CPUs;
-    # the rows are only the segments' coordinates, and what comes back is one row of counts each.
-    items = ray.data.from_items([asdict(s) for s in segments], override_num_blocks=len(segments))
-    write: Any = _write_segments
-    ds = items.map_batches(
-        write,
-        batch_size=1,
-        fn_kwargs={"settings": asdict(settings), "shard_dir": shards.join(out, shard_dir)},
-        num_cpus=1,
-    )
-    counts = _take_all(ds)
-    if [int(r["index"]) for r in counts] != list(range(len(segments))):
-        raise RuntimeError(f"[prepare] {len(counts)} of {len(segments)} segments reported back")
-    shard_rows: list[dict[str, Any]] = [
-        {"name": f"{shard_dir}/{shard_name(int(r['index']))}", "blocks": int(r["blocks"]),
-         "bytes": int(r["bytes"]), "documents": int(r["documents"]), "max_token": int(r["max_token"])}
-        for r in counts
-    ]  # fmt: skip
-    n_blocks = sum(s["blocks"] for s in shard_rows)
-    docs, summary = _tally(data, counts, max_skipped_fraction)
-    if n_blocks == 0 and chat:
-        raise OptionError(f"--data: no conversation of {data} fits in --seq-len {seq_len} tokens")
-    if n_blocks == 0:
-        raise OptionError(f"--data: {data} holds fewer than --seq-len {seq_len} tokens per segment")
-    manifest: dict[str, Any] = {
-        "format": shards.CHAT_FORMAT if chat else shards.FORMAT,
-        "dtype": "uint32",
-        "byte_order": "little",
-        "seq_len": seq_len,
-        "fingerprint": fp,
-        "tokenizer": tokenizer,
-        "text_field": text_field,
-        "segment_bytes": settings.segment_bytes,
-        "inputs": inputs,
-        "documents": docs,
-        "skipped": summary,
-        "ignored_files": {"count": len(ignored), "first": ignored[0] if ignored else None},
-        "blocks": n_blocks,
-        "tokens": n_blocks * seq_len,
-        "dropped_tokens": sum(int(r["dropped_tokens"]) for r in counts),
-        "bytes": sum(s["bytes"] for s in shard_rows),
-        "shards": shard_rows,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-    if chat:
-        manifest.update(sft.manifest_counts(counts, too_long))
-        log(sft.counts_line(manifest))
-    manifest["checksum"] = shards.manifest_checksum(manifest)  # what write_manifest records
-    uri = shards.write_manifest(out, manifest)
+    try:
+        fs.create_dir(root, recursive=True)
+        log(f"[prepare] {len(inputs)} files, {len(segments)} segments -> {out}")
+        # One block per segment, so Ray Data runs the segments as parallel tasks on any node's CPUs;
+        # the rows are only the segments' coordinates, and what comes back is one row of counts each.
+        items = ray.data.from_items([asdict(s) for s in segments], override_num_blocks=len(segments))
+        write: Any = _write_segments
+        ds = items.map_batches(
+            write,
+            batch_size=1,
+            fn_kwargs={"settings": asdict(settings), "shard_dir": shards.join(out, shard_dir)},
+            num_cpus=1,
+        )
+        counts = _take_all(ds)
+        if [int(r["index"]) for r in counts] != list(range(len(segments))):
+            raise RuntimeError(f"[prepare] {len(counts)} of {len(segments)} segments reported back")
+        shard_rows: list[dict[str, Any]] = [
+            {"name": f"{shard_dir}/{shard_name(int(r['index']))}", "blocks": int(r["blocks"]),
+             "bytes": int(r["bytes"]), "documents": int(r["documents"]), "max_token": int(r["max_token"])}
+            for r in counts
+        ]  # fmt: skip
+        n_blocks = sum(s["blocks"] for s in shard_rows)
+        docs, summary = _tally(data, counts, max_skipped_fraction)
+        if n_blocks == 0 and chat:
+            raise OptionError(f"--data: no conversation of {data} fits in --seq-len {seq_len} tokens")
+        if n_blocks == 0:
+            raise OptionError(f"--data: {data} holds fewer than --seq-len {seq_len} tokens per segment")
+        manifest: dict[str, Any] = {
+            "format": shards.CHAT_FORMAT if chat else shards.FORMAT,
+            "dtype": "uint32",
+            "byte_order": "little",
+            "seq_len": seq_len,
+            "fingerprint": fp,
+            "tokenizer": tokenizer,
+            "text_field": text_field,
+            "segment_bytes": settings.segment_bytes,
+            "inputs": inputs,
+            "documents": docs,
+            "skipped": summary,
+            "ignored_files": {"count": len(ignored), "first": ignored[0] if ignored else None},
+            "blocks": n_blocks,
+            "tokens": n_blocks * seq_len,
+            "dropped_tokens": sum(int(r["dropped_tokens"]) for r in counts),
+            "bytes": sum(s["bytes"] for s in shard_rows),
+            "shards": shard_rows,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        if chat:
+            manifest.update(sft.manifest_counts(counts, too_long))
+            log(sft.counts_line(manifest))
+        manifest["checksum"] = shards.manifest_checksum(manifest)  # what write_manifest records
+        uri = shards.write_manifest(out, manifest)
+    except BaseException:
+        _remove_unlisted(fs, root, out, shard_dir, log)
+        raise
     if summary["records"]:
         reasons = ", ".join(f"{n} {why}" for why, n in summary["reasons"].items())
         log(f"[prepare] skipped {summary['records']} of {summary['of_records']} records ({reasons}); "
@@ -405,6 +409,22 @@ def prepare(  # noqa: PLR0915 (one step after another: check, plan, run, tally, 
         f"documents) in {len(shard_rows)} shards; manifest {uri} ({time.time() - t0:.1f} s)"
     )
     return manifest
+
+
+def _remove_unlisted(fs: Any, root: str, out: str, shard_dir: str, log: Any) -> None:
+    """After a failed preparation: remove the shards it wrote, unless the manifest now in `out`
+    names them (an identical preparation that finished meanwhile). Never trusted without a
+    manifest anyway; this keeps a refused input from leaving files behind."""
+    try:
+        current = shards.read_manifest(out)
+    except shards.ShardError:
+        current = None
+    if current and any(str(s.get("name", "")).startswith(f"{shard_dir}/") for s in current["shards"]):
+        return
+    try:
+        fs.delete_dir(root)
+    except Exception as exc:  # the failure being raised matters more than this one
+        log(f"[prepare] could not remove the partial shards under {root}: {exc}")
 
 
 def _take_all(ds: Any) -> list[dict[str, Any]]:

@@ -177,6 +177,8 @@ def test_bad_records_fail_the_preparation_or_are_counted(
         "skipped and counted)"
     ), err
     assert not (tmp_path / "out" / "manifest.json").exists()
+    # The shards its other segments wrote are removed with the refusal: nothing is left behind.
+    assert not list((tmp_path / "out").glob("shards-*/*")), list((tmp_path / "out").rglob("*"))
 
     assert prepare_main([*argv, "--max-skipped-fraction", "0.1"]) == 0
     manifest = shards.read_manifest(str(tmp_path / "out"))

@@ -151,3 +151,24 @@ def test_options_take_seq_len_from_prepared_data(tmp_path: Path) -> None:
     assert raw.prepared_data == str(tmp_path / "run" / "checkpoints" / "_prepared" / "train")
     remote = parse_args([*base, "--data", str(SAMPLE_DATA), "--storage-path", "s3://bkt/ckpt"])
     assert remote.prepared_data == "s3://bkt/ckpt/_prepared/train"
+
+
+def test_a_failed_preparation_removes_its_shards_unless_the_manifest_names_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """training.prepare's cleanup: an identical preparation that finished meanwhile keeps its files."""
+    import pyarrow.fs as pafs
+
+    from training import prepare
+
+    mine = tmp_path / "shards-aaaa"
+    mine.mkdir()
+    (mine / "00000.bin").write_bytes(b"\0" * 8)
+    fs, lines = pafs.LocalFileSystem(), []
+    listed = {"shards": [{"name": "shards-aaaa/00000.bin"}]}
+    monkeypatch.setattr(prepare.shards, "read_manifest", lambda out: listed)
+    prepare._remove_unlisted(fs, str(mine), str(tmp_path), "shards-aaaa", lines.append)
+    assert (mine / "00000.bin").exists()
+    listed = {"shards": [{"name": "shards-bbbb/00000.bin"}]}  # another input's manifest
+    prepare._remove_unlisted(fs, str(mine), str(tmp_path), "shards-aaaa", lines.append)
+    assert not mine.exists() and not lines
