@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from training.loss_chunks import default_chunk_tokens
-from training.memory_plan import GIB, JobMemory, auto_micro_batch, largest_micro_batch, plan
+from training.memory_plan import GIB, JobMemory, auto_micro_batch, divisors, largest_micro_batch, plan
 from training.sharding import mesh_shape
 
 if TYPE_CHECKING:  # config.settings imports this module: no cycle at run time
@@ -77,8 +77,9 @@ def capacity_bytes(gpu: Instance) -> int:
 
 
 def valid_micro_batches(global_batch: int, world: int) -> list[int]:
-    """Micro-batches the settings accept for this global batch: micro x workers divides it."""
-    return [m for m in range(1, global_batch // world + 1) if global_batch % (m * world) == 0]
+    """Micro-batches the settings accept for this global batch: micro x workers divides it, i.e.
+    the divisors of a worker's share (none when the workers cannot share it evenly)."""
+    return [] if global_batch % world else divisors(global_batch // world)
 
 
 def largest_fitting_micro_batch(job: JobSettings, gpu: Instance, nodes: int) -> int:
