@@ -15,14 +15,23 @@ GPU's busy time (the union of all its activity intervals) as a share of the prof
 time, the idle time per step and the largest gaps, kernels per step, their median duration and
 the share shorter than 10 us. The idle share bounds what CUDA graphs could gain by removing launch
 gaps: a step whose GPU is busy 98 % of its wall time cannot get more than 2 % faster from them.
+`host_ms_per_step` splits the unprofiled steps' wall time into the host's phases, read without a
+sync inside the step (HostPhases): where the GPU idles, they say which host work bounds the step.
+
+A configuration name may end in -unitsN: N consecutive decoder layers per FSDP unit
+(--fsdp-unit-layers N), and in -cppwrapper or -combo (inductor settings, below).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +49,11 @@ from bench.one_rank import one_rank_group, release, trainer  # noqa: E402  (afte
 CONFIGS: dict[str, list[str]] = {
     "bf16": ["--no-float8"],
     "float8": ["--float8"],
+    # FSDP all-gathers the float8 weights, their scales computed once per step (one amax per weight
+    # after the optimizer step instead of each layer's amax and cast in every forward).
+    "float8-ag": ["--float8", "--float8-all-gather"],
+    # Activation checkpointing (prod's default on the L4): each layer's forward again in its backward.
+    "bf16-ac": ["--no-float8", "--activation-checkpointing"],
     "bf16-before": ["--no-float8", "--loss-chunk-tokens", "0", "--no-skip-guard-eval"],
     "float8-before": ["--float8", "--loss-chunk-tokens", "0", "--no-skip-guard-eval"],
     "float8-ownchunks": ["--float8", "--loss-chunk-tokens", "0", "--skip-guard-eval"],
@@ -58,12 +72,15 @@ CONFIGS: dict[str, list[str]] = {
     ],
 }  # fmt: skip
 # Compiler settings a configuration name may end with (issue 30: host time at small micro-batches):
-# "-cppwrapper": inductor's C++ wrapper instead of its Python one around each compiled layer's kernels.
-COMPILER_SUFFIXES = ("-cppwrapper",)
+# "-cppwrapper": inductor's C++ wrapper instead of its Python one around each compiled layer's kernels;
+# "-combo": inductor's combo kernels (independent small kernels launched as one).
+COMPILER_SUFFIXES = ("-cppwrapper", "-combo")
+# "-unitsN" (any name): N consecutive decoder layers per FSDP unit (--fsdp-unit-layers N).
+_UNITS = re.compile(r"-units([1-9][0-9]*)$")
 
 
 def split_config(name: str) -> tuple[str, set[str]]:
-    """(configuration in CONFIGS, compiler suffixes) of a name such as bf16-gathered-cppwrapper."""
+    """(configuration in CONFIGS, suffixes) of a name such as bf16-gathered-units2-cppwrapper."""
     suffixes: set[str] = set()
     changed = True
     while changed:
@@ -72,7 +89,92 @@ def split_config(name: str) -> tuple[str, set[str]]:
             if name.endswith(suffix) and name[: -len(suffix)]:
                 name, changed = name[: -len(suffix)], True
                 suffixes.add(suffix)
+        units = _UNITS.search(name)
+        if units and name[: units.start()]:
+            name, changed = name[: units.start()], True
+            suffixes.add(units.group(0))
     return name, suffixes
+
+
+def suffix_options(suffixes: set[str]) -> list[str]:
+    """The loop's options a name's suffixes stand for."""
+    units = [m.group(1) for s in sorted(suffixes) if (m := _UNITS.fullmatch(s))]
+    return [f for n in units for f in ("--fsdp-unit-layers", n)]
+
+
+class HostPhases:
+    """Host time of a step's phases, read without waiting for the GPU inside the step. Where the
+    host is the bottleneck (the GPU idles while it launches), that is the phase's host cost; where
+    the GPU is, it includes the host's waits. forward: the model's call with FSDP2's root hooks;
+    backward: the rest of the micro-batches (their backward and the copies of their tokens);
+    clip / optimizer / zero_grad: per step; other: the step's remaining wall time (learning rate,
+    the loss all-reduce and the wait for the GPU at the step's end)."""
+
+    def __init__(self, tr: Any) -> None:
+        phases = ("forward", "micro_batches", "clip", "optimizer", "zero_grad")
+        self.total: dict[str, float] = dict.fromkeys(phases, 0.0)
+        self._t0 = 0.0
+        model = tr.model
+        self._handles = [
+            model.register_forward_pre_hook(self._forward_start, prepend=True),
+            model.register_forward_hook(self._forward_end, always_call=True),
+        ]
+        # Instance attributes over the bound methods the loop calls; close() removes them again.
+        self._patched = [(tr, "_micro_batches", "micro_batches"), (tr.optimizer, "step", "optimizer"),
+                         (tr.optimizer, "zero_grad", "zero_grad")]  # fmt: skip
+        self._own = [name in vars(obj) for obj, name, _ in self._patched]
+        self._saved = [getattr(obj, name) for obj, name, _ in self._patched]
+        for obj, name, phase in self._patched:
+            setattr(obj, name, self._timed(phase, getattr(obj, name)))
+
+    def _timed(self, phase: str, fn: Any) -> Any:
+        def run(*a: Any, **kw: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                self.total[phase] += time.perf_counter() - t0
+
+        return run
+
+    def _forward_start(self, *_: Any) -> None:
+        self._t0 = time.perf_counter()
+
+    def _forward_end(self, *_: Any) -> None:
+        self.total["forward"] += time.perf_counter() - self._t0
+
+    @contextmanager
+    def clip(self) -> Iterator[None]:
+        """torch.nn.utils.clip_grad_norm_, as the loop looks it up at each step, timed."""
+        import torch
+
+        saved = torch.nn.utils.clip_grad_norm_
+        torch.nn.utils.clip_grad_norm_ = self._timed("clip", saved)
+        try:
+            yield
+        finally:
+            torch.nn.utils.clip_grad_norm_ = saved
+
+    def per_step_ms(self, steps: int, step_times_s: list[float]) -> dict[str, float]:
+        t = {k: v / steps * 1e3 for k, v in self.total.items()}
+        out = {
+            "forward": t["forward"],
+            "backward": t["micro_batches"] - t["forward"],
+            "clip": t["clip"],
+            "optimizer": t["optimizer"],
+            "zero_grad": t["zero_grad"],
+        }
+        out["other"] = sum(step_times_s) / steps * 1e3 - sum(out.values())
+        return {k: round(v, 2) for k, v in out.items()}
+
+    def close(self) -> None:
+        for h in self._handles:
+            h.remove()
+        for (obj, name, _), own, saved in zip(self._patched, self._own, self._saved, strict=True):
+            if own:
+                setattr(obj, name, saved)
+            else:
+                delattr(obj, name)
 
 
 def busy_and_gaps(intervals: list[tuple[int, int]]) -> tuple[int, list[int]]:
@@ -129,10 +231,15 @@ def profile(name: str, args: argparse.Namespace) -> dict[str, Any]:
     batch = ["--global-batch-size", str(args.micro_batch * args.accum)]
     base, suffixes = split_config(name)
     inductor_config.cpp_wrapper = "-cppwrapper" in suffixes
-    tr = trainer(args.shape, args.seq_len, args.micro_batch, steps, [*CONFIGS[base], *batch])
+    inductor_config.combo_kernels = "-combo" in suffixes
+    extra = [*CONFIGS[base], *suffix_options(suffixes), *batch]
+    tr = trainer(args.shape, args.seq_len, args.micro_batch, steps, extra)
     for _ in range(args.warmup):
         tr.train_step()
-    plain = [tr.train_step()["step_time_s"] for _ in range(args.steps)]
+    phases = HostPhases(tr)
+    with phases.clip():
+        plain = [tr.train_step()["step_time_s"] for _ in range(args.steps)]
+    phases.close()
     with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
         profiled = [tr.train_step()["step_time_s"] for _ in range(args.steps)]
     results = prof.profiler.kineto_results if prof.profiler else None
@@ -143,10 +250,12 @@ def profile(name: str, args: argparse.Namespace) -> dict[str, Any]:
     row = {"config": name, "micro_batch": args.micro_batch, "accum": args.accum, "seq_len": args.seq_len,
            "step_time_unprofiled_s": statistics.fmean(plain),
            "tokens_per_s": args.micro_batch * args.accum * args.seq_len / statistics.fmean(plain),
-           "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30}  # fmt: skip
+           "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
+           "host_ms_per_step": phases.per_step_ms(args.steps, plain)}  # fmt: skip
     row.update(summarize(intervals, kernels, profiled))
     del tr, prof
     inductor_config.cpp_wrapper = False
+    inductor_config.combo_kernels = False
     release()
     return row
 
