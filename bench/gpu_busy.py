@@ -18,15 +18,13 @@ gaps: a step whose GPU is busy 98 % of its wall time cannot get more than 2 % fa
 `host_ms_per_step` splits the unprofiled steps' wall time into the host's phases, read without a
 sync inside the step (HostPhases): where the GPU idles, they say which host work bounds the step.
 
-A configuration name may end in -unitsN: N consecutive decoder layers per FSDP unit
-(--fsdp-unit-layers N), and in -cppwrapper or -combo (inductor settings, below).
+A configuration name may end in -cppwrapper and/or -combo (inductor settings, below).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import sys
 import time
@@ -75,12 +73,10 @@ CONFIGS: dict[str, list[str]] = {
 # "-cppwrapper": inductor's C++ wrapper instead of its Python one around each compiled layer's kernels;
 # "-combo": inductor's combo kernels (independent small kernels launched as one).
 COMPILER_SUFFIXES = ("-cppwrapper", "-combo")
-# "-unitsN" (any name): N consecutive decoder layers per FSDP unit (--fsdp-unit-layers N).
-_UNITS = re.compile(r"-units([1-9][0-9]*)$")
 
 
 def split_config(name: str) -> tuple[str, set[str]]:
-    """(configuration in CONFIGS, suffixes) of a name such as bf16-gathered-units2-cppwrapper."""
+    """(configuration in CONFIGS, compiler suffixes) of a name such as bf16-gathered-cppwrapper."""
     suffixes: set[str] = set()
     changed = True
     while changed:
@@ -89,17 +85,7 @@ def split_config(name: str) -> tuple[str, set[str]]:
             if name.endswith(suffix) and name[: -len(suffix)]:
                 name, changed = name[: -len(suffix)], True
                 suffixes.add(suffix)
-        units = _UNITS.search(name)
-        if units and name[: units.start()]:
-            name, changed = name[: units.start()], True
-            suffixes.add(units.group(0))
     return name, suffixes
-
-
-def suffix_options(suffixes: set[str]) -> list[str]:
-    """The loop's options a name's suffixes stand for."""
-    units = [m.group(1) for s in sorted(suffixes) if (m := _UNITS.fullmatch(s))]
-    return [f for n in units for f in ("--fsdp-unit-layers", n)]
 
 
 class HostPhases:
@@ -232,7 +218,7 @@ def profile(name: str, args: argparse.Namespace) -> dict[str, Any]:
     base, suffixes = split_config(name)
     inductor_config.cpp_wrapper = "-cppwrapper" in suffixes
     inductor_config.combo_kernels = "-combo" in suffixes
-    extra = [*CONFIGS[base], *suffix_options(suffixes), *batch]
+    extra = [*CONFIGS[base], *batch]
     tr = trainer(args.shape, args.seq_len, args.micro_batch, steps, extra)
     for _ in range(args.warmup):
         tr.train_step()

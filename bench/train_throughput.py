@@ -51,8 +51,6 @@ OURS: dict[str, list[str]] = {
     # The micro-batch the memory plan picks for --batch (a worker's share of the step), over --micro-batch.
     "ours-auto": ["--micro-batch-size", "auto"],
     "ours-auto-noreshard": ["--micro-batch-size", "auto", "--no-reshard-after-forward"],
-    # N consecutive decoder layers per FSDP unit: FSDP2's hooks and collectives once per N layers.
-    **{f"ours-units{n}": ["--fsdp-unit-layers", str(n)] for n in (2, 4, 7, 14)},
     "ours-liger-all": ["--compile", "--liger", "--liger-layers"],
     "ours-nocompile": ["--no-compile", "--liger"],
     "ours-noliger": ["--compile", "--no-liger"],
@@ -62,7 +60,7 @@ OURS: dict[str, list[str]] = {
 
 REPORTED_OPTIONS = (
     "compile", "liger", "float8", "float8_all_gather", "reshard_after_forward", "sharding",
-    "micro_batch_size", "global_batch_size", "fsdp_unit_layers",
+    "micro_batch_size", "global_batch_size",
 )  # fmt: skip
 
 

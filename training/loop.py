@@ -255,7 +255,6 @@ class _Trainer:
             compile_layers=self.compile,
             activation_checkpointing=opts.activation_checkpointing,
             reshard_after_forward=opts.reshard_after_forward,
-            unit_layers=opts.fsdp_unit_layers,
         )
         self.model.train()
         self.optimizer = torch.optim.AdamW(

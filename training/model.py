@@ -100,9 +100,8 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     return layers
 
 
-def sharding_plan(model: nn.Module, unit_layers: int = 1) -> list[tuple[str, list[str]]]:
-    """FSDP units in the order apply_fsdp applies fully_shard: `unit_layers` consecutive decoder
-    layers each (named by their first and last layer), then the root.
+def sharding_plan(model: nn.Module) -> list[tuple[str, list[str]]]:
+    """FSDP units in the order fully_shard is applied: one per decoder layer, then the root.
 
     Each unit lists the parameter names it owns. The root owns everything outside the layers, so
     the embedding and a tied lm_head (one tensor) land in one unit and are gathered once.
@@ -110,14 +109,10 @@ def sharding_plan(model: nn.Module, unit_layers: int = 1) -> list[tuple[str, lis
     layers = decoder_layers(model)
     units: list[tuple[str, list[str]]] = []
     in_layers: set[int] = set()
-    for start in range(0, len(layers), unit_layers):
-        last = min(start + unit_layers, len(layers)) - 1
-        names = [
-            f"model.layers.{i}.{n}" for i in range(start, last + 1) for n, _ in layers[i].named_parameters()
-        ]
-        label = f"model.layers.{start}" + (f"-{last}" if last > start else "")
-        units.append((label, names))
-        in_layers.update(id(p) for i in range(start, last + 1) for p in layers[i].parameters())
+    for i, layer in enumerate(layers):
+        names = [f"model.layers.{i}.{n}" for n, _ in layer.named_parameters()]
+        units.append((f"model.layers.{i}", names))
+        in_layers.update(id(p) for p in layer.parameters())
     root = [n for n, p in model.named_parameters() if id(p) not in in_layers]
     units.append(("", root))
     return units
@@ -223,18 +218,12 @@ def apply_fsdp(
     compile_layers: bool = False,
     activation_checkpointing: bool = False,
     reshard_after_forward: bool = True,
-    unit_layers: int = 1,
 ) -> nn.Module:
-    """fully_shard the decoder layers, `unit_layers` consecutive ones per unit, then the root
-    (bf16 compute, fp32 master and reduction).
+    """fully_shard each decoder layer, then the root (bf16 compute, fp32 master and reduction).
 
     `reshard_after_forward=False` keeps every layer's gathered bf16 parameters from the forward to
     the backward: one all-gather per layer per step instead of two, for the gathered (unsharded)
-    bf16 copies of every layer's parameters: 2 bytes x the layers' parameters of memory.
-
-    A unit of several layers (fully_shard of a list of modules, one parameter group: torch's
-    fully_shard docstring) gathers, reduces and runs its hooks once for all of them; the
-    parameters' names and the checkpoint's keys are the same whatever the grouping."""
+    bf16 copies of every layer's parameters: 2 bytes x the layers' parameters of memory."""
     try:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     except ImportError:  # torch < 2.6 kept FSDP2 under _composable
@@ -254,17 +243,15 @@ def apply_fsdp(
     layers = decoder_layers(model)
     if compile_layers:
         recompute_materialized_pointwise()
-    for start in range(0, len(layers), unit_layers):
-        unit = list(layers[start : start + unit_layers])
+    for i, layer in enumerate(layers):
         if compile_layers:
-            for layer in unit:
-                layer.compile()
-        # The last unit's params are needed again at once by the backward: keep them gathered.
+            layer.compile()
+        # The last layer's params are needed again at once by the backward: keep them gathered.
         fully_shard(
-            unit[0] if len(unit) == 1 else unit,
+            layer,
             mesh=mesh,
             mp_policy=mp,
-            reshard_after_forward=reshard_after_forward and start + len(unit) < len(layers),
+            reshard_after_forward=reshard_after_forward and i < len(layers) - 1,
         )
     fully_shard(model, mesh=mesh, mp_policy=mp)
     return model

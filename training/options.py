@@ -91,7 +91,6 @@ class TrainOptions:
     early_stop_patience: int = 0  # stop after this many evaluations without a lower eval loss
     export: bool = True  # a Hugging Face folder under the run at the end (training/export.py)
     skip_guard_eval: bool | None = None  # None: on for compiled layers on unflagged (text) data
-    fsdp_unit_layers: int = 1  # consecutive decoder layers per FSDP unit (training/model.py apply_fsdp)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -148,7 +147,7 @@ def _micro_batch(text: str) -> int | None:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915  (one statement per option)
+def build_parser() -> argparse.ArgumentParser:
     pos_int, pos_float = _positive(int), _positive(float)
     p = _Parser(
         prog="python -m training",
@@ -252,15 +251,6 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915  (one statement 
         help="free each layer's gathered parameters after its forward (default); --no-... keeps them "
         "for the backward and, when accumulating, until the step's last backward: one all-gather "
         "per layer per step instead of two per micro-batch, for 2 B x the layers' parameters",
-    )
-    g.add_argument(
-        "--fsdp-unit-layers",
-        type=_positive(int),
-        default=1,
-        metavar="N",
-        help="consecutive decoder layers sharded as one FSDP unit: one all-gather, one reduce-scatter "
-        "and one set of FSDP2 hooks per N layers (less host time and fewer, larger collectives) for "
-        "N layers' gathered parameters at once instead of one (default 1)",
     )
     g.add_argument(
         "--skip-guard-eval",

@@ -1,5 +1,4 @@
-"""The FSDP2 sharding plan: one unit per decoder layer (or per N consecutive layers), then the root
-holding the tied weights."""
+"""The FSDP2 sharding plan: one unit per decoder layer, then the root holding the tied weights."""
 
 from __future__ import annotations
 
@@ -33,29 +32,6 @@ def test_plan_for_qwen25_15b_on_meta() -> None:
     owned = [n for _, names in plan for n in names]
     assert len(owned) == len(set(owned))  # every parameter in exactly one unit
     assert {n for n, _ in model.named_parameters()} == set(owned)
-
-
-@pytest.mark.parametrize(
-    ("unit_layers", "labels"),
-    [
-        (4, [f"model.layers.{i}-{i + 3}" for i in range(0, 28, 4)]),
-        (3, [f"model.layers.{i}-{i + 2}" for i in range(0, 27, 3)] + ["model.layers.27"]),
-        (28, ["model.layers.0-27"]),
-        (40, ["model.layers.0-27"]),
-    ],
-)
-def test_plan_groups_consecutive_layers(unit_layers: int, labels: list[str]) -> None:
-    from transformers import AutoModelForCausalLM
-
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(shape_config("qwen2.5-1.5b"))
-    plan = sharding_plan(model, unit_layers)
-    assert [u for u, _ in plan] == [*labels, ""]
-    owned = [n for _, names in plan for n in names]
-    assert len(owned) == len(set(owned))
-    assert {n for n, _ in model.named_parameters()} == set(owned)
-    per_layer = [n for u, names in sharding_plan(model) if u for n in names]
-    assert [n for u, names in plan if u for n in names] == per_layer  # same names, same order
 
 
 def test_fully_shard_keeps_tied_weights_in_root(single_rank_group: None) -> None:
@@ -148,58 +124,3 @@ def test_hsdp_replicas_stay_identical_after_a_step(tmp_path: Path) -> None:
     for name, w0 in r0["state"].items():
         assert torch.equal(w0, r1["state"][name]), name
     assert any(not torch.equal(w, init[n].detach()) for n, w in r0["state"].items())
-
-
-def _grouped_step(rank: int, world: int, port: int, out: str) -> None:
-    """One rank of a 2-rank full-sharding run: two accumulated micro-batches and one optimizer step,
-    with one FSDP unit per layer and with units of two and of three layers, from the same weights."""
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    try:
-        from torch.distributed.fsdp import FSDPModule
-
-        results = {}
-        for unit_layers in (1, 2, 3):
-            model = build_model("random", "tiny", "", seed=0)
-            mesh = make_mesh("cpu", "full", world=world, local_world=world)
-            apply_fsdp(model, mesh, mixed_precision=False, unit_layers=unit_layers)
-            groups = {
-                id(layer._get_fsdp_state()._fsdp_param_group)
-                for layer in model.model.layers
-                if isinstance(layer, FSDPModule)
-            }
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-            gen = torch.Generator().manual_seed(100 + rank)
-            losses = []
-            for mb in range(2):
-                model.set_requires_gradient_sync(mb == 1)
-                ids = torch.randint(0, 264, (2, 32), generator=gen)
-                loss = model(input_ids=ids, labels=ids, use_cache=False).loss
-                loss.backward()
-                losses.append(loss.detach())
-            grads = {n: p.grad.full_tensor().clone() for n, p in model.named_parameters()}
-            opt.step()
-            state = {n: p.full_tensor().detach().clone() for n, p in model.named_parameters()}
-            results[unit_layers] = {"groups": len(groups), "losses": losses, "grads": grads, "state": state}
-        torch.save(results, f"{out}/rank{rank}.pt")
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-
-
-def test_layers_grouped_into_units_train_as_one_per_layer(tmp_path: Path) -> None:
-    """Units of several layers (one all-gather and reduce-scatter for all of them) give the same
-    losses, gradients and updated weights as a unit per layer, accumulation included; the tiny
-    shape's 4 layers make 4, 2 and 2 (3 + 1) parameter groups."""
-    import torch.multiprocessing as mp
-
-    mp.start_processes(_grouped_step, args=(2, _free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
-    for rank in (0, 1):
-        r = torch.load(tmp_path / f"rank{rank}.pt")
-        assert [r[k]["groups"] for k in (1, 2, 3)] == [4, 2, 2]
-        for k in (2, 3):
-            for a, b in zip(r[1]["losses"], r[k]["losses"], strict=True):
-                torch.testing.assert_close(a, b, rtol=0, atol=0)
-            for name, g in r[1]["grads"].items():
-                torch.testing.assert_close(r[k]["grads"][name], g, rtol=1e-6, atol=1e-7, msg=name)
-            for name, w in r[1]["state"].items():
-                torch.testing.assert_close(r[k]["state"][name], w, rtol=1e-6, atol=1e-7, msg=name)
