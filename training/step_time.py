@@ -14,16 +14,22 @@ GPU work (G), per micro-batch:
             chunk, at the GPU's memory bandwidth x MEM_EFFICIENCY
  and once per step the fused AdamW: 28 B per local parameter (read p, g, m, v; write p, m, v in fp32)
   at the same bandwidth (12.7 ms for 1.54 B parameters on an H200: 3.4 TB/s, 71 % of 4.8 TB/s).
-Host work (H): HOST_STEP_MS + accum x HOST_MICRO_MS (Python, FSDP2 hooks and ~2,600 kernel launches
+Host work (H): HOST_STEP_MS + accum x HOST_MICRO_MS (Python, FSDP2 hooks and ~2,500 kernel launches
   per micro-batch), less HOST_CHUNK_MS per Liger chunk fewer than its own 64 and HOST_SKIP_GUARDS_MS
-  with --skip-guard-eval, from the H200 machine: 1 x 1 steps of 259 ms with the GPU busy 42 % (gpu_busy.py),
-  1 x 2 through Ray 379 ms; float8 launches 1.51x the kernels (4,215 against 2,787 per step). The
-  host of a g6 node is assumed to be as fast (not measured: no such machine here).
+  with --skip-guard-eval. Both terms are the host's own time per phase of a host-bound step, read
+  on the H200 machine without a sync inside the step (gpu_busy.py's host phases, 1 x 2048 x 4, the
+  GPU busy 31 %); float8's host per micro-batch from two host-bound steps of one session. The host
+  of a g6 node is assumed to be as fast (not measured: no such machine here). The same
+  configuration's host-bound step has differed by up to 24 % between leases of the machine.
 Activation checkpointing: the layers' forward again in the backward, a third more of their FLOPs
   and AC_HOST_SHARE more host per micro-batch (from FLOPs, not measured).
 Host and GPU overlap: the step is (H^P + G^P)^(1/P), which is max(H, G) when one dominates and more
-  when they are close (each is the bottleneck for part of the step). P is calibrated on the H200's
-  4 x 2 point (379 ms of host against 383 ms of GPU work measured 440 ms).
+  when they are close (each is the bottleneck for part of the step). P = 4.4 was calibrated on the
+  H200's 4 x 2 point through Ray (440 ms measured); with the host terms re-read from the host phases
+  (2026-12-03) it is still the best of 3 to 8 for that lease's near-balanced steps (4 x 1, 4 x 1 with
+  activation checkpointing, 8 x 1 bf16 and float8: all within 5 %). One reason host and GPU
+  overlap only partly: Liger's fused loss reads its target count with .item() in every forward
+  (liger_kernel/ops/fused_linear_cross_entropy.py), so the host waits there for the GPU's forward.
 Communication (C), per rank per step, ring collectives (each rank moves (n-1)/n of the buffer):
   FSDP   all-gather of bf16 parameters in each micro-batch's forward and again in its backward
          (reshard after forward), reduce-scatter of fp32 gradients once per step (accumulation
@@ -62,10 +68,7 @@ PEAK = {**{k: v for k, v in PEAK_BF16_TFLOPS if v}, "A10G": 125.0}
 SEQ_MS_H200 = 35.8  # GPU ms per sequence at large micro-batches: (621 - 335) / 8
 SMALL_K = 161.0  # penalty 1 + K / u^2: 59.9 ms of token work at u = 2048 / 132 (micro-batch 1)
 FLOAT8_TOKEN_FACTOR = 0.835  # (527 - 12.7 - 36) / (16 x 35.8): H200 micro-batch 16, float8
-FLOAT8_HOST_FACTOR = 4215 / 2787  # kernels per step, float8 against bf16 (gpu_busy.py)
 MEM_EFFICIENCY = 0.71  # fused AdamW: 43 GB in 12.7 ms on an H200 (4.8 TB/s peak)
-HOST_STEP_MS = 139.0  # 259 ms (1 x 1) - 120 ms
-HOST_MICRO_MS = 120.0  # 379 ms (1 x 2, through Ray) - 259 ms (1 x 1), with Liger's own chunks
 # Host per chunk of Liger's loss, calibrated on one invocation of gpu_busy.py at 1 x 2048 x 2 (bf16,
 # 2026-12-02): 4,096-token chunks (1 instead of Liger's 64) stepped in 311.3 ms against 400.9 ms (the
 # mean of two runs of Liger's own chunks, 406.5 and 395.4): 44.8 ms per micro-batch, 0.71 ms a chunk.
@@ -76,7 +79,22 @@ LIGER_OWN_CHUNKS = 64  # what every calibration point above ran (training/loss_c
 # Host per micro-batch that --skip-guard-eval saves: 285 -> 262 ms at 1 x 2048 x 2 (gpu_busy.py,
 # gathered parameters, 4,096-token chunks, 2026-12-02): 23 ms over two micro-batches.
 HOST_SKIP_GUARDS_MS = 11.5
-OVERLAP_P = 4.4
+# Host per step and per micro-batch, from gpu_busy.py's host phases at 1 x 2048 x 4 (bf16, the loop's
+# defaults: 4,096-token chunks, guards skipped; one H200 lease, 2026-12-02; the GPU busy 31 %, so
+# the phases are the host's own work): forward 263.2 ms and backward 276.1 ms over the 4
+# micro-batches; clip_grad_norm_ 11.8, optimizer 13.5, zero_grad 1.0 and the rest of the step 11.2
+# (learning rate, token copies, the loss all-reduce) once per step. The micro-batch term is stated
+# for Liger's own chunks with every guard evaluated, which the two savings above then take off.
+# (Until 2026-12-03 these were 139 and 120 ms, split from a 1 x 1 and a 1 x 2 step of two other
+# leases: the per-step share was four times what the phases show.)
+HOST_STEP_MS = 11.8 + 13.5 + 1.0 + 11.2
+HOST_MICRO_MS = (263.2 + 276.1) / 4 + (LIGER_OWN_CHUNKS - 1) * HOST_CHUNK_MS + HOST_SKIP_GUARDS_MS
+# float8's host per micro-batch against bf16's: Ray Train at 1 x 2048 x 2, both host-bound, one
+# session (2026-12-01): 512.0 ms (8.0k tokens/s) against 379.3 ms (10.8k), less the per-step host.
+# (Until 2026-12-03: the kernel-count ratio 4,215 / 2,787 = 1.51, which overstated it: float8's
+# extra kernels are small and launched from the same compiled graphs.)
+FLOAT8_HOST_FACTOR = (512.0 - HOST_STEP_MS) / (379.3 - HOST_STEP_MS)
+OVERLAP_P = 4.4  # calibrated on the 4 x 2 point (through Ray, 2026-12-01); 4 x 1 (2026-12-02) checks it
 # Activation checkpointing launches each layer's forward again in the backward: its host share is
 # assumed to be the forward's third of a micro-batch's host work, as its GPU share is a third of the
 # layers' FLOPs. Neither was measured (no step time with checkpointing on the H200): a prediction.
