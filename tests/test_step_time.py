@@ -29,8 +29,8 @@ GPU_BOUND = [
     (16, 1, True, {}, 521.0, "Ray Train float8 16 x 2048, the H200 headline: 62.8k tokens/s (2026-12-02)"),
 ]  # fmt: skip
 
-# The lease the host terms were read on (gpu_busy.py with host phases, one invocation, 2026-12-03,
-# the loop's defaults), and the same day's other invocations at 8 x 2048 (GPU-bound or balanced).
+# The lease the host terms were read on (gpu_busy.py with host phases, one invocation, a later lease
+# of 2026-12-02, the loop's defaults), and that day's other invocations at 8 x 2048.
 CALIBRATION_LEASE = [
     (1, 4, False, {}, 576.8, "bf16 1 x 2048 x 4: host-bound, GPU busy 31 % (the host terms' source)"),
     (4, 1, False, {}, 191.2, "bf16 4 x 2048: host 175 ms, GPU busy 69 %"),

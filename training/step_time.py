@@ -26,8 +26,8 @@ Activation checkpointing: the layers' forward again in the backward, a third mor
 Host and GPU overlap: the step is (H^P + G^P)^(1/P), which is max(H, G) when one dominates and more
   when they are close (each is the bottleneck for part of the step). P = 4.4 was calibrated on the
   H200's 4 x 2 point through Ray (440 ms measured); with the host terms re-read from the host phases
-  (2026-12-03) it is still the best of 3 to 8 for that lease's near-balanced steps (4 x 1, 4 x 1 with
-  activation checkpointing, 8 x 1 bf16 and float8: all within 5 %). One reason host and GPU
+  (a later lease, 2026-12-02) it is still the best of 3 to 8 for that lease's near-balanced steps
+  (4 x 1, 4 x 1 with activation checkpointing, 8 x 1 bf16 and float8: within 5 %). One reason host and GPU
   overlap only partly: Liger's fused loss reads its target count with .item() in every forward
   (liger_kernel/ops/fused_linear_cross_entropy.py), so the host waits there for the GPU's forward.
 Communication (C), per rank per step, ring collectives (each rank moves (n-1)/n of the buffer):
@@ -85,14 +85,14 @@ HOST_SKIP_GUARDS_MS = 11.5
 # micro-batches; clip_grad_norm_ 11.8, optimizer 13.5, zero_grad 1.0 and the rest of the step 11.2
 # (learning rate, token copies, the loss all-reduce) once per step. The micro-batch term is stated
 # for Liger's own chunks with every guard evaluated, which the two savings above then take off.
-# (Until 2026-12-03 these were 139 and 120 ms, split from a 1 x 1 and a 1 x 2 step of two other
-# leases: the per-step share was four times what the phases show.)
+# (Before, 139 and 120 ms, split from a 1 x 1 and a 1 x 2 step of two other leases: the per-step
+# share was four times what the phases show.)
 HOST_STEP_MS = 11.8 + 13.5 + 1.0 + 11.2
 HOST_MICRO_MS = (263.2 + 276.1) / 4 + (LIGER_OWN_CHUNKS - 1) * HOST_CHUNK_MS + HOST_SKIP_GUARDS_MS
 # float8's host per micro-batch against bf16's: Ray Train at 1 x 2048 x 2, both host-bound, one
 # session (2026-12-01): 512.0 ms (8.0k tokens/s) against 379.3 ms (10.8k), less the per-step host.
-# (Until 2026-12-03: the kernel-count ratio 4,215 / 2,787 = 1.51, which overstated it: float8's
-# extra kernels are small and launched from the same compiled graphs.)
+# (Before, the kernel-count ratio 4,215 / 2,787 = 1.51, which overstated it: float8's extra kernels
+# are small and launched from the same compiled graphs.)
 FLOAT8_HOST_FACTOR = (512.0 - HOST_STEP_MS) / (379.3 - HOST_STEP_MS)
 OVERLAP_P = 4.4  # calibrated on the 4 x 2 point (through Ray, 2026-12-01); 4 x 1 (2026-12-02) checks it
 # Activation checkpointing launches each layer's forward again in the backward: its host share is
