@@ -28,8 +28,6 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -91,27 +89,62 @@ def split_config(name: str) -> tuple[str, set[str]]:
 class HostPhases:
     """Host time of a step's phases, read without waiting for the GPU inside the step. Where the
     host is the bottleneck (the GPU idles while it launches), that is the phase's host cost; where
-    the GPU is, it includes the host's waits. forward: the model's call with FSDP2's root hooks;
-    backward: the rest of the micro-batches (their backward and the copies of their tokens);
-    clip / optimizer / zero_grad: per step; other: the step's remaining wall time (learning rate,
-    the loss all-reduce and the wait for the GPU at the step's end)."""
+    the GPU is, it includes the host's waits (Liger's fused loss reads its target count with
+    .item() in every forward). forward: the model's call with FSDP2's root hooks, the loss
+    included; backward: the rest of the micro-batches (their backward and the copies of their
+    tokens to the GPU); clip / optimizer / zero_grad: per step; other: the step's remaining wall
+    time (learning rate, the step's tokens and labels, the gradient norm's full_tensor, the loss
+    all-reduce, float8 scales with float8 all-gather, and the wait for the GPU at the step's end).
+
+    A context manager: on entry it times the trainer's `_micro_batches`, its optimizer's `step`
+    and `zero_grad`, the model's forward and `torch.nn.utils.clip_grad_norm_` (as the loop looks
+    it up at each step); on exit, however the steps ended, all are as they were."""
+
+    PHASES = ("forward", "micro_batches", "clip", "optimizer", "zero_grad")
 
     def __init__(self, tr: Any) -> None:
-        phases = ("forward", "micro_batches", "clip", "optimizer", "zero_grad")
-        self.total: dict[str, float] = dict.fromkeys(phases, 0.0)
+        self.total: dict[str, float] = dict.fromkeys(self.PHASES, 0.0)
+        self.calls: dict[str, int] = dict.fromkeys(self.PHASES, 0)
+        self._tr = tr
         self._t0 = 0.0
-        model = tr.model
-        self._handles = [
-            model.register_forward_pre_hook(self._forward_start, prepend=True),
-            model.register_forward_hook(self._forward_end, always_call=True),
-        ]
-        # Instance attributes over the bound methods the loop calls; close() removes them again.
-        self._patched = [(tr, "_micro_batches", "micro_batches"), (tr.optimizer, "step", "optimizer"),
-                         (tr.optimizer, "zero_grad", "zero_grad")]  # fmt: skip
-        self._own = [name in vars(obj) for obj, name, _ in self._patched]
-        self._saved = [getattr(obj, name) for obj, name, _ in self._patched]
-        for obj, name, phase in self._patched:
-            setattr(obj, name, self._timed(phase, getattr(obj, name)))
+        self._undo: list[Any] = []
+
+    def __enter__(self) -> HostPhases:
+        import torch
+
+        tr = self._tr
+        try:
+            pre = tr.model.register_forward_pre_hook(self._forward_start, prepend=True)
+            self._undo.append(pre.remove)
+            post = tr.model.register_forward_hook(self._forward_end, always_call=True)
+            self._undo.append(post.remove)
+            targets = [
+                (tr, "_micro_batches", "micro_batches"),
+                (tr.optimizer, "step", "optimizer"),
+                (tr.optimizer, "zero_grad", "zero_grad"),
+                (torch.nn.utils, "clip_grad_norm_", "clip"),
+            ]
+            for obj, name, phase in targets:
+                self._patch(obj, name, phase)
+        except BaseException:
+            self._restore()
+            raise
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._restore()
+
+    def _patch(self, obj: Any, name: str, phase: str) -> None:
+        """Put a timed wrapper over obj.name as an instance attribute; undo removes it again
+        (or puts back what the instance itself held)."""
+        own = name in vars(obj)
+        saved = getattr(obj, name)
+        setattr(obj, name, self._timed(phase, saved))
+        self._undo.append(lambda: setattr(obj, name, saved) if own else delattr(obj, name))
+
+    def _restore(self) -> None:
+        while self._undo:
+            self._undo.pop()()
 
     def _timed(self, phase: str, fn: Any) -> Any:
         def run(*a: Any, **kw: Any) -> Any:
@@ -120,6 +153,7 @@ class HostPhases:
                 return fn(*a, **kw)
             finally:
                 self.total[phase] += time.perf_counter() - t0
+                self.calls[phase] += 1
 
         return run
 
@@ -128,20 +162,11 @@ class HostPhases:
 
     def _forward_end(self, *_: Any) -> None:
         self.total["forward"] += time.perf_counter() - self._t0
+        self.calls["forward"] += 1
 
-    @contextmanager
-    def clip(self) -> Iterator[None]:
-        """torch.nn.utils.clip_grad_norm_, as the loop looks it up at each step, timed."""
-        import torch
-
-        saved = torch.nn.utils.clip_grad_norm_
-        torch.nn.utils.clip_grad_norm_ = self._timed("clip", saved)
-        try:
-            yield
-        finally:
-            torch.nn.utils.clip_grad_norm_ = saved
-
-    def per_step_ms(self, steps: int, step_times_s: list[float]) -> dict[str, float]:
+    def per_step_ms(self, step_times_s: list[float]) -> dict[str, float]:
+        """Each phase's host ms per step over the steps timed (`step_times_s`, host-synced)."""
+        steps = len(step_times_s)
         t = {k: v / steps * 1e3 for k, v in self.total.items()}
         out = {
             "forward": t["forward"],
@@ -152,15 +177,6 @@ class HostPhases:
         }
         out["other"] = sum(step_times_s) / steps * 1e3 - sum(out.values())
         return {k: round(v, 2) for k, v in out.items()}
-
-    def close(self) -> None:
-        for h in self._handles:
-            h.remove()
-        for (obj, name, _), own, saved in zip(self._patched, self._own, self._saved, strict=True):
-            if own:
-                setattr(obj, name, saved)
-            else:
-                delattr(obj, name)
 
 
 def busy_and_gaps(intervals: list[tuple[int, int]]) -> tuple[int, list[int]]:
@@ -207,25 +223,34 @@ def summarize(
 
 
 def profile(name: str, args: argparse.Namespace) -> dict[str, Any]:
-    import torch
+    """One configuration's row; the compiler settings and the GPU's memory are reset after it,
+    however it ended."""
     import torch._inductor.config as inductor_config
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
 
     steps = args.warmup + 2 * args.steps
     batch = ["--global-batch-size", str(args.micro_batch * args.accum)]
     base, suffixes = split_config(name)
     inductor_config.cpp_wrapper = "-cppwrapper" in suffixes
     inductor_config.combo_kernels = "-combo" in suffixes
-    extra = [*CONFIGS[base], *batch]
+    try:
+        return _profile_one(name, args, steps, [*CONFIGS[base], *batch])
+    finally:
+        inductor_config.cpp_wrapper = False
+        inductor_config.combo_kernels = False
+        release()
+
+
+def _profile_one(name: str, args: argparse.Namespace, steps: int, extra: list[str]) -> dict[str, Any]:
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
     tr = trainer(args.shape, args.seq_len, args.micro_batch, steps, extra)
     for _ in range(args.warmup):
         tr.train_step()
-    phases = HostPhases(tr)
-    with phases.clip():
+    with HostPhases(tr) as phases:
         plain = [tr.train_step()["step_time_s"] for _ in range(args.steps)]
-    phases.close()
     with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
         profiled = [tr.train_step()["step_time_s"] for _ in range(args.steps)]
     results = prof.profiler.kineto_results if prof.profiler else None
@@ -237,12 +262,9 @@ def profile(name: str, args: argparse.Namespace) -> dict[str, Any]:
            "step_time_unprofiled_s": statistics.fmean(plain),
            "tokens_per_s": args.micro_batch * args.accum * args.seq_len / statistics.fmean(plain),
            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
-           "host_ms_per_step": phases.per_step_ms(args.steps, plain)}  # fmt: skip
+           "host_ms_per_step": phases.per_step_ms(plain)}  # fmt: skip
     row.update(summarize(intervals, kernels, profiled))
     del tr, prof
-    inductor_config.cpp_wrapper = False
-    inductor_config.combo_kernels = False
-    release()
     return row
 
 

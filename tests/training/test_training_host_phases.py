@@ -19,28 +19,43 @@ from training.loop import _Trainer  # noqa: E402
 from training.options import parse_args  # noqa: E402
 
 
-def test_phases_add_up_to_the_step_and_leave_the_trainer_unchanged(single_rank_group: None) -> None:
+def _trainer() -> _Trainer:
     opts = parse_args(
-        ["--init", "random", "--shape", "tiny", "--seq-len", "32", "--steps", "4",
+        ["--init", "random", "--shape", "tiny", "--seq-len", "32", "--steps", "8",
          "--global-batch-size", "4", "--micro-batch-size", "2", "--grad-clip", "1.0"]
     )  # fmt: skip
-    tr = _Trainer(opts, None, place=(0, 1, torch.device("cpu")))
+    return _Trainer(opts, None, place=(0, 1, torch.device("cpu")))
+
+
+def test_every_phase_is_timed_once_per_call_inside_the_step(single_rank_group: None) -> None:
+    tr = _trainer()
     tr.train_step()
-    phases = HostPhases(tr)
-    with phases.clip():
+    with HostPhases(tr) as phases:
         times = [tr.train_step()["step_time_s"] for _ in range(2)]
-    phases.close()
-    ms = phases.per_step_ms(2, times)
-    assert set(ms) == {"forward", "backward", "clip", "optimizer", "zero_grad", "other"}
-    assert all(ms[k] > 0 for k in ("forward", "backward", "clip", "optimizer", "zero_grad")), ms
-    assert sum(ms.values()) == pytest.approx(sum(times) / 2 * 1e3, abs=0.05)
-    assert ms["other"] > -0.05  # the phases run inside the step's clock
-    # Restored: the class's methods again, the forward hooks gone, torch's clip as it was.
-    assert "_micro_batches" not in vars(tr) and "zero_grad" not in vars(tr.optimizer)
-    assert torch.nn.utils.clip_grad_norm_.__name__ == "clip_grad_norm_"
-    before = dict(phases.total)
+    # 2 steps of 2 micro-batches: a forward per micro-batch, the rest once per step.
+    assert phases.calls == {"forward": 4, "micro_batches": 2, "clip": 2, "optimizer": 2, "zero_grad": 2}
+    ms = phases.per_step_ms(times)
+    step_ms = sum(times) / 2 * 1e3
+    timed = ("forward", "backward", "clip", "optimizer", "zero_grad")
+    assert all(0 < ms[k] < step_ms for k in timed), (ms, step_ms)
+    assert sum(ms[k] for k in timed) < step_ms  # the phases run inside the step's clock
+
+
+def test_the_trainer_is_left_as_it_was(single_rank_group: None) -> None:
+    tr = _trainer()
+    clip = torch.nn.utils.clip_grad_norm_
+    hooks = (len(tr.model._forward_pre_hooks), len(tr.model._forward_hooks))
+    phases = HostPhases(tr)
+    with pytest.raises(RuntimeError, match="stop"), phases:
+        tr.train_step()
+        raise RuntimeError("stop")  # a step that fails: everything is restored all the same
+    assert "_micro_batches" not in vars(tr)
+    assert "step" not in vars(tr.optimizer) and "zero_grad" not in vars(tr.optimizer)
+    assert torch.nn.utils.clip_grad_norm_ is clip
+    assert (len(tr.model._forward_pre_hooks), len(tr.model._forward_hooks)) == hooks
+    before = dict(phases.calls)
     tr.train_step()
-    assert phases.total == before
+    assert phases.calls == before
 
 
 @pytest.mark.parametrize(
