@@ -20,6 +20,9 @@ BEFORE = dict(loss_chunk_tokens=0, skip_guards=False)
 AC = dict(activation_checkpointing=True)
 
 # One H200, host-synced. (micro-batch, accumulation, float8, options, measured ms, source).
+# 8 %: the tolerance of the one-GPU points since the model was built. GPU-bound steps repeat within
+# 1-3 % (float8 8 x 2048: 282.5-289.6 ms in five runs on four leases), so 8 % leaves the model's own
+# error about 5 %.
 # GPU-bound steps: the GPU's work, whatever the lease's host speed.
 GPU_BOUND = [
     (8, 1, False, BEFORE, 350, "gpu_busy.py bf16 micro-batch 8, unprofiled (2026-11-30)"),
@@ -29,22 +32,29 @@ GPU_BOUND = [
     (16, 1, True, {}, 521.0, "Ray Train float8 16 x 2048, the H200 headline: 62.8k tokens/s (2026-12-02)"),
 ]  # fmt: skip
 
-# The lease the host terms were read on (gpu_busy.py with host phases, one invocation, a later lease
-# of 2026-12-02, the loop's defaults), and that day's other invocations at 8 x 2048.
+# The lease the host terms were read on (gpu_busy.py with host phases, one invocation each, a later
+# lease of 2026-12-02, the loop's defaults): within 5 %. The 1 x 4 point is the host terms' source.
 CALIBRATION_LEASE = [
     (1, 4, False, {}, 576.8, "bf16 1 x 2048 x 4: host-bound, GPU busy 31 % (the host terms' source)"),
     (4, 1, False, {}, 191.2, "bf16 4 x 2048: host 175 ms, GPU busy 69 %"),
     (4, 1, False, AC, 249.0, "bf16 4 x 2048 with activation checkpointing (not fitted)"),
     (8, 1, False, {}, 322.8, "bf16 8 x 2048: GPU-bound"),
     (8, 1, True, {}, 289.6, "float8 8 x 2048"),
-    (8, 1, True, {}, 282.8, "float8 8 x 2048, gpu_busy.py on two other leases the same day (282.7, 282.8)"),
-    (8, 1, True, {}, 291.2, "float8 8 x 2048 through Ray Train (56.1k tokens/s)"),
-    (8, 1, True, {}, 301.3, "float8 8 x 2048 through Ray Train, another invocation (54.2k tokens/s)"),
+]  # fmt: skip
+
+# float8 8 x 2048 on that day's other leases: without Ray (282.7 and 282.8 ms), through Ray Train.
+SAME_DAY = [
+    (8, 1, True, {}, 282.8, "gpu_busy.py, 282.7 and 282.8 ms on two other leases"),
+    (8, 1, True, {}, 291.2, "through Ray Train (56.1k tokens/s)"),
+    (8, 1, True, {}, 301.3, "through Ray Train, another lease (54.2k tokens/s)"),
 ]  # fmt: skip
 
 # Host-bound steps of other leases. The same configuration's host-bound step has differed by 24 %
 # between two leases (ours-before at 1 x 2048 x 2 through Ray: 344.4 and 427.6 ms, 2026-12-02), so
-# these are checked within that spread; their ratios inside one invocation (below) to 8 %.
+# these are checked within that spread, and their ratios inside one invocation (below) to 8 %.
+# Taking the host terms from the calibration lease moved most of them from within 8 % to 7-15 %:
+# the 2026-12-01 Ray steps now come out 7-15 % high (that lease's host was faster), 1 x 1, 2 x 1 and
+# the second 1 x 2 11-15 % low.
 OTHER_LEASES = [
     (1, 1, False, BEFORE, 259, "gpu_busy.py --micro-batch 1: 42 % busy, ~150 ms idle (2026-12-01)"),
     (1, 2, False, BEFORE, 4096 / 10.8e3 * 1e3, "Ray Train 1 x 2048 x 2: 10.8k tokens/s (2026-12-01)"),
@@ -54,13 +64,14 @@ OTHER_LEASES = [
     (4, 2, True, BEFORE, 16384 / 31.3e3 * 1e3, "Ray Train float8 4 x 2048 x 2: 31.3k tokens/s"),
     (1, 2, False, dict(loss_chunk_tokens=4096, skip_guards=False), 311.3, "gpu_busy.py bf16 1 x 2, chunks"),
     (2, 1, False, {}, 202.3, "Ray Train bf16 2 x 2048 (--micro-batch-size auto), 2026-12-02"),
-    (1, 2, False, {}, 316.5, "Ray Train bf16 1 x 2048 x 2, defaults, 2026-12-02, first invocation"),
-    (1, 2, False, {}, 364.4, "Ray Train bf16 1 x 2048 x 2, defaults, 2026-12-02, second invocation"),
+    (1, 2, False, {}, 316.5, "Ray Train bf16 1 x 2048 x 2, defaults, 2026-12-02, first lease"),
+    (1, 2, False, {}, 364.4, "Ray Train bf16 1 x 2048 x 2, defaults, 2026-12-02, second lease"),
 ]  # fmt: skip
 LEASE_SPREAD = 0.24
 
 # Ratios inside one invocation, where the host's speed is common to both: (numerator, denominator,
-# source), each point (micro-batch, accumulation, float8, options, measured ms).
+# source), each point (micro-batch, accumulation, float8, options, measured ms). 8 % as above; the
+# 2 x 2 to 4 x 2 ratio is the closest, at 7.8 %.
 SAME_INVOCATION = [
     ((1, 2, False, BEFORE, 379.3), (4, 2, False, BEFORE, 440.4), "Ray Train bf16, 2026-12-01"),
     ((2, 2, False, BEFORE, 372.4), (4, 2, False, BEFORE, 440.4), "Ray Train bf16, 2026-12-01"),
@@ -69,7 +80,8 @@ SAME_INVOCATION = [
     (
         (1, 2, False, BEFORE, 400.9),
         (1, 2, False, dict(loss_chunk_tokens=4096, skip_guards=False), 311.3),
-        "gpu_busy.py, Liger's own chunks (mean of two runs) against 4,096-token chunks, 2026-12-02",
+        "gpu_busy.py, Liger's own chunks (mean of two runs) against 4,096-token chunks, 2026-12-02: "
+        "the pair HOST_CHUNK_MS was fitted to",
     ),
     ((1, 2, False, {}, 364.4), (2, 1, False, {}, 202.3), "Ray Train, 1 x 2 against auto's 2 x 1, 2026-12-02"),
 ]  # fmt: skip
@@ -90,7 +102,14 @@ def test_gpu_bound_steps_within_eight_percent(
 
 
 @pytest.mark.parametrize(("micro", "accum", "float8", "options", "measured_ms", "source"), CALIBRATION_LEASE)
-def test_the_calibration_lease_within_eight_percent(
+def test_the_calibration_lease_within_five_percent(
+    micro: int, accum: int, float8: bool, options: dict[str, Any], measured_ms: float, source: str
+) -> None:
+    assert _ms(micro, accum, float8, options) == pytest.approx(measured_ms, rel=0.05), source
+
+
+@pytest.mark.parametrize(("micro", "accum", "float8", "options", "measured_ms", "source"), SAME_DAY)
+def test_float8_at_8_x_2048_on_other_leases_within_eight_percent(
     micro: int, accum: int, float8: bool, options: dict[str, Any], measured_ms: float, source: str
 ) -> None:
     assert _ms(micro, accum, float8, options) == pytest.approx(measured_ms, rel=0.08), source
@@ -111,10 +130,11 @@ def test_ratios_inside_one_invocation_within_eight_percent(
     assert predicted == pytest.approx(num[4] / den[4], rel=0.08), source
 
 
-def test_one_sequence_against_two_lies_between_two_invocations() -> None:
-    """1 x 2048 x 2 against auto's 2 x 2048 x 1 through Ray, defaults: 316.5 / 212.9 ms = 1.49x in
-    the first invocation of 2026-12-02 and 364.4 / 202.3 = 1.80x in the second (both host-bound,
-    host speeds differing); the model's ratio lies between them."""
+def test_one_sequence_against_two_lies_between_two_leases() -> None:
+    """1 x 2048 x 2 against auto's 2 x 2048 x 1 through Ray, defaults: 316.5 / 212.9 ms = 1.49x on
+    a first lease of 2026-12-02 (two invocations of one device call) and 364.4 / 202.3 = 1.80x in
+    one invocation on a second (both host-bound, host speeds differing); the model's ratio lies
+    between them."""
     predicted = _ms(1, 2, False, {}) / _ms(2, 1, False, {})
     assert 316.5 / 212.9 < predicted < 364.4 / 202.3
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 FLOAT8_MIN_CAPABILITY = (8, 9)  # FP8 tensor cores: Ada (L4, L40S) and Hopper onwards
 
 # The smallest micro-batch (tokens per forward pass) at which float8 was measured faster than bf16:
-# 8 x 2048 on an H200, 312 against 350 ms per step (16 x 2048: 543 against 633 ms). Its per-tensor
+# 8 x 2048 on an H200, 312 against 350 ms per step (16 x 2048: 543 against 633 ms; with the loop's
+# later defaults 289.6 against 322.8 ms at 8 x 2048, BENCHMARKS.md). Its per-tensor
 # scaling kernels cost about the same at any size while the GEMMs shrink with the micro-batch, and
 # smaller ones (the L4 environments' 1 x 2048) were not measured: those stay bf16 unless asked.
 FLOAT8_MIN_TOKENS = 16_384

@@ -22,12 +22,14 @@ Host work (H): HOST_STEP_MS + accum x HOST_MICRO_MS (Python, FSDP2 hooks and ~2,
   of a g6 node is assumed to be as fast (not measured: no such machine here). The same
   configuration's host-bound step has differed by up to 24 % between leases of the machine.
 Activation checkpointing: the layers' forward again in the backward, a third more of their FLOPs
-  and AC_HOST_SHARE more host per micro-batch (from FLOPs, not measured).
+  and AC_HOST_SHARE more host per micro-batch (from FLOPs; on the H200 at 4 x 2048 the host grew
+  33 % and the GPU work 25 %, and the model is within 0.2 % of the step: BENCHMARKS.md).
 Host and GPU overlap: the step is (H^P + G^P)^(1/P), which is max(H, G) when one dominates and more
   when they are close (each is the bottleneck for part of the step). P = 4.4 was calibrated on the
   H200's 4 x 2 point through Ray (440 ms measured); with the host terms re-read from the host phases
-  (a later lease, 2026-12-02) it is still the best of 3 to 8 for that lease's near-balanced steps
-  (4 x 1, 4 x 1 with activation checkpointing, 8 x 1 bf16 and float8: within 5 %). One reason host and GPU
+  (a later lease, 2026-12-02) it gives the smallest largest error of P = 3 to 8 on that lease's
+  near-balanced steps (4 x 1, 4 x 1 with activation checkpointing, 8 x 1 bf16 and float8: within
+  5 %; P = 5 is slightly better by RMS), while its own 4 x 2 point is now 7 % high. One reason host and GPU
   overlap only partly: Liger's fused loss reads its target count with .item() in every forward
   (liger_kernel/ops/fused_linear_cross_entropy.py), so the host waits there for the GPU's forward.
 Communication (C), per rank per step, ring collectives (each rank moves (n-1)/n of the buffer):
@@ -83,7 +85,9 @@ HOST_SKIP_GUARDS_MS = 11.5
 # defaults: 4,096-token chunks, guards skipped; one H200 lease, 2026-12-02; the GPU busy 31 %, so
 # the phases are the host's own work): forward 263.2 ms and backward 276.1 ms over the 4
 # micro-batches; clip_grad_norm_ 11.8, optimizer 13.5, zero_grad 1.0 and the rest of the step 11.2
-# (learning rate, token copies, the loss all-reduce) once per step. The micro-batch term is stated
+# once per step (learning rate, the step's tokens and labels, the gradient norm's full_tensor, the
+# loss all-reduce and the wait for the GPU's last kernels: an upper bound, as that wait may hold
+# part of the optimizer's GPU time, which the GPU term also counts). The micro-batch term is stated
 # for Liger's own chunks with every guard evaluated, which the two savings above then take off.
 # (Before, 139 and 120 ms, split from a 1 x 1 and a 1 x 2 step of two other leases: the per-step
 # share was four times what the phases show.)
@@ -94,10 +98,11 @@ HOST_MICRO_MS = (263.2 + 276.1) / 4 + (LIGER_OWN_CHUNKS - 1) * HOST_CHUNK_MS + H
 # (Before, the kernel-count ratio 4,215 / 2,787 = 1.51, which overstated it: float8's extra kernels
 # are small and launched from the same compiled graphs.)
 FLOAT8_HOST_FACTOR = (512.0 - HOST_STEP_MS) / (379.3 - HOST_STEP_MS)
-OVERLAP_P = 4.4  # calibrated on the 4 x 2 point (through Ray, 2026-12-01); 4 x 1 (2026-12-02) checks it
+OVERLAP_P = 4.4  # calibrated on the 4 x 2 point (through Ray, 2026-12-01); see the docstring
 # Activation checkpointing launches each layer's forward again in the backward: its host share is
 # assumed to be the forward's third of a micro-batch's host work, as its GPU share is a third of the
-# layers' FLOPs. Neither was measured (no step time with checkpointing on the H200): a prediction.
+# layers' FLOPs. Checked since on the H200 at 4 x 2048 (gpu_busy.py): host +33 %, GPU work +25 %,
+# 248.6 ms predicted against 249.0 measured.
 AC_HOST_SHARE = 1 / 3
 # Collectives: NCCL reaches about 70 % of a link's nominal bandwidth as bus bandwidth (an assumption
 # for PCIe and EFA, which cannot be measured here); the socket transport's 3.4 GB/s was measured.
