@@ -88,38 +88,30 @@ SAME_INVOCATION = [
 
 
 def _ms(micro: int, accum: int, float8: bool, options: dict[str, Any]) -> float:
-    return (
-        step_time(SHAPE, H200, seq_len=2048, micro_batch=micro, accum=accum, float8=float8, **options).step_s
-        * 1e3
-    )
+    predicted = step_time(SHAPE, H200, seq_len=2048, micro_batch=micro, accum=accum, float8=float8, **options)
+    return predicted.step_s * 1e3
 
 
-@pytest.mark.parametrize(("micro", "accum", "float8", "options", "measured_ms", "source"), GPU_BOUND)
-def test_gpu_bound_steps_within_eight_percent(
-    micro: int, accum: int, float8: bool, options: dict[str, Any], measured_ms: float, source: str
-) -> None:
-    assert _ms(micro, accum, float8, options) == pytest.approx(measured_ms, rel=0.08), source
+# Each group of measured steps with its tolerance (the reasons are above each group).
+STEP_GROUPS = {
+    "gpu-bound": (GPU_BOUND, 0.08),
+    "calibration-lease": (CALIBRATION_LEASE, 0.05),
+    "float8-8x2048-other-leases": (SAME_DAY, 0.08),
+    "host-bound-other-leases": (OTHER_LEASES, LEASE_SPREAD),
+}
 
 
-@pytest.mark.parametrize(("micro", "accum", "float8", "options", "measured_ms", "source"), CALIBRATION_LEASE)
-def test_the_calibration_lease_within_five_percent(
-    micro: int, accum: int, float8: bool, options: dict[str, Any], measured_ms: float, source: str
-) -> None:
-    assert _ms(micro, accum, float8, options) == pytest.approx(measured_ms, rel=0.05), source
-
-
-@pytest.mark.parametrize(("micro", "accum", "float8", "options", "measured_ms", "source"), SAME_DAY)
-def test_float8_at_8_x_2048_on_other_leases_within_eight_percent(
-    micro: int, accum: int, float8: bool, options: dict[str, Any], measured_ms: float, source: str
-) -> None:
-    assert _ms(micro, accum, float8, options) == pytest.approx(measured_ms, rel=0.08), source
-
-
-@pytest.mark.parametrize(("micro", "accum", "float8", "options", "measured_ms", "source"), OTHER_LEASES)
-def test_host_bound_steps_of_other_leases_within_their_spread(
-    micro: int, accum: int, float8: bool, options: dict[str, Any], measured_ms: float, source: str
-) -> None:
-    assert _ms(micro, accum, float8, options) == pytest.approx(measured_ms, rel=LEASE_SPREAD), source
+@pytest.mark.parametrize(
+    ("point", "tolerance"),
+    [
+        pytest.param(point, tolerance, id=f"{group}-{i}")
+        for group, (points, tolerance) in STEP_GROUPS.items()
+        for i, point in enumerate(points)
+    ],
+)
+def test_each_measured_step_within_its_groups_tolerance(point: tuple[Any, ...], tolerance: float) -> None:
+    micro, accum, float8, options, measured_ms, source = point
+    assert _ms(micro, accum, float8, options) == pytest.approx(measured_ms, rel=tolerance), source
 
 
 @pytest.mark.parametrize(("num", "den", "source"), SAME_INVOCATION)
