@@ -13,8 +13,10 @@ to its unprofiled pace).
 One JSON line per configuration: the host-synced step time without and with the profiler, the
 GPU's busy time (the union of all its activity intervals) as a share of the profiled steps' wall
 time, the idle time per step and the largest gaps, kernels per step, their median duration and
-the share shorter than 10 us. The idle share bounds what CUDA graphs could gain by removing launch
-gaps: a step whose GPU is busy 98 % of its wall time cannot get more than 2 % faster from them.
+the share shorter than 10 us, and where the GPU waits (`idle_sites`: the idle time summed by the
+kernel or copy each gap ends in, the work the GPU was waiting to be given). The idle share bounds
+what CUDA graphs could gain by removing launch gaps: a step whose GPU is busy 98 % of its wall
+time cannot get more than 2 % faster from them.
 `host_ms_per_step` splits the unprofiled steps' wall time into the host's phases, read without a
 sync inside the step (HostPhases): where the GPU idles, they say which host work bounds the step.
 
@@ -197,6 +199,37 @@ def busy_and_gaps(intervals: list[tuple[int, int]]) -> tuple[int, list[int]]:
     return busy, gaps
 
 
+def idle_sites(events: list[tuple[int, int, str]], steps: int, top: int = 8) -> list[dict[str, Any]]:
+    """Where the GPU waits: each gap between the merged activity intervals of `events` (start,
+    end, name) charged to the activity that ends it (the work the GPU waited to be given), summed
+    by that activity's name, the largest `top` totals first, in ms per step over `steps`, with how
+    many gaps and the name of the activity each most often followed."""
+    sites: dict[str, dict[str, Any]] = {}
+    cur_end, cur_name = None, ""
+    for start, end, name in sorted(events):
+        if cur_end is not None and start > cur_end:
+            site = sites.setdefault(name, {"ns": 0, "gaps": 0, "after": {}})
+            site["ns"] += start - cur_end
+            site["gaps"] += 1
+            site["after"][cur_name] = site["after"].get(cur_name, 0) + 1
+        if cur_end is None or end > cur_end:
+            cur_end, cur_name = end, name
+    ranked = sorted(sites.items(), key=lambda kv: kv[1]["ns"], reverse=True)[:top]
+    return [
+        {
+            "waiting_for": _short(name),
+            "idle_ms_per_step": round(site["ns"] / steps / 1e6, 3),
+            "gaps_per_step": site["gaps"] / steps,
+            "mostly_after": _short(max(site["after"], key=site["after"].get)),
+        }
+        for name, site in ranked
+    ]
+
+
+def _short(name: str, width: int = 90) -> str:
+    return name if len(name) <= width else name[: width - 3] + "..."
+
+
 def summarize(
     intervals_ns: list[tuple[int, int]], kernel_durations_ns: list[int], step_times_s: list[float]
 ) -> dict[str, Any]:
@@ -256,6 +289,7 @@ def _profile_one(name: str, args: argparse.Namespace, steps: int, extra: list[st
     results = prof.profiler.kineto_results if prof.profiler else None
     events = [e for e in (results.events() if results else []) if e.device_type() == DeviceType.CUDA]
     intervals = [(e.start_ns(), e.start_ns() + e.duration_ns()) for e in events]
+    named = [(e.start_ns(), e.start_ns() + e.duration_ns(), e.name()) for e in events]
     # Copies and memsets count as busy; only kernels are counted and sized as launches.
     kernels = [e.duration_ns() for e in events if not e.name().startswith(("Memcpy", "Memset"))]
     row = {"config": name, "micro_batch": args.micro_batch, "accum": args.accum, "seq_len": args.seq_len,
@@ -264,6 +298,7 @@ def _profile_one(name: str, args: argparse.Namespace, steps: int, extra: list[st
            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
            "host_ms_per_step": phases.per_step_ms(plain)}  # fmt: skip
     row.update(summarize(intervals, kernels, profiled))
+    row["idle_sites"] = idle_sites(named, len(profiled))
     del tr, prof
     return row
 

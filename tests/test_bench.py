@@ -183,3 +183,21 @@ def test_gpu_busy_refuses_bad_options(capsys: pytest.CaptureFixture[str]) -> Non
         with pytest.raises(SystemExit) as exc:
             gpu_busy.main(argv)
         assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_gpu_busy_idle_sites_charge_each_gap_to_the_work_that_ends_it() -> None:
+    ms = 1_000_000
+    # Two steps: a (0-4 ms), 2 ms idle, b (6-10) overlapping c (8-12), 3 ms idle, b (15-18), 1 ms
+    # idle, d (19-20).
+    events = [(0, 4 * ms, "a"), (6 * ms, 10 * ms, "b"), (8 * ms, 12 * ms, "c"), (15 * ms, 18 * ms, "b"),
+              (19 * ms, 20 * ms, "d")]  # fmt: skip
+    sites = gpu_busy.idle_sites(events, steps=2)
+    assert [s["waiting_for"] for s in sites] == ["b", "d"]
+    assert sites[0]["idle_ms_per_step"] == 2.5 and sites[0]["gaps_per_step"] == 1.0
+    # The second gap before b follows c, which ended last, not b itself.
+    assert sites[0]["mostly_after"] in {"a", "c"}
+    assert sites[1] == {
+        "waiting_for": "d", "idle_ms_per_step": 0.5, "gaps_per_step": 0.5, "mostly_after": "b"
+    }  # fmt: skip
+    assert gpu_busy.idle_sites([], steps=1) == []
+    assert len(gpu_busy.idle_sites([(i * ms, i * ms + 5, f"k{i}") for i in range(20)], 1, top=3)) == 3
