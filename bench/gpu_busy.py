@@ -20,7 +20,8 @@ time cannot get more than 2 % faster from them.
 `host_ms_per_step` splits the unprofiled steps' wall time into the host's phases, read without a
 sync inside the step (HostPhases): where the GPU idles, they say which host work bounds the step.
 
-A configuration name may end in -cppwrapper and/or -combo (inductor settings, below).
+A configuration name may end in any of the inductor settings below (-cppwrapper, -combo, -autotune,
+-cdtune).
 """
 
 from __future__ import annotations
@@ -71,8 +72,17 @@ CONFIGS: dict[str, list[str]] = {
 }  # fmt: skip
 # Compiler settings a configuration name may end with (issue 30: host time at small micro-batches):
 # "-cppwrapper": inductor's C++ wrapper instead of its Python one around each compiled layer's kernels;
-# "-combo": inductor's combo kernels (independent small kernels launched as one).
-COMPILER_SUFFIXES = ("-cppwrapper", "-combo")
+# "-combo": inductor's combo kernels (independent small kernels launched as one); "-autotune": each
+# matrix multiply of the compiled layers (float8's scaled ones included) timed against inductor's Triton
+# templates, the fastest kept (max_autotune_gemm, without max-autotune's CUDA graphs); "-cdtune":
+# coordinate-descent tuning of the generated pointwise and reduction kernels' block sizes.
+COMPILER_SETTINGS = {
+    "-cppwrapper": "cpp_wrapper",
+    "-combo": "combo_kernels",
+    "-autotune": "max_autotune_gemm",
+    "-cdtune": "coordinate_descent_tuning",
+}
+COMPILER_SUFFIXES = tuple(COMPILER_SETTINGS)
 
 
 def split_config(name: str) -> tuple[str, set[str]]:
@@ -263,13 +273,14 @@ def profile(name: str, args: argparse.Namespace) -> dict[str, Any]:
     steps = args.warmup + 2 * args.steps
     batch = ["--global-batch-size", str(args.micro_batch * args.accum)]
     base, suffixes = split_config(name)
-    inductor_config.cpp_wrapper = "-cppwrapper" in suffixes
-    inductor_config.combo_kernels = "-combo" in suffixes
+    saved = {attr: getattr(inductor_config, attr) for attr in COMPILER_SETTINGS.values()}
+    for suffix in suffixes:
+        setattr(inductor_config, COMPILER_SETTINGS[suffix], True)
     try:
         return _profile_one(name, args, steps, [*CONFIGS[base], *batch])
     finally:
-        inductor_config.cpp_wrapper = False
-        inductor_config.combo_kernels = False
+        for attr, value in saved.items():
+            setattr(inductor_config, attr, value)
         release()
 
 

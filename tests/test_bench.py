@@ -201,3 +201,13 @@ def test_gpu_busy_idle_sites_charge_each_gap_to_the_work_that_ends_it() -> None:
     }  # fmt: skip
     assert gpu_busy.idle_sites([], steps=1) == []
     assert len(gpu_busy.idle_sites([(i * ms, i * ms + 5, f"k{i}") for i in range(20)], 1, top=3)) == 3
+
+
+def test_gpu_busy_splits_compiler_settings_off_a_configuration_name() -> None:
+    assert gpu_busy.split_config("float8-autotune-cdtune") == ("float8", {"-autotune", "-cdtune"})
+    assert gpu_busy.split_config("bf16-gathered-cppwrapper") == ("bf16-gathered", {"-cppwrapper"})
+    assert gpu_busy.split_config("float8") == ("float8", set())
+    import torch._inductor.config as inductor_config
+
+    # Every setting a suffix names is one inductor has.
+    assert all(hasattr(inductor_config, attr) for attr in gpu_busy.COMPILER_SETTINGS.values())
