@@ -30,7 +30,6 @@ import argparse
 import json
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -332,13 +331,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=6, help="steps before any is measured")
     parser.add_argument("--steps", type=int, default=4, help="steps measured, with and without the profiler")
     parser.add_argument("--out", help="also write the JSON lines to this file")
-    parser.add_argument(
-        "--in-ray-actor",
-        action="store_true",
-        help="run the configurations in a thread of a Ray actor holding the GPU and one CPU, as Ray "
-        "Train runs the training function, without the rest of Ray Train: what the worker process "
-        "itself costs a step",
-    )
     args = parser.parse_args(argv)
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     unknown = [c for c in configs if split_config(c)[0] not in CONFIGS]
@@ -352,53 +344,23 @@ def main(argv: list[str] | None = None) -> int:
 
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU (the profile is of the GPU's timeline)")
-    lines = _in_ray_actor(configs, args) if args.in_ray_actor else _profile_all(configs, args)
-    if args.out:
-        Path(args.out).write_text("".join(json.dumps(x) + "\n" for x in lines))
+    with one_rank_group():
+        _profile_all(configs, args)
     return 0
 
 
-def _profile_all(configs: list[str], args: argparse.Namespace) -> list[dict[str, Any]]:
+def _profile_all(configs: list[str], args: argparse.Namespace) -> None:
     import torch
 
-    with one_rank_group():
-        lines: list[dict[str, Any]] = [
-            {"environment": {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__}}
-        ]
-        print(json.dumps(lines[0]), flush=True)
-        for name in configs:  # a name given twice runs twice: the run-to-run spread
-            lines.append(profile(name, args))
-            print(json.dumps(lines[-1]), flush=True)
-    return lines
-
-
-def _in_ray_actor(configs: list[str], args: argparse.Namespace) -> list[dict[str, Any]]:
-    """The same profile in a Ray actor's thread: Ray Train's worker runs the training function in a
-    thread of its actor (ray/train/v2/_internal/execution/worker_group/thread_runner.py), and Ray sets
-    the actor's OMP_NUM_THREADS to its CPUs (1)."""
-    import ray
-
-    from training.ray_session import init_ray_at
-
-    init_ray_at(None)
-
-    @ray.remote(num_gpus=1, num_cpus=1)
-    class Profiler:
-        def run(self) -> list[dict[str, Any]]:
-            out: list[Any] = []
-            thread = threading.Thread(target=lambda: out.append(_profile_all(configs, args)))
-            thread.start()
-            thread.join()
-            if not out:
-                raise RuntimeError("the profile failed in the actor's thread (its error is above)")
-            lines: list[dict[str, Any]] = out[0]
-            lines[0]["environment"]["in_ray_actor"] = True
-            return lines
-
-    try:
-        return list(ray.get(Profiler.remote().run.remote()))  # type: ignore[attr-defined]
-    finally:
-        ray.shutdown()
+    lines: list[dict[str, Any]] = [
+        {"environment": {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__}}
+    ]
+    print(json.dumps(lines[0]), flush=True)
+    for name in configs:  # a name given twice runs twice: the run-to-run spread
+        lines.append(profile(name, args))
+        print(json.dumps(lines[-1]), flush=True)
+    if args.out:
+        Path(args.out).write_text("".join(json.dumps(x) + "\n" for x in lines))
 
 
 if __name__ == "__main__":
