@@ -82,7 +82,6 @@ COMPILER_SETTINGS = {
     "-autotune": "max_autotune_gemm",
     "-cdtune": "coordinate_descent_tuning",
 }
-COMPILER_SUFFIXES = tuple(COMPILER_SETTINGS)
 
 
 def split_config(name: str) -> tuple[str, set[str]]:
@@ -91,7 +90,7 @@ def split_config(name: str) -> tuple[str, set[str]]:
     changed = True
     while changed:
         changed = False
-        for suffix in COMPILER_SUFFIXES:
+        for suffix in COMPILER_SETTINGS:
             if name.endswith(suffix) and name[: -len(suffix)]:
                 name, changed = name[: -len(suffix)], True
                 suffixes.add(suffix)
@@ -299,8 +298,8 @@ def _profile_one(name: str, args: argparse.Namespace, steps: int, extra: list[st
         profiled = [tr.train_step()["step_time_s"] for _ in range(args.steps)]
     results = prof.profiler.kineto_results if prof.profiler else None
     events = [e for e in (results.events() if results else []) if e.device_type() == DeviceType.CUDA]
-    intervals = [(e.start_ns(), e.start_ns() + e.duration_ns()) for e in events]
     named = [(e.start_ns(), e.start_ns() + e.duration_ns(), e.name()) for e in events]
+    intervals = [(start, end) for start, end, _ in named]
     # Copies and memsets count as busy; only kernels are counted and sized as launches.
     kernels = [e.duration_ns() for e in events if not e.name().startswith(("Memcpy", "Memset"))]
     row = {"config": name, "micro_batch": args.micro_batch, "accum": args.accum, "seq_len": args.seq_len,
@@ -322,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         "--configs",
         default="bf16,float8",
         help=f"any of {', '.join(CONFIGS)}, each optionally ending in "
-        f"{' and/or '.join(COMPILER_SUFFIXES)}; a name given twice runs twice",
+        f"one or more of {', '.join(COMPILER_SETTINGS)}; a name given twice runs twice",
     )
     parser.add_argument("--shape", default="qwen2.5-1.5b")
     parser.add_argument("--micro-batch", type=int, default=8)
@@ -335,7 +334,10 @@ def main(argv: list[str] | None = None) -> int:
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     unknown = [c for c in configs if split_config(c)[0] not in CONFIGS]
     if unknown or not configs:
-        parser.error(f"--configs: any of {', '.join(CONFIGS)}; unknown: {unknown}")
+        parser.error(
+            f"--configs: any of {', '.join(CONFIGS)}, each optionally ending in one or more of "
+            f"{', '.join(COMPILER_SETTINGS)}; unknown: {unknown}"
+        )
     for flag in ("micro_batch", "accum", "seq_len", "warmup", "steps"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')}: a positive integer")
