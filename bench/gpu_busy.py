@@ -14,7 +14,8 @@ One JSON line per configuration: the host-synced step time without and with the 
 GPU's busy time (the union of all its activity intervals) as a share of the profiled steps' wall
 time, the idle time per step and the largest gaps, kernels per step, their median duration and
 the share shorter than 10 us, and where the GPU waits (`idle_sites`: the idle time summed by the
-kernel or copy each gap ends in, the work the GPU was waiting to be given). The idle share bounds
+kernel or copy each gap ends in, the work the GPU was waiting to be given) and where it works
+(`gpu_time_by_kernel`: each kernel's, copy's and memset's time summed by name). The idle share bounds
 what CUDA graphs could gain by removing launch gaps: a step whose GPU is busy 98 % of its wall
 time cannot get more than 2 % faster from them.
 `host_ms_per_step` splits the unprofiled steps' wall time into the host's phases, read without a
@@ -235,6 +236,22 @@ def idle_sites(events: list[tuple[int, int, str]], steps: int, top: int = 8) -> 
     ]
 
 
+def gpu_time_by_kernel(events: list[tuple[int, int, str]], steps: int, top: int = 15) -> list[dict[str, Any]]:
+    """Where the GPU's work goes: each activity's duration summed by its name (a kernel, copy or
+    memset), the largest `top` totals first, in ms per step over `steps`, with how many ran per
+    step. Overlapping work is counted in full for each name, so the totals may exceed the busy time."""
+    totals: dict[str, list[int]] = {}
+    for start, end, name in events:
+        entry = totals.setdefault(name, [0, 0])
+        entry[0] += end - start
+        entry[1] += 1
+    ranked = sorted(totals.items(), key=lambda kv: kv[1][0], reverse=True)[:top]
+    return [
+        {"name": _short(name), "ms_per_step": round(ns / steps / 1e6, 3), "per_step": count / steps}
+        for name, (ns, count) in ranked
+    ]
+
+
 def _short(name: str, width: int = 90) -> str:
     return name if len(name) <= width else name[: width - 3] + "..."
 
@@ -309,6 +326,7 @@ def _profile_one(name: str, args: argparse.Namespace, steps: int, extra: list[st
            "host_ms_per_step": phases.per_step_ms(plain)}  # fmt: skip
     row.update(summarize(intervals, kernels, profiled))
     row["idle_sites"] = idle_sites(named, len(profiled))
+    row["gpu_time_by_kernel"] = gpu_time_by_kernel(named, len(profiled))
     del tr, prof
     return row
 

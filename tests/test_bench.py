@@ -203,6 +203,20 @@ def test_gpu_busy_idle_sites_charge_each_gap_to_the_work_that_ends_it() -> None:
     assert len(gpu_busy.idle_sites([(i * ms, i * ms + 5, f"k{i}") for i in range(20)], 1, top=3)) == 3
 
 
+def test_gpu_busy_sums_the_gpu_time_by_kernel_name() -> None:
+    ms = 1_000_000
+    # Two steps: gemm twice per step (3 and 1 ms, overlapping copy), a memcpy once in all.
+    events = [(0, 3 * ms, "gemm"), (2 * ms, 4 * ms, "Memcpy DtoD"), (5 * ms, 6 * ms, "gemm"),
+              (10 * ms, 13 * ms, "gemm"), (15 * ms, 16 * ms, "gemm")]  # fmt: skip
+    rows = gpu_busy.gpu_time_by_kernel(events, steps=2)
+    assert rows == [
+        {"name": "gemm", "ms_per_step": 4.0, "per_step": 2.0},
+        {"name": "Memcpy DtoD", "ms_per_step": 1.0, "per_step": 0.5},
+    ]
+    assert gpu_busy.gpu_time_by_kernel(events, steps=2, top=1)[0]["name"] == "gemm"
+    assert gpu_busy.gpu_time_by_kernel([], steps=1) == []
+
+
 def test_gpu_busy_splits_compiler_settings_off_a_configuration_name() -> None:
     assert gpu_busy.split_config("float8-autotune-cdtune") == ("float8", {"-autotune", "-cdtune"})
     assert gpu_busy.split_config("bf16-gathered-cppwrapper") == ("bf16-gathered", {"-cppwrapper"})
