@@ -32,6 +32,7 @@ import json
 import statistics
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -240,15 +241,14 @@ def gpu_time_by_kernel(events: list[tuple[int, int, str]], steps: int, top: int 
     """Where the GPU's work goes: each activity's duration summed by its name (a kernel, copy or
     memset), the largest `top` totals first, in ms per step over `steps`, with how many ran per
     step. Overlapping work is counted in full for each name, so the totals may exceed the busy time."""
-    totals: dict[str, list[int]] = {}
+    time_ns: Counter[str] = Counter()
+    runs: Counter[str] = Counter()
     for start, end, name in events:
-        entry = totals.setdefault(name, [0, 0])
-        entry[0] += end - start
-        entry[1] += 1
-    ranked = sorted(totals.items(), key=lambda kv: kv[1][0], reverse=True)[:top]
+        time_ns[name] += end - start
+        runs[name] += 1
     return [
-        {"name": _short(name), "ms_per_step": round(ns / steps / 1e6, 3), "per_step": count / steps}
-        for name, (ns, count) in ranked
+        {"name": _short(name), "ms_per_step": round(ns / steps / 1e6, 3), "per_step": runs[name] / steps}
+        for name, ns in time_ns.most_common(top)
     ]
 
 
