@@ -76,7 +76,8 @@ CONFIGS: dict[str, list[str]] = {
 # "-cppwrapper": inductor's C++ wrapper instead of its Python one around each compiled layer's kernels;
 # "-combo": inductor's combo kernels (independent small kernels launched as one); "-autotune": each
 # matrix multiply of the compiled layers (float8's scaled ones included) timed against inductor's Triton
-# templates, the fastest kept (max_autotune_gemm, without max-autotune's CUDA graphs); "-cdtune":
+# templates, the fastest kept (max_autotune_gemm, without max-autotune's CUDA graphs; on the H200 at
+# 8 x 2048 it was still autotuning after 8.5 minutes, BENCHMARKS.md); "-cdtune":
 # coordinate-descent tuning of the generated pointwise and reduction kernels' block sizes.
 COMPILER_SETTINGS = {
     "-cppwrapper": "cpp_wrapper",
