@@ -62,6 +62,10 @@ CONFIGS: dict[str, list[str]] = {
     "float8-chunk4096": ["--float8", "--loss-chunk-tokens", "4096", "--skip-guard-eval"],
     "bf16-gathered": ["--no-float8", "--no-reshard-after-forward"],
     "float8-gathered": ["--float8", "--no-reshard-after-forward"],
+    # Since 2026-12-03 the defaults keep parameters gathered where the memory plan allows (bf16 and
+    # float8 above then run gathered on an H200); "-resharded" frees them after each forward as before.
+    "bf16-resharded": ["--no-float8", "--reshard-after-forward"],
+    "float8-resharded": ["--float8", "--reshard-after-forward"],
     "bf16-gathered-chunk4096-guards": [
         "--no-float8", "--no-reshard-after-forward", "--loss-chunk-tokens", "4096", "--no-skip-guard-eval",
     ],

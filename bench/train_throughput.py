@@ -48,9 +48,12 @@ OURS: dict[str, list[str]] = {
     "ours-float8": ["--compile", "--liger", "--float8"],
     "ours-float8-ag": ["--compile", "--liger", "--float8", "--float8-all-gather"],
     "ours-noreshard": ["--no-reshard-after-forward"],
+    # The GPU defaults before 2026-12-03 (parameters freed after each layer's forward, whatever the memory).
+    "ours-reshard": ["--reshard-after-forward"],
     # The micro-batch the memory plan picks for --batch (a worker's share of the step), over --micro-batch.
     "ours-auto": ["--micro-batch-size", "auto"],
     "ours-auto-noreshard": ["--micro-batch-size", "auto", "--no-reshard-after-forward"],
+    "ours-auto-reshard": ["--micro-batch-size", "auto", "--reshard-after-forward"],
     "ours-liger-all": ["--compile", "--liger", "--liger-layers"],
     "ours-nocompile": ["--no-compile", "--liger"],
     "ours-noliger": ["--compile", "--no-liger"],
@@ -192,6 +195,7 @@ def run_ours(name: str, args: argparse.Namespace, workers: int) -> dict[str, Any
         "micro_batch": summary.get("micro_batch_size"),  # as run (an auto variant's choice)
         "accum_steps": summary.get("accum_steps"),
         "float8_layers": summary.get("float8_layers"),
+        "reshard_after_forward": summary.get("reshard_after_forward"),  # as run (None: by the plan)
         "liger_layers": summary.get("liger_layers"),
         "mesh": summary.get("mesh"),
         "nodes": summary.get("nodes"),

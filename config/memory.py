@@ -14,7 +14,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from training.loss_chunks import default_chunk_tokens
-from training.memory_plan import GIB, JobMemory, auto_micro_batch, divisors, largest_micro_batch, plan
+from training.memory_plan import (
+    GIB,
+    JobMemory,
+    auto_micro_batch,
+    auto_reshard_after_forward,
+    divisors,
+    largest_micro_batch,
+    plan,
+)
 from training.sharding import mesh_shape
 
 if TYPE_CHECKING:  # config.settings imports this module: no cycle at run time
@@ -62,14 +70,28 @@ def micro_batch(job: JobSettings, gpu: Instance, nodes: int) -> int:
     )
 
 
+def reshard_after_forward(job: JobSettings, gpu: Instance, nodes: int) -> bool:
+    """Whether the job's workers free each layer's gathered parameters after its forward: the
+    RayJob leaves --reshard-after-forward to the worker, which keeps them gathered when the memory
+    plan at its micro-batch still leaves AUTO_HEADROOM of the GPU free (training/memory_plan.py
+    auto_reshard_after_forward, applied by training/loop.py)."""
+    world = nodes * gpu.gpus
+    if not world:
+        return True
+    micro = micro_batch(job, gpu, nodes)
+    options = plan_options(job, gpu, nodes, micro)
+    return auto_reshard_after_forward(
+        capacity_bytes(gpu),
+        {**options, "micro_batch": micro, "accum": accumulation(job.global_batch_size, micro, world)},
+    )
+
+
 def job_memory(job: JobSettings, gpu: Instance, nodes: int) -> JobMemory:
     world = nodes * gpu.gpus
     micro = micro_batch(job, gpu, nodes)
-    return plan(
-        micro_batch=micro,
-        accum=accumulation(job.global_batch_size, micro, world),
-        **plan_options(job, gpu, nodes, micro),
-    )
+    options = plan_options(job, gpu, nodes, micro)
+    options["reshard_after_forward"] = reshard_after_forward(job, gpu, nodes)
+    return plan(micro_batch=micro, accum=accumulation(job.global_batch_size, micro, world), **options)
 
 
 def capacity_bytes(gpu: Instance) -> int:

@@ -19,7 +19,14 @@ from rich.console import Console
 from rich.table import Table
 
 from config.loader import ENVIRONMENTS_DIR, SettingsError, load_settings
-from config.memory import accumulation, capacity_bytes, fit_problem, job_memory, largest_micro_batch_for
+from config.memory import (
+    accumulation,
+    capacity_bytes,
+    fit_problem,
+    job_memory,
+    largest_micro_batch_for,
+    reshard_after_forward,
+)
 from config.settings import Settings
 from config.settings.workload import DataFormat
 from training.loss_chunks import LOSS_CHUNK_TOKENS, default_chunk_tokens
@@ -80,6 +87,17 @@ def predict(settings: Settings, **overrides: Any) -> StepTime:
         activation_checkpointing=job.activation_checkpointing,
     )
     options.update(overrides)
+    if "reshard_after_forward" not in options:
+        # As the workers of the job so changed would decide it from their memory plan.
+        changed = job.model_copy(
+            update={
+                "micro_batch_size": options["micro_batch"],
+                "global_batch_size": options["micro_batch"] * options["accum"] * world,
+                "activation_checkpointing": options["activation_checkpointing"],
+                "sharding": "hsdp" if len(options["mesh"]) == 2 else "full",
+            }
+        )
+        options["reshard_after_forward"] = reshard_after_forward(changed, gpu, world // gpu.gpus)
     return step_time(str(job.shape), hardware(settings), **options)
 
 
@@ -285,6 +303,11 @@ def breakdown(settings: Settings) -> Table:
             ("activation checkpointing", job.activation_checkpointing),
             ("Liger loss", job.liger),
             ("float8 linears", job.float8_on(gpu)),
+            # The workers' --reshard-after-forward default (training/memory_plan.py).
+            (
+                f"parameters kept gathered ({AUTO_HEADROOM:.0%} of the GPU still free)",
+                not opts["reshard_after_forward"],
+            ),
         )
         if on
     ]

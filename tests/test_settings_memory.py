@@ -16,10 +16,11 @@ from config.memory import (
     job_memory,
     largest_fitting_micro_batch,
     micro_batch,
+    reshard_after_forward,
     valid_micro_batches,
 )
 from k8s.job import training_args
-from training.loop import planned_micro_batch
+from training.loop import planned_micro_batch, planned_reshard
 from training.loss_chunks import SMALL_GPU_CHUNK_TOKENS
 from training.memory_plan import AUTO_HEADROOM, GIB, plan
 from training.options import parse_args
@@ -116,12 +117,14 @@ def test_the_plan_follows_the_jobs_sharding() -> None:
     assert one_node.inputs["shard"] == 4
     # The loop's loss chunk on a 24 GB L4 (training/loss_chunks.py) is the plan's too.
     assert auto.inputs["loss_chunk_tokens"] == SMALL_GPU_CHUNK_TOKENS
-    # dev's micro_batch_size is auto: 2 sequences per GPU per step, in one micro-batch.
+    # dev's micro_batch_size is auto: 2 sequences per GPU per step, in one micro-batch; with the
+    # parameters kept gathered the plan still leaves the headroom, so the workers keep them.
     expected = plan(
         "qwen2.5-1.5b", seq_len=2048, micro_batch=2, accum=1, shard=4, communicators=3,
-        loss_chunk_tokens=SMALL_GPU_CHUNK_TOKENS,
+        loss_chunk_tokens=SMALL_GPU_CHUNK_TOKENS, reshard_after_forward=False,
     )  # fmt: skip
     assert auto.device_bytes == expected.device_bytes
+    assert auto.device_bytes <= capacity_bytes(gpu) * (1 - AUTO_HEADROOM)
 
 
 DATA_FLAGS = (
@@ -169,6 +172,23 @@ def test_the_worker_chooses_what_synthesis_wrote(env: str) -> None:
         float8_at=lambda m: job.float8_on(gpu, m),
     )
     assert chosen == written
+    # The RayJob leaves --reshard-after-forward to the worker; the plan synthesis and `raytrain
+    # plan` show is the one the worker's rule gives at that micro-batch.
+    assert "--reshard-after-forward" not in args and "--no-reshard-after-forward" not in args
+    world = settings.num_workers
+    worker = planned_reshard(
+        opts,
+        shape=opts.shape,
+        world=world,
+        local_world=gpu.gpus,
+        kernels=(job.compile, job.liger, not job.compile),
+        capacity=capacity_bytes(gpu),
+        micro=written,
+        accum=job.global_batch_size // (written * world),
+        float8=job.float8_on(gpu, written),
+    )
+    assert worker == reshard_after_forward(job, gpu, job.nodes)
+    assert job_memory(job, gpu, job.nodes).inputs["reshard_after_forward"] == worker
 
 
 def test_auto_is_the_largest_micro_batch_that_leaves_the_headroom() -> None:

@@ -22,7 +22,7 @@ from training.evaluate import EarlyStop, evaluate, held_out_split
 from training.flops import count_params, flops_per_token, mfu, peak_tflops
 from training.loss import count_targets, labels_and_positions
 from training.loss_chunks import chunk_mem_const, default_chunk_tokens
-from training.memory_plan import Dims, auto_micro_batch
+from training.memory_plan import Dims, auto_micro_batch, auto_reshard_after_forward
 from training.model import (
     apply_float8,
     apply_fsdp,
@@ -166,6 +166,40 @@ class StepProfiler:
         return [trace, table_path]
 
 
+def plan_options(
+    opts: TrainOptions,
+    *,
+    shape: str | Dims,
+    world: int,
+    local_world: int,
+    kernels: tuple[bool, bool, bool],
+    capacity: int,
+) -> dict[str, Any]:
+    """The memory plan's arguments (training/memory_plan.py `plan`) but the micro-batch, its
+    accumulation and float8, for these options, the model's `shape` (a built model's, which a
+    pretrained --model decides), `world` ranks of `local_world` per node, the layers as the rank
+    built them (compiled, Liger loss, Liger layers) and a GPU of `capacity` bytes. Parameters are
+    planned resharded after forward unless kept by --no-reshard-after-forward: the micro-batch is
+    chosen first."""
+    compiled, liger, liger_layers = kernels
+    mesh = mesh_shape(opts.sharding, world, local_world)
+    chunk = opts.loss_chunk_tokens
+    if chunk is None:
+        chunk = default_chunk_tokens(capacity / 2**30)
+    return dict(
+        shape=shape,
+        seq_len=opts.seq_len,
+        shard=mesh[-1],
+        communicators=0 if world == 1 else 1 if len(mesh) == 1 else 3,
+        compile=compiled,
+        activation_checkpointing=opts.activation_checkpointing,
+        liger=liger,
+        liger_layers=liger_layers,
+        reshard_after_forward=opts.reshard_after_forward is not False,
+        loss_chunk_tokens=chunk,
+    )
+
+
 def planned_micro_batch(
     opts: TrainOptions,
     *,
@@ -177,29 +211,34 @@ def planned_micro_batch(
     float8_at: Callable[[int], bool],
 ) -> int:
     """--micro-batch-size auto on a GPU of `capacity` bytes: the memory plan's choice
-    (training/memory_plan.py auto_micro_batch) for these options, the model's `shape` (a built
-    model's, which a pretrained --model decides), `world` ranks of `local_world` per node, and the
-    layers as the rank built them (compiled, Liger loss, Liger layers)."""
+    (training/memory_plan.py auto_micro_batch); the other arguments as `plan_options`."""
     assert opts.global_batch_size is not None
-    compiled, liger, liger_layers = kernels
-    mesh = mesh_shape(opts.sharding, world, local_world)
-    chunk = opts.loss_chunk_tokens
-    if chunk is None:
-        chunk = default_chunk_tokens(capacity / 2**30)
-    common = dict(
-        shape=shape,
-        seq_len=opts.seq_len,
-        shard=mesh[-1],
-        communicators=0 if world == 1 else 1 if len(mesh) == 1 else 3,
-        compile=compiled,
-        activation_checkpointing=opts.activation_checkpointing,
-        liger=liger,
-        liger_layers=liger_layers,
-        reshard_after_forward=opts.reshard_after_forward,
-        loss_chunk_tokens=chunk,
+    common = plan_options(
+        opts, shape=shape, world=world, local_world=local_world, kernels=kernels, capacity=capacity
     )
     per_rank = opts.global_batch_size // world
     return auto_micro_batch(per_rank, capacity, lambda m: {**common, "float8": float8_at(m)})
+
+
+def planned_reshard(
+    opts: TrainOptions,
+    *,
+    shape: str | Dims,
+    world: int,
+    local_world: int,
+    kernels: tuple[bool, bool, bool],
+    capacity: int,
+    micro: int,
+    accum: int,
+    float8: bool,
+) -> bool:
+    """--reshard-after-forward's default on a GPU of `capacity` bytes at the chosen micro-batch
+    (training/memory_plan.py auto_reshard_after_forward); the other arguments as `plan_options`."""
+    common = plan_options(
+        opts, shape=shape, world=world, local_world=local_world, kernels=kernels, capacity=capacity
+    )
+    at_micro = {**common, "micro_batch": micro, "accum": accum, "float8": float8}
+    return auto_reshard_after_forward(capacity, at_micro)
 
 
 class _Trainer:
@@ -254,7 +293,7 @@ class _Trainer:
             mesh,
             compile_layers=self.compile,
             activation_checkpointing=opts.activation_checkpointing,
-            reshard_after_forward=opts.reshard_after_forward,
+            reshard_after_forward=self.reshard_after_forward,
         )
         self.model.train()
         self.optimizer = torch.optim.AdamW(
@@ -343,9 +382,8 @@ class _Trainer:
                 capability, compiled=self.compile, torchao=_torchao_installed(), tokens=micro * opts.seq_len
             )
 
-        self.micro = opts.micro_batch_size or self._auto_micro_batch(
-            Dims.from_config(model.config.to_dict()), local_world, float8_at
-        )
+        dims = Dims.from_config(model.config.to_dict())
+        self.micro = opts.micro_batch_size or self._auto_micro_batch(dims, local_world, float8_at)
         self.float8 = float8_at(self.micro)
         self.float8_layers: list[str] = []
         if self.float8:
@@ -354,6 +392,37 @@ class _Trainer:
             # By default, a model with no linear large enough (--shape tiny/small) trains in bf16
             # and says so, rather than reporting float8 with nothing converted.
             self.float8 = bool(self.float8_layers) or opts.float8 is not None
+        self.reshard_after_forward = self._reshard_after_forward(dims, local_world)
+
+    def _reshard_after_forward(self, dims: Dims, local_world: int) -> bool:
+        """--reshard-after-forward as given, or by the memory plan at the chosen micro-batch
+        (training/memory_plan.py auto_reshard_after_forward); alike on every rank."""
+        opts = self.opts
+        if opts.reshard_after_forward is not None:
+            return opts.reshard_after_forward
+        if not self.on_gpu:
+            return True  # the host's memory is not planned
+        per_step = opts.global_batch_size or self.micro * self.world
+        mine = planned_reshard(
+            opts,
+            shape=dims,
+            world=self.world,
+            local_world=local_world,
+            kernels=(self.compile, self.liger, self.liger_layers),
+            capacity=torch.cuda.get_device_properties(self.device).total_memory,
+            micro=self.micro,
+            accum=per_step // (self.micro * self.world),
+            float8=self.float8,
+        )
+        # A rank that reshards gathers again in its backward: a collective the others would never
+        # start. Keep the parameters gathered only where every rank's plan allows it.
+        chosen: list[Any] = [None] * self.world
+        dist.all_gather_object(chosen, mine)
+        reshard = any(bool(c) for c in chosen)
+        if self.rank == 0:
+            kept = "freed after each layer's forward" if reshard else "kept gathered through the step"
+            _say(f"[train] --reshard-after-forward by the memory plan: parameters {kept}")
+        return reshard
 
     def _auto_micro_batch(self, dims: Dims, local_world: int, float8_at: Callable[[int], bool]) -> int:
         """--micro-batch-size auto: the memory plan's choice for this GPU (training/memory_plan.py),
@@ -445,7 +514,7 @@ class _Trainer:
             positions = pos_h.to(on, non_blocking=True) if pos_h is not None else None
             # Reduce-scatter gradients only after the step's last micro-batch.
             model.set_requires_gradient_sync(mb == self.accum - 1)
-            if not self.opts.reshard_after_forward:
+            if not self.reshard_after_forward:
                 # Keep the gathered parameters from one micro-batch to the next (FSDP2's
                 # set_reshard_after_backward): one all-gather per layer per step.
                 model.set_reshard_after_backward(mb == self.accum - 1)
@@ -565,6 +634,7 @@ class _Trainer:
             "loss_chunk_tokens": self.loss_chunk_tokens,
             "float8": self.float8,
             "float8_layers": len(self.float8_layers),
+            "reshard_after_forward": self.reshard_after_forward,
             "mesh": list(self.mesh_shape),
             "data_fingerprint": self.data_fingerprint,
             # What the export needs to write config.json and the tokenizer (training/export.py).

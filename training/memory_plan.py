@@ -418,3 +418,14 @@ def auto_micro_batch(per_rank: int, capacity_bytes: int, options: Callable[[int]
         if fitting:
             return max(fitting)
     return 1
+
+
+def auto_reshard_after_forward(capacity_bytes: int, options: Mapping[str, Any]) -> bool:
+    """--reshard-after-forward's default on a GPU: False (keep every layer's gathered bf16
+    parameters from its forward to its backward, and across the step's micro-batches) when the plan
+    with them kept still leaves AUTO_HEADROOM of the GPU free, else True. `options` are `plan`'s
+    arguments at the micro-batch already chosen: the micro-batch comes first (the larger lever),
+    the memory left over then buys one all-gather per layer per step instead of two per
+    micro-batch (BENCHMARKS.md, "Keeping parameters gathered when the memory allows")."""
+    kept = plan(**{**options, "reshard_after_forward": False})
+    return kept.device_bytes > capacity_bytes * (1 - AUTO_HEADROOM)

@@ -72,7 +72,7 @@ class TrainOptions:
     liger_layers: bool | None  # None: only when the layers are not compiled
     float8: bool | None  # None: on for compiled GPU workers with FP8 tensor cores (see --float8)
     float8_all_gather: bool
-    reshard_after_forward: bool
+    reshard_after_forward: bool | None  # None: by the memory plan on each worker (loop.py)
     loss_chunk_tokens: int | None  # None: by the GPU's memory (training/loss_chunks.py)
     expect_transport: str
     emulate_hosts: int | None
@@ -247,10 +247,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--reshard-after-forward",
         action=argparse.BooleanOptionalAction,
-        default=True,
-        help="free each layer's gathered parameters after its forward (default); --no-... keeps them "
-        "for the backward and, when accumulating, until the step's last backward: one all-gather "
-        "per layer per step instead of two per micro-batch, for 2 B x the layers' parameters",
+        default=None,
+        help="free each layer's gathered parameters after its forward; --no-... keeps them for the "
+        "backward and, when accumulating, until the step's last backward: one all-gather per layer "
+        "per step instead of two per micro-batch, for 2 B x the layers' parameters (default: kept "
+        f"on a GPU whose memory plan still leaves {AUTO_HEADROOM * 100:.0f}%% of it free with them, "
+        "after the micro-batch is chosen; freed on CPU workers)",
     )
     g.add_argument(
         "--skip-guard-eval",

@@ -71,3 +71,18 @@ def test_the_summary_keeps_auto_beside_the_choice() -> None:
     assert (summary["options"]["micro_batch_size"], summary["micro_batch_size"]) == ("auto", 4)
     given = summarize({"micro_batch_size": 2, "accum_steps": 2}, {**options, "micro_batch_size": 2}, 1.0)
     assert given["options"]["micro_batch_size"] == 2
+
+
+def test_parameters_are_freed_by_default_on_the_cpu_and_kept_when_asked(single_rank_group: None) -> None:
+    """--reshard-after-forward unset: a GPU worker decides from its memory plan
+    (tests/test_memory_plan.py, tests/test_settings_memory.py); a CPU worker, whose host memory is
+    not planned, frees them as FSDP2 does by default. Kept through two accumulated micro-batches,
+    the step trains the same as freed."""
+    argv = ["--micro-batch-size", "1", "--global-batch-size", "2", "--data", "random", "--seed", "0"]
+    freed = _trainer(argv)
+    assert freed.opts.reshard_after_forward is None and freed.reshard_after_forward is True
+    assert freed.checkpoint_extra()["reshard_after_forward"] is True
+    losses = [freed.train_step()["loss"] for _ in range(2)]
+    kept = _trainer([*argv, "--no-reshard-after-forward"])
+    assert kept.reshard_after_forward is False and kept.accum == 2
+    assert [kept.train_step()["loss"] for _ in range(2)] == pytest.approx(losses, rel=1e-5)
