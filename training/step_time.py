@@ -14,8 +14,17 @@ GPU work (G), per micro-batch:
             chunk, at the GPU's memory bandwidth x MEM_EFFICIENCY
  and once per step the fused AdamW: 28 B per local parameter (read p, g, m, v; write p, m, v in fp32)
   at the same bandwidth (12.7 ms for 1.54 B parameters on an H200: 3.4 TB/s, 71 % of 4.8 TB/s).
+ and per FSDP all-gather its copies on the GPU (torch/distributed/fsdp/_fully_shard/
+  _fsdp_collectives.py: the fp32 shard cast to bf16, copied into the collective's buffer, the
+  gathered buffer split into the parameters): 10 / S + 4 B per parameter at the same bandwidth, 6.3
+  ms on one H200 (session 11's profile showed ~6 + 6 ms of copies for a step's two all-gathers).
+  Freed after each forward (--reshard-after-forward), two all-gathers per micro-batch; kept
+  gathered, one per step. Kept against freed the model predicts 1.03x at float8 8 x 2048 (measured
+  1.01-1.04x in four comparisons) and 1.05x at bf16 2 x 2048 x 1, where the one comparison through
+  Ray Train measured 0.92x (0.965x by the median step; unexplained, not fitted).
 Host work (H): HOST_STEP_MS + accum x HOST_MICRO_MS (Python, FSDP2 hooks and ~2,500 kernel launches
-  per micro-batch), less HOST_CHUNK_MS per Liger chunk fewer than its own 64 and HOST_SKIP_GUARDS_MS
+  per micro-batch), less HOST_GATHER_MS per all-gather saved by keeping parameters gathered, less
+  HOST_CHUNK_MS per Liger chunk fewer than its own 64 and HOST_SKIP_GUARDS_MS
   with --skip-guard-eval. Both terms are the host's own time per phase of a host-bound step, read
   on the H200 machine without a sync inside the step (gpu_busy.py's host phases, 1 x 2048 x 4, the
   GPU busy 31 %); float8's host per micro-batch from two host-bound steps of one session. The host
@@ -26,10 +35,12 @@ Activation checkpointing: the layers' forward again in the backward, a third mor
   33 % and the GPU work 25 %, and the model is within 0.2 % of the step: BENCHMARKS.md).
 Host and GPU overlap: the step is (H^P + G^P)^(1/P), which is max(H, G) when one dominates and more
   when they are close (each is the bottleneck for part of the step). P = 4.4 was calibrated on the
-  H200's 4 x 2 point through Ray (440 ms measured); with the host terms re-read from the host phases
-  (a later lease, 2026-12-02) it gives the smallest largest error of P = 3 to 8 on that lease's
-  near-balanced steps (4 x 1, 4 x 1 with activation checkpointing, 8 x 1 bf16 and float8: within
-  5 %; P = 5 is slightly better by RMS), while its own 4 x 2 point is now 7 % high. One reason host and GPU
+  H200's 4 x 2 point through Ray (440 ms measured) and kept when the host terms were re-read from
+  the host phases (a later lease, 2026-12-02). With the copies' term (2026-12-03) P = 5 is the
+  smallest of 3 to 8 that keeps that lease's near-balanced steps (4 x 1, 4 x 1 with activation
+  checkpointing, 8 x 1 bf16 and float8) within 5 % (largest 3.8 %) and the ratios inside one
+  invocation within 8 % (largest 7.2 %); 5.5-6 fit the lease better (2.4 %) and the ratios worse
+  (8-9 %). One reason host and GPU
   overlap only partly: Liger's fused loss reads its target count with .item() in every forward
   (liger_kernel/ops/fused_linear_cross_entropy.py), so the host waits there for the GPU's forward.
 Communication (C), per rank per step, ring collectives (each rank moves (n-1)/n of the buffer):
@@ -68,8 +79,13 @@ PEAK = {**{k: v for k, v in PEAK_BF16_TFLOPS if v}, "A10G": 125.0}
 
 # Calibration on the H200 (BENCHMARKS.md; one 2048-token sequence of Qwen2.5-1.5B: 21.1 TFLOP).
 SEQ_MS_H200 = 35.8  # GPU ms per sequence at large micro-batches: (621 - 335) / 8
-SMALL_K = 161.0  # penalty 1 + K / u^2: 59.9 ms of token work at u = 2048 / 132 (micro-batch 1)
-FLOAT8_TOKEN_FACTOR = 0.835  # (527 - 12.7 - 36) / (16 x 35.8): H200 micro-batch 16, float8
+# Penalty 1 + K / u^2: 47.2 ms of token work at u = 2048 / 132 (micro-batch 1: 108.6 ms busy, less
+# the loss's 35.9, AdamW's 12.7 and the two all-gathers' copies, 12.7). 161 before the copies had a
+# term of their own.
+SMALL_K = 76.8
+# (527 - 12.7 - 36 - 12.7) / (16 x 35.8): H200 micro-batch 16, float8, less AdamW, the loss and the
+# all-gathers' copies (0.835 before they had a term of their own).
+FLOAT8_TOKEN_FACTOR = 0.813
 MEM_EFFICIENCY = 0.71  # fused AdamW: 43 GB in 12.7 ms on an H200 (4.8 TB/s peak)
 # Host per chunk of Liger's loss, calibrated on one invocation of gpu_busy.py at 1 x 2048 x 2 (bf16,
 # 2026-12-02): 4,096-token chunks (1 instead of Liger's 64) stepped in 311.3 ms against 400.9 ms (the
@@ -98,12 +114,17 @@ HOST_MICRO_MS = (263.2 + 276.1) / 4 + (LIGER_OWN_CHUNKS - 1) * HOST_CHUNK_MS + H
 # (Before, the kernel-count ratio 4,215 / 2,787 = 1.51, which overstated it: float8's extra kernels
 # are small and launched from the same compiled graphs.)
 FLOAT8_HOST_FACTOR = (512.0 - HOST_STEP_MS) / (379.3 - HOST_STEP_MS)
-OVERLAP_P = 4.4  # calibrated on the 4 x 2 point (through Ray, 2026-12-01); see the docstring
+OVERLAP_P = 5.0  # see the docstring
 # Activation checkpointing launches each layer's forward again in the backward: its host share is
 # assumed to be the forward's third of a micro-batch's host work, as its GPU share is a third of the
 # layers' FLOPs. Checked since on the H200 at 4 x 2048 (gpu_busy.py): host +33 %, GPU work +25 %,
 # 248.6 ms predicted against 249.0 measured.
 AC_HOST_SHARE = 1 / 3
+# Host per all-gather of every layer (FSDP2's pre-forward/pre-backward hooks, the cast, copy-in,
+# collective and copy-out launches: ~11 kernels per layer), from one invocation of gpu_busy.py at
+# 1 x 2048 x 2 (bf16, 4,096-token chunks, guards evaluated, host-bound, 2026-12-02): kept gathered
+# 285.1 against freed 311.3 ms, one all-gather a step against four, 986 fewer kernels.
+HOST_GATHER_MS = (311.3 - 285.1) / 3
 # Collectives: NCCL reaches about 70 % of a link's nominal bandwidth as bus bandwidth (an assumption
 # for PCIe and EFA, which cannot be measured here); the socket transport's 3.4 GB/s was measured.
 LINK_EFFICIENCY = 0.7
@@ -199,17 +220,26 @@ def step_time(  # noqa: PLR0915  (one formula, term by term)
         chunks = math.ceil(tokens / chunk_tokens(tokens, v, d, c))
         loss_s = chunks * 4 * v * d * 2 / bandwidth
     optimizer_s = 28 * n / shard / bandwidth
+    # Each FSDP2 all-gather copies on the GPU too: the fp32 shard cast to bf16 (read 4, write 2 B
+    # per local parameter) and copied into the collective's buffer (2 + 2), then the gathered
+    # buffer split into the layers' parameters (2 + 2 B per parameter): 10 / S + 4 B per parameter.
+    # With parameters kept gathered, one all-gather a step (the loop reshards only after the last
+    # micro-batch's backward); freed, one in each micro-batch's forward and one in its backward.
+    gathers = 1 if not reshard_after_forward else 2 * accum
+    copies_s = gathers * (10 / shard + 4) * n / bandwidth
     compute = {
         "layers and loss GEMMs": accum * token_s,
         "loss weight traffic": accum * loss_s,
         "optimizer": optimizer_s,
+        "parameter copies (FSDP all-gathers)": copies_s,
     }
     gpu_s = sum(compute.values())
     micro_ms = HOST_MICRO_MS * (FLOAT8_HOST_FACTOR if float8 else 1.0)
     micro_ms -= (LIGER_OWN_CHUNKS - chunks) * HOST_CHUNK_MS + (HOST_SKIP_GUARDS_MS if skip_guards else 0.0)
     if activation_checkpointing:
         micro_ms *= 1 + AC_HOST_SHARE
-    host_s = (HOST_STEP_MS + accum * micro_ms) / 1e3
+    # HOST_MICRO_MS was read with parameters freed (two all-gathers a micro-batch); kept, fewer.
+    host_s = (HOST_STEP_MS + accum * micro_ms - (2 * accum - gathers) * HOST_GATHER_MS) / 1e3
     busy = (host_s**OVERLAP_P + gpu_s**OVERLAP_P) ** (1 / OVERLAP_P)
 
     # Communication, per rank per step.
@@ -217,7 +247,6 @@ def step_time(  # noqa: PLR0915  (one formula, term by term)
     shard_crosses_nodes = len(mesh) == 1 and nodes > 1
     inter = (SOCKET_GBYTES if hw.inter_link != "efa" else hw.inter_gbytes) * 1e9
     intra = hw.intra_gbytes * LINK_EFFICIENCY * 1e9
-    gathers = accum * (2 if reshard_after_forward else 1)
     fsdp_bytes = _ring(shard) * (gathers * 2 * n + 4 * n)
     comm: dict[str, float] = {}
     grad_s = 0.0  # the gradients' share: reduce-scatter and HSDP all-reduce
