@@ -250,6 +250,7 @@ def step_time(  # noqa: PLR0915  (one formula, term by term)
     fsdp_bytes = _ring(shard) * (gathers * 2 * n + 4 * n)
     comm: dict[str, float] = {}
     grad_s = 0.0  # the gradients' share: reduce-scatter and HSDP all-reduce
+    gather_s = 0.0  # the all-gathers' share
     if shard > 1:
         link = inter if shard_crosses_nodes else intra
         # A ring over every rank crosses each node's NIC once per direction: every byte a rank
@@ -257,6 +258,7 @@ def step_time(  # noqa: PLR0915  (one formula, term by term)
         name = f"FSDP over {hw.inter_link if shard_crosses_nodes else hw.intra_link}"
         comm[name] = fsdp_bytes / link
         grad_s += _ring(shard) * 4 * n / link
+        gather_s = _ring(shard) * gathers * 2 * n / link
     if replicas > 1:
         per_rank = 2 * _ring(replicas) * 4 * n / shard
         comm[f"HSDP all-reduce over {hw.inter_link}"] = per_rank * hw.gpus_per_node / inter
@@ -265,9 +267,14 @@ def step_time(  # noqa: PLR0915  (one formula, term by term)
     # All traffic hides behind the step's GPU work at best; the gradients' only behind the last
     # micro-batch's backward (accumulation keeps them unsharded until then), which is two thirds of
     # its layer work, plus the recompute with activation checkpointing.
-    # (Liger's loss computes its gradients in the forward: no window there.)
+    # (Liger's loss computes its gradients in the forward: no window there.) Kept gathered, the
+    # step's one all-gather per layer runs in the first micro-batch's forward, a third of its layer
+    # work, and only there can it hide; freed, the all-gathers spread over every forward and backward.
     backward_s = token_s * (2 / 3 if not activation_checkpointing else 1 - 1 / 3 / ac_factor)
-    exposed = max(0.0, total_comm - gpu_s, grad_s - backward_s) + total_comm / dims.layers
+    forward_s = token_s / ac_factor / 3
+    gather_exposed = 0.0 if reshard_after_forward else max(0.0, gather_s - forward_s)
+    exposed = max(0.0, total_comm - gpu_s, gather_exposed + max(0.0, grad_s - backward_s))
+    exposed += total_comm / dims.layers
     step_s = busy + exposed
     tps = world * accum * tokens / step_s
     mfu = tps * f_tok / (world * PEAK[gpu] * 1e12)
