@@ -8,9 +8,12 @@ def mesh_shape(sharding: str, world: int, local_world: int) -> tuple[int, ...]:
     """(world,) for full sharding; (nodes, per node) for HSDP: replicate across nodes, shard inside.
 
     auto picks HSDP with more than one node of several GPUs each: the per-layer all-gathers and
-    reduce-scatters then stay on the node's NVLink and only one gradient all-reduce per step crosses
-    the slower inter-node network (for Qwen2.5-1.5B at 5 GB/s: >= 1.62 s/step of traffic with full
-    sharding, >= 0.62 s with HSDP). With one GPU per node HSDP is plain replication: the same bytes
+    reduce-scatters then stay on the node's NVLink or PCIe and only one gradient all-reduce per step
+    crosses the slower inter-node network. (For Qwen2.5-1.5B on two g6.12xlarge, one 5 GB/s EFA
+    interface each, per step through a node's NIC: 1.24 s of HSDP all-reduce; full sharding 1.62 s
+    with parameters kept gathered, 2.16 s freed. The step-time model, which also weighs what each
+    can hide behind, predicts full sharding 1.03-1.11x there with parameters kept: unmeasured, and
+    HSDP stays: BENCHMARKS.md.) With one GPU per node HSDP is plain replication: the same bytes
     cross the network, and every GPU holds the whole model and optimizer state; measured over two
     emulated hosts it was 11 % slower with 8.6 GiB more per GPU (BENCHMARKS.md), so auto shards
     fully there.
