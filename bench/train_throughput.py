@@ -195,7 +195,7 @@ def run_ours(name: str, args: argparse.Namespace, workers: int) -> dict[str, Any
         "micro_batch": summary.get("micro_batch_size"),  # as run (an auto variant's choice)
         "accum_steps": summary.get("accum_steps"),
         "float8_layers": summary.get("float8_layers"),
-        "reshard_after_forward": summary.get("reshard_after_forward"),  # as run (None: by the plan)
+        "reshard_after_forward": summary.get("reshard_after_forward"),  # as run (the plan's choice if unset)
         "liger_layers": summary.get("liger_layers"),
         "mesh": summary.get("mesh"),
         "nodes": summary.get("nodes"),

@@ -78,10 +78,13 @@ def test_parameters_are_freed_by_default_on_the_cpu_and_kept_when_asked(single_r
     (tests/test_memory_plan.py, tests/test_settings_memory.py); a CPU worker, whose host memory is
     not planned, frees them as FSDP2 does by default. Kept through two accumulated micro-batches,
     the step trains the same as freed."""
+    from training.summary import summarize
+
     argv = ["--micro-batch-size", "1", "--global-batch-size", "2", "--data", "random", "--seed", "0"]
     freed = _trainer(argv)
     assert freed.opts.reshard_after_forward is None and freed.reshard_after_forward is True
     assert freed.checkpoint_extra()["reshard_after_forward"] is True
+    assert summarize(freed.checkpoint_extra(), {"run_name": "r"}, 1.0)["reshard_after_forward"] is True
     losses = [freed.train_step()["loss"] for _ in range(2)]
     kept = _trainer([*argv, "--no-reshard-after-forward"])
     assert kept.reshard_after_forward is False and kept.accum == 2
