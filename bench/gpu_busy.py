@@ -328,7 +328,8 @@ def _profile_one(name: str, args: argparse.Namespace, steps: int, extra: list[st
            "step_time_unprofiled_s": statistics.fmean(plain),
            "tokens_per_s": args.micro_batch * args.accum * args.seq_len / statistics.fmean(plain),
            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
-           "host_ms_per_step": phases.per_step_ms(plain)}  # fmt: skip
+           "host_ms_per_step": phases.per_step_ms(plain),
+           "reshard_after_forward": tr.reshard_after_forward}  # as run (the plan's if unset)  # fmt: skip
     row.update(summarize(intervals, kernels, profiled))
     row["idle_sites"] = idle_sites(named, len(profiled))
     row["gpu_time_by_kernel"] = gpu_time_by_kernel(named, len(profiled))
