@@ -41,8 +41,9 @@ from bench.args import int_list  # noqa: E402  (after the path: run as a script)
 # Variants of our loop: options layered over the GPU defaults of `python -m training`.
 OURS: dict[str, list[str]] = {
     "ours": [],  # the GPU defaults of `python -m training` (float8 where the GPU has FP8 cores)
-    # The GPU defaults before 2026-12-02: Liger's own loss chunks, every dynamo guard evaluated.
-    "ours-before": ["--loss-chunk-tokens", "0", "--no-skip-guard-eval"],
+    # The GPU defaults before 2026-12-02: Liger's own loss chunks, every dynamo guard evaluated,
+    # parameters freed after each forward.
+    "ours-before": ["--loss-chunk-tokens", "0", "--no-skip-guard-eval", "--reshard-after-forward"],
     "ours-bf16": ["--compile", "--liger", "--no-float8"],  # the GPU defaults before float8
     "ours-bf16-noreshard": ["--compile", "--liger", "--no-float8", "--no-reshard-after-forward"],
     "ours-float8": ["--compile", "--liger", "--float8"],

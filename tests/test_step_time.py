@@ -51,14 +51,21 @@ SAME_DAY = [
     (8, 1, True, {}, 301.3, "through Ray Train, another lease (54.2k tokens/s)"),
 ]  # fmt: skip
 
-# float8 8 x 2048 with parameters kept gathered through the step (--no-reshard-after-forward), the
-# default since 2026-12-03 where the memory allows: three leases of 2026-12-02 and -03.
-KEPT_8X2048 = [
+# float8 with parameters kept gathered through the step (--no-reshard-after-forward), the default
+# since 2026-12-03 where the memory allows, on three leases of 2026-12-02 and -03; and session 13's
+# GPU-bound steps through Ray Train (its host-bound 2 x 1 steps, 109.6-117.6 ms, ran 1.7x faster than
+# the same configuration on 2026-12-02's lease, beyond the spread below: only their ratios are checked).
+KEPT_GATHERED = [
     (8, 1, True, KEPT, 279.5, "gpu_busy.py float8-gathered, session 11"),
     (8, 1, True, KEPT, 283.0, "gpu_busy.py float8-gathered, session 11, second run"),
     (8, 1, True, KEPT, 280.5, "Ray Train ours-noreshard, session 11 (58.2k tokens/s)"),
     (8, 1, True, KEPT, 292.1, "Ray Train ours-noreshard, session 12 (55.9k tokens/s)"),
     (8, 1, True, KEPT, 285.6, "Ray Train ours-noreshard, session 12, second run (57.2k tokens/s)"),
+    (8, 1, True, KEPT, 283.4, "Ray Train ours (kept by the memory plan), session 13 (57.7k tokens/s)"),
+    (8, 1, True, KEPT, 283.3, "Ray Train ours, session 13, second invocation (57.7k tokens/s)"),
+    (8, 1, True, KEPT, 282.6, "Ray Train ours, session 13, second invocation, third run (57.9k tokens/s)"),
+    (8, 1, True, {}, 287.8, "Ray Train ours-reshard (freed), session 13 (56.8k tokens/s)"),
+    (16, 1, True, KEPT, 519.7, "Ray Train ours 16 x 2048, session 13: 63.0k tokens/s, 65.7 % MFU"),
 ]  # fmt: skip
 
 # Host-bound steps of other leases. The same configuration's host-bound step has differed by 24 %
@@ -108,6 +115,12 @@ SAME_INVOCATION = [
     ),
     ((8, 1, True, {}, 286.5), (8, 1, True, KEPT, 280.5), "Ray Train float8 8 x 2048, freed/kept, session 11"),
     ((8, 1, True, {}, 298.1), (8, 1, True, KEPT, 292.1), "Ray Train float8 8 x 2048, freed/kept, session 12"),
+    ((8, 1, True, {}, 287.8), (8, 1, True, KEPT, 283.4), "Ray Train float8 8 x 2048, freed/kept, session 13"),
+    # bf16 2 x 2048 x 1 (ours-auto-reshard against ours-auto, alternated, one invocation, session 13).
+    # One earlier comparison on another lease measured kept 0.92x (220.8 against 202.3 ms, the
+    # 2026-12-02 lease): outside 8 %, the model's one miss here, and not fitted.
+    ((2, 1, False, {}, 115.3), (2, 1, False, KEPT, 112.3), "Ray Train bf16 2 x 1, freed/kept, session 13"),
+    ((2, 1, False, {}, 117.6), (2, 1, False, KEPT, 109.6), "Ray Train bf16 2 x 1, freed/kept, session 13"),
     (
         (16, 1, True, dict(loss_chunk_tokens=4096, skip_guards=True), 531.9),
         (16, 1, True, dict(loss_chunk_tokens=4096, skip_guards=True, **KEPT), 531.1),
@@ -126,7 +139,7 @@ STEP_GROUPS = {
     "gpu-bound": (GPU_BOUND, 0.08),
     "calibration-lease": (CALIBRATION_LEASE, 0.05),
     "float8-8x2048-other-leases": (SAME_DAY, 0.08),
-    "float8-8x2048-kept-gathered": (KEPT_8X2048, 0.08),
+    "float8-kept-gathered-and-session-13": (KEPT_GATHERED, 0.08),
     "host-bound-other-leases": (OTHER_LEASES, LEASE_SPREAD),
 }
 

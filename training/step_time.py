@@ -20,8 +20,9 @@ GPU work (G), per micro-batch:
   ms on one H200 (session 11's profile showed ~6 + 6 ms of copies for a step's two all-gathers).
   Freed after each forward (--reshard-after-forward), two all-gathers per micro-batch; kept
   gathered, one per step. Kept against freed the model predicts 1.03x at float8 8 x 2048 (measured
-  1.01-1.04x in four comparisons) and 1.05x at bf16 2 x 2048 x 1, where the one comparison through
-  Ray Train measured 0.92x (0.965x by the median step; unexplained, not fitted).
+  1.01-1.04x in five comparisons) and 1.05x at bf16 2 x 2048 x 1, where through Ray Train two
+  comparisons on one lease measured 1.03x and 1.07x and one on another 0.92x (not explained, not
+  fitted).
 Host work (H): HOST_STEP_MS + accum x HOST_MICRO_MS (Python, FSDP2 hooks and ~2,500 kernel launches
   per micro-batch), less HOST_GATHER_MS per all-gather saved by keeping parameters gathered, less
   HOST_CHUNK_MS per Liger chunk fewer than its own 64 and HOST_SKIP_GUARDS_MS
