@@ -25,12 +25,12 @@ from config.memory import (
     fit_problem,
     job_memory,
     largest_micro_batch_for,
-    reshard_after_forward,
+    plan_options,
 )
 from config.settings import Settings
 from config.settings.workload import DataFormat
 from training.loss_chunks import LOSS_CHUNK_TOKENS, default_chunk_tokens
-from training.memory_plan import AUTO_HEADROOM, GIB, Dims
+from training.memory_plan import AUTO_HEADROOM, GIB, Dims, auto_reshard_after_forward
 from training.sharding import mesh_shape
 from training.step_time import Hardware, StepTime, step_time
 
@@ -95,9 +95,19 @@ def predict(settings: Settings, **overrides: Any) -> StepTime:
                 "global_batch_size": options["micro_batch"] * options["accum"] * world,
                 "activation_checkpointing": options["activation_checkpointing"],
                 "sharding": "hsdp" if len(options["mesh"]) == 2 else "full",
+                "float8": options["float8"],
+                "liger": options["liger"],
             }
         )
-        options["reshard_after_forward"] = reshard_after_forward(changed, gpu, world // gpu.gpus)
+        nodes = world // gpu.gpus
+        planned = plan_options(changed, gpu, nodes, options["micro_batch"])
+        # --loss-chunk-tokens is the loop's own default, not a job setting: carried as changed.
+        planned.update(
+            loss_chunk_tokens=options["loss_chunk_tokens"],
+            micro_batch=options["micro_batch"],
+            accum=options["accum"],
+        )
+        options["reshard_after_forward"] = auto_reshard_after_forward(capacity_bytes(gpu), planned)
     return step_time(str(job.shape), hardware(settings), **options)
 
 

@@ -191,6 +191,40 @@ def test_the_worker_chooses_what_synthesis_wrote(env: str) -> None:
     assert job_memory(job, gpu, job.nodes).inputs["reshard_after_forward"] == worker
 
 
+@pytest.mark.parametrize(("chunk", "kept"), [(None, True), (32768, False)])
+def test_raytrain_plan_decides_a_changed_jobs_parameters_as_its_workers_would(
+    chunk: int | None, kept: bool
+) -> None:
+    """`raytrain plan`'s alternatives change the job (here dev at seq 4096, 6 x 1 checkpointed);
+    its parameters are kept or freed by the worker's rule for the job so changed, the loop's own
+    --loss-chunk-tokens included: 32,768-token chunks leave too little of the L4 to keep them."""
+    from raytrain.plan import predict
+
+    base = load_settings("dev")
+    settings = base.model_copy(update={"job": base.job.model_copy(update={"seq_len": 4096})})
+    gpu, job, world = settings.gpu_nodes.instance, settings.job, settings.num_workers
+    change: dict[str, Any] = dict(micro_batch=6, accum=1, activation_checkpointing=True)
+    flags = ["--micro-batch-size", "6", "--global-batch-size", str(6 * world), "--activation-checkpointing"]
+    if chunk:
+        change["loss_chunk_tokens"] = chunk
+        flags += ["--loss-chunk-tokens", str(chunk)]
+    predicted = predict(settings, **change).inputs["reshard_after_forward"]
+    args = training_args(settings, checkpoint_uri="s3://bucket/checkpoints")
+    opts = parse_args([*_without_data(args), *flags, "--no-liger", "--no-float8"])
+    worker = planned_reshard(
+        opts,
+        shape=opts.shape,
+        world=world,
+        local_world=gpu.gpus,
+        kernels=(job.compile, job.liger, not job.compile),
+        capacity=capacity_bytes(gpu),
+        micro=6,
+        accum=1,
+        float8=job.float8_on(gpu, 6),
+    )
+    assert predicted == worker == (not kept)
+
+
 def test_auto_is_the_largest_micro_batch_that_leaves_the_headroom() -> None:
     """`job.micro_batch_size: auto` against every valid micro-batch: the largest whose plan leaves
     AUTO_HEADROOM of the L4 free; an explicit one is held to the plan alone."""
