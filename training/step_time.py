@@ -19,10 +19,15 @@ GPU work (G), per micro-batch:
   gathered buffer split into the parameters): 10 / S + 4 B per parameter at the same bandwidth, 6.3
   ms on one H200 (session 11's profile showed ~6 + 6 ms of copies for a step's two all-gathers).
   Freed after each forward (--reshard-after-forward), two all-gathers per micro-batch; kept
-  gathered, one per step. Kept against freed the model predicts 1.03x at float8 8 x 2048 (measured
-  1.01-1.04x in five comparisons) and 1.05x at bf16 2 x 2048 x 1, where through Ray Train two
-  comparisons on one lease measured 1.03x and 1.07x and one on another 0.92x (not explained, not
-  fitted).
+  gathered, one per step. (An approximation: FSDP2 re-gathers neither the root, embedding and
+  final norm, nor the last layer, kept by training/model.py, in the backward: 18 % of the
+  parameters, so a freed micro-batch moves 1.82, not 2, times them; on one H200 ~1 ms of copies
+  and host. Counted exactly, the traffic-bound two-emulated-hosts full-sharding step would be
+  predicted 12 % short, outside its 10 %, instead of 8 %: part of that step's socket time is not
+  modelled, and the count stays approximate until it is.)
+  Kept against freed the model predicts 1.03x at float8 8 x 2048 (measured 1.01-1.04x in six
+  comparisons) and 1.05x at bf16 2 x 2048 x 1, where through Ray Train two comparisons on one
+  lease measured 1.03x and 1.07x and one on another 0.92x (not explained, not fitted).
 Host work (H): HOST_STEP_MS + accum x HOST_MICRO_MS (Python, FSDP2 hooks and ~2,500 kernel launches
   per micro-batch), less HOST_GATHER_MS per all-gather saved by keeping parameters gathered, less
   HOST_CHUNK_MS per Liger chunk fewer than its own 64 and HOST_SKIP_GUARDS_MS
