@@ -268,11 +268,12 @@ def comparisons(
     results: dict[tuple[str, int], dict[str, Any]], configs: list[str], counts: list[int]
 ) -> list[dict[str, Any]]:
     """Per configuration and worker count: ratio to the original recipe at that count, and weak
-    scaling efficiency (tokens/s per GPU) against the smallest count."""
+    scaling efficiency (tokens/s per GPU) against the smallest count. A configuration named more
+    than once is compared once, by its last run (each run's own row is printed as it ends)."""
     lines = []
     for workers in counts:
         base = results.get(("original", workers))
-        for name in configs:
+        for name in dict.fromkeys(configs):
             if (name, workers) not in results:
                 continue
             row = results[(name, workers)]

@@ -39,7 +39,7 @@ def test_comparisons_ratio_at_the_smallest_count_and_scaling() -> None:
         ("ours", 1): {"tokens_per_s": 60.0, "tokens_per_s_per_gpu": 60.0, "peak_mem_gib": 40.0},
         ("ours", 2): {"tokens_per_s": 114.0, "tokens_per_s_per_gpu": 57.0, "peak_mem_gib": 32.0},
     }
-    lines = bench.comparisons(results, ["original", "ours"], [1, 2])
+    lines = bench.comparisons(results, ["ours", "original", "ours"], [1, 2])
     assert lines == [
         {"config": "ours", "workers": 1, "speedup_vs_original": 1.5, "memory_vs_original": 0.5},
         {"config": "ours", "workers": 2, "scaling_efficiency_vs_1": 0.95},
