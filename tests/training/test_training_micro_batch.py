@@ -89,3 +89,25 @@ def test_parameters_are_freed_by_default_on_the_cpu_and_kept_when_asked(single_r
     kept = _trainer([*argv, "--no-reshard-after-forward"])
     assert kept.reshard_after_forward is False and kept.accum == 2
     assert [kept.train_step()["loss"] for _ in range(2)] == pytest.approx(losses, rel=1e-5)
+
+
+def test_kept_parameters_train_as_freed_around_a_forward_without_gradients(single_rank_group: None) -> None:
+    """An evaluation between steps (training/evaluate.py: eval mode, no gradients) leaves kept
+    parameters gathered, as nothing reshards them without a backward; the next steps still train as
+    with parameters freed, and the checkpoint's state dict stays sharded."""
+    argv = ["--micro-batch-size", "1", "--global-batch-size", "2", "--data", "random", "--seed", "0"]
+
+    def run(extra: list[str]) -> list[float]:
+        tr = _trainer([*argv, *extra])
+        losses = []
+        for _ in range(2):
+            losses.append(tr.train_step()["loss"])
+            tr.model.eval()
+            with torch.no_grad():
+                tr.model(input_ids=torch.zeros(1, 32, dtype=torch.long), use_cache=False)
+            tr.model.train()
+            state = tr.model.state_dict()
+            assert all(type(t).__name__ == "DTensor" for t in state.values()), extra
+        return [*losses, tr.train_step()["loss"]]
+
+    assert run(["--no-reshard-after-forward"]) == pytest.approx(run(["--reshard-after-forward"]), rel=1e-5)
