@@ -148,6 +148,23 @@ def _without_data(args: list[str]) -> list[str]:
     return [*out, "--data", "random"]
 
 
+def _workers_reshard(settings: Any, opts: Any, micro: int, accum: int) -> bool:
+    """--reshard-after-forward as a worker of the job would resolve it (training/loop.py), with the
+    layers as a rank built them (Liger and torchao are the pods' packages, not this machine's)."""
+    gpu, job = settings.gpu_nodes.instance, settings.job
+    return planned_reshard(
+        opts,
+        shape=opts.shape,
+        world=settings.num_workers,
+        local_world=gpu.gpus,
+        kernels=(job.compile, job.liger, not job.compile),
+        capacity=capacity_bytes(gpu),
+        micro=micro,
+        accum=accum,
+        float8=job.float8_on(gpu, micro),
+    )
+
+
 @pytest.mark.parametrize("env", ["dev", "prod"])
 def test_the_worker_chooses_what_synthesis_wrote(env: str) -> None:
     """The RayJob's --micro-batch-size (settings: auto) is what a worker of that job would choose
@@ -175,18 +192,8 @@ def test_the_worker_chooses_what_synthesis_wrote(env: str) -> None:
     # The RayJob leaves --reshard-after-forward to the worker; the plan synthesis and `raytrain
     # plan` show is the one the worker's rule gives at that micro-batch.
     assert "--reshard-after-forward" not in args and "--no-reshard-after-forward" not in args
-    world = settings.num_workers
-    worker = planned_reshard(
-        opts,
-        shape=opts.shape,
-        world=world,
-        local_world=gpu.gpus,
-        kernels=(job.compile, job.liger, not job.compile),
-        capacity=capacity_bytes(gpu),
-        micro=written,
-        accum=job.global_batch_size // (written * world),
-        float8=job.float8_on(gpu, written),
-    )
+    accum = job.global_batch_size // (written * settings.num_workers)
+    worker = _workers_reshard(settings, opts, written, accum)
     assert worker == reshard_after_forward(job, gpu, job.nodes)
     assert job_memory(job, gpu, job.nodes).inputs["reshard_after_forward"] == worker
 
@@ -202,7 +209,7 @@ def test_raytrain_plan_decides_a_changed_jobs_parameters_as_its_workers_would(
 
     base = load_settings("dev")
     settings = base.model_copy(update={"job": base.job.model_copy(update={"seq_len": 4096})})
-    gpu, job, world = settings.gpu_nodes.instance, settings.job, settings.num_workers
+    world = settings.num_workers
     change: dict[str, Any] = dict(micro_batch=6, accum=1, activation_checkpointing=True)
     flags = ["--micro-batch-size", "6", "--global-batch-size", str(6 * world), "--activation-checkpointing"]
     if chunk:
@@ -211,18 +218,7 @@ def test_raytrain_plan_decides_a_changed_jobs_parameters_as_its_workers_would(
     predicted = predict(settings, **change).inputs["reshard_after_forward"]
     args = training_args(settings, checkpoint_uri="s3://bucket/checkpoints")
     opts = parse_args([*_without_data(args), *flags, "--no-liger", "--no-float8"])
-    worker = planned_reshard(
-        opts,
-        shape=opts.shape,
-        world=world,
-        local_world=gpu.gpus,
-        kernels=(job.compile, job.liger, not job.compile),
-        capacity=capacity_bytes(gpu),
-        micro=6,
-        accum=1,
-        float8=job.float8_on(gpu, 6),
-    )
-    assert predicted == worker == (not kept)
+    assert predicted == _workers_reshard(settings, opts, 6, 1) == (not kept)
 
 
 def test_auto_is_the_largest_micro_batch_that_leaves_the_headroom() -> None:
