@@ -70,16 +70,21 @@ def micro_batch(job: JobSettings, gpu: Instance, nodes: int) -> int:
     )
 
 
-def reshard_after_forward(job: JobSettings, gpu: Instance, nodes: int) -> bool:
+def reshard_after_forward(
+    job: JobSettings, gpu: Instance, nodes: int, *, loss_chunk_tokens: int | None = None
+) -> bool:
     """Whether the job's workers free each layer's gathered parameters after its forward: the
     RayJob leaves --reshard-after-forward to the worker, which keeps them gathered when the memory
     plan at its micro-batch still leaves AUTO_HEADROOM of the GPU free (training/memory_plan.py
-    auto_reshard_after_forward, applied by training/loop.py)."""
+    auto_reshard_after_forward, applied by training/loop.py). `loss_chunk_tokens`: a worker's
+    --loss-chunk-tokens other than its default (not a job setting)."""
     world = nodes * gpu.gpus
     if not world:
         return True
     micro = micro_batch(job, gpu, nodes)
     options = plan_options(job, gpu, nodes, micro)
+    if loss_chunk_tokens is not None:
+        options["loss_chunk_tokens"] = loss_chunk_tokens
     return auto_reshard_after_forward(
         capacity_bytes(gpu),
         {**options, "micro_batch": micro, "accum": accumulation(job.global_batch_size, micro, world)},

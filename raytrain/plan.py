@@ -25,12 +25,12 @@ from config.memory import (
     fit_problem,
     job_memory,
     largest_micro_batch_for,
-    plan_options,
+    reshard_after_forward,
 )
 from config.settings import Settings
 from config.settings.workload import DataFormat
 from training.loss_chunks import LOSS_CHUNK_TOKENS, default_chunk_tokens
-from training.memory_plan import AUTO_HEADROOM, GIB, Dims, auto_reshard_after_forward
+from training.memory_plan import AUTO_HEADROOM, GIB, Dims
 from training.sharding import mesh_shape
 from training.step_time import Hardware, StepTime, step_time
 
@@ -99,15 +99,9 @@ def predict(settings: Settings, **overrides: Any) -> StepTime:
                 "liger": options["liger"],
             }
         )
-        nodes = world // gpu.gpus
-        planned = plan_options(changed, gpu, nodes, options["micro_batch"])
-        # --loss-chunk-tokens is the loop's own default, not a job setting: carried as changed.
-        planned.update(
-            loss_chunk_tokens=options["loss_chunk_tokens"],
-            micro_batch=options["micro_batch"],
-            accum=options["accum"],
+        options["reshard_after_forward"] = reshard_after_forward(
+            changed, gpu, world // gpu.gpus, loss_chunk_tokens=options["loss_chunk_tokens"]
         )
-        options["reshard_after_forward"] = auto_reshard_after_forward(capacity_bytes(gpu), planned)
     return step_time(str(job.shape), hardware(settings), **options)
 
 

@@ -253,7 +253,8 @@ def step_time(  # noqa: PLR0915  (one formula, term by term)
     shard_crosses_nodes = len(mesh) == 1 and nodes > 1
     inter = (SOCKET_GBYTES if hw.inter_link != "efa" else hw.inter_gbytes) * 1e9
     intra = hw.intra_gbytes * LINK_EFFICIENCY * 1e9
-    fsdp_bytes = _ring(shard) * (gathers * 2 * n + 4 * n)
+    gather_bytes = _ring(shard) * gathers * 2 * n
+    fsdp_bytes = gather_bytes + _ring(shard) * 4 * n
     comm: dict[str, float] = {}
     grad_s = 0.0  # the gradients' share: reduce-scatter and HSDP all-reduce
     gather_s = 0.0  # the all-gathers' share
@@ -264,7 +265,7 @@ def step_time(  # noqa: PLR0915  (one formula, term by term)
         name = f"FSDP over {hw.inter_link if shard_crosses_nodes else hw.intra_link}"
         comm[name] = fsdp_bytes / link
         grad_s += _ring(shard) * 4 * n / link
-        gather_s = _ring(shard) * gathers * 2 * n / link
+        gather_s = gather_bytes / link
     if replicas > 1:
         per_rank = 2 * _ring(replicas) * 4 * n / shard
         comm[f"HSDP all-reduce over {hw.inter_link}"] = per_rank * hw.gpus_per_node / inter
