@@ -67,6 +67,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from training.lora_spec import LoraSpec
 from training.loss_chunks import LOSS_CHUNK_TOKENS, chunk_mem_const, chunk_tokens
 from training.shapes import SHAPES
 
@@ -143,6 +144,20 @@ class Dims:
     def kv_dim(self) -> int:
         return self.kv_heads * (self.hidden // self.heads)
 
+    def linear_shapes(self) -> dict[str, tuple[int, int]]:
+        """A decoder layer's linear modules by name: (in_features, out_features). LoRA's adapters
+        (training/lora_spec.py) are sized from these."""
+        d, kv, q = self.hidden, self.kv_dim, self.heads * (self.hidden // self.heads)
+        return {
+            "q_proj": (d, q),
+            "k_proj": (d, kv),
+            "v_proj": (d, kv),
+            "o_proj": (q, d),
+            "gate_proj": (d, self.ffn),
+            "up_proj": (d, self.ffn),
+            "down_proj": (self.ffn, d),
+        }
+
     @property
     def layer_params(self) -> int:
         """q, k, v (with bias), o (no bias), gate/up/down, two RMSNorm weights."""
@@ -185,6 +200,19 @@ def saved_per_token(dims: Dims, *, compile: bool, liger_layers: bool) -> int:
     if compile:
         return 4 * d + 2 * kv + 2 * ffn + stats
     return 10 * d + 2 * kv + 4 * ffn + stats
+
+
+def lora_saved_per_token(dims: Dims, lora: LoraSpec) -> int:
+    """bf16 elements LoRA's adapters add to what a decoder layer saves, per token: each adapter's
+    low-rank intermediate A x (r, for B's weight gradient); with dropout, each target's dropped-out
+    input (in_features, for A's weight gradient; peft applies a separate nn.Dropout per target) and
+    its keep mask (1 byte per element: half a bf16 unit). The layer input each adapter reads is the
+    base linear's, already counted by saved_per_token."""
+    shapes = dims.linear_shapes()
+    extra = len(lora.targets) * lora.rank
+    if lora.dropout > 0:
+        extra += sum(shapes[t][0] * 3 // 2 for t in lora.targets)
+    return extra
 
 
 def backward_working_per_token(dims: Dims) -> int:
@@ -253,6 +281,7 @@ def plan(
     reshard_after_forward: bool = True,
     master_bf16: bool = False,
     loss_chunk_tokens: int = LOSS_CHUNK_TOKENS,
+    lora: LoraSpec | None = None,
 ) -> JobMemory:
     """The memory of one rank of `python -m training` with these options.
 
@@ -276,29 +305,34 @@ def plan(
         raise ValueError(f"shard must be >= 1, got {shard}")
     if liger_layers is None:
         liger_layers = liger and not compile
-    n, n_layer, n_root = dims.params, dims.layer_params, dims.root_params
+    n_layer, n_root = dims.layer_params, dims.root_params
     d, v, L = dims.hidden, dims.vocab, dims.layers
     tokens = micro_batch * seq_len
     master = BF16 if master_bf16 else FP32
-    gib = f"{n / 1e9:.3f} B params"
 
-    weights = Term("master weights", master * n // shard, f"{master} B x N / S ({gib}, S={shard})")
-    adam = Term("AdamW state", 2 * master * n // shard, f"2 x {master} B x N / S")
-    grads = Term("gradients (sharded)", master * n // shard, f"{master} B x N / S")
+    weights, adam, grads, trained, n_adapter_layer = _persistent(dims, lora, shard, master)
     # FSDP2 upcasts the kept unsharded gradient to reduce_dtype only when it differs from the
     # parameter's dtype: fp32 with mixed precision, bf16 for an all-bf16 model.
     accumulated = (
-        [Term("accumulated gradients (unsharded)", master * n, f"{master} B x N, accum={accum}")]
+        [
+            Term(
+                "accumulated gradients (unsharded)",
+                master * trained,
+                f"{master} B x N_trained, accum={accum}",
+            )
+        ]
         if accum > 1
         else []
     )
     held = GATHERED_LAYERS if reshard_after_forward else L
     gathered = Term(
         "all-gathered bf16 params",
-        BF16 * (n_root + held * n_layer),
-        f"2 B x (root {n_root / 1e6:.0f} M + {held} layers x {n_layer / 1e6:.1f} M)",
+        BF16 * (n_root + held * (n_layer + n_adapter_layer)),
+        f"2 B x (root {n_root / 1e6:.0f} M + {held} layers x {(n_layer + n_adapter_layer) / 1e6:.1f} M)",
     )
     per_token = saved_per_token(dims, compile=compile, liger_layers=liger_layers)
+    if lora is not None:
+        per_token += lora_saved_per_token(dims, lora)
     if activation_checkpointing:
         acts = [
             Term("checkpointed layer inputs", BF16 * tokens * d * L, f"2 B x {tokens} tokens x d x {L}"),
@@ -333,7 +367,13 @@ def plan(
         BF16 * tokens * backward_working_per_token(dims),
         "2 B x tokens x 3 ffn",
     )
-    if liger:
+    if liger and lora is not None:
+        # A frozen lm_head gets no weight gradient: Liger allocates grad_weight only for a weight
+        # that requires grad (liger_kernel/ops/fused_linear_cross_entropy.py).
+        chunk = chunk_tokens(tokens, v, d, chunk_mem_const(tokens, v, d, loss_chunk_tokens))
+        loss = [Term("loss: grad_input", BF16 * tokens * d, "2 B x tokens x d (frozen lm_head)")]
+        logits = [Term("loss: logits chunk", BF16 * chunk * v, f"2 B x {chunk} x V (Liger chunk)")]
+    elif liger:
         chunk = chunk_tokens(tokens, v, d, chunk_mem_const(tokens, v, d, loss_chunk_tokens))
         loss = [
             Term("loss: grad_input + grad_weight", BF16 * (tokens * d + v * d), "2 B x (tokens x d + V x d)")
@@ -348,11 +388,12 @@ def plan(
     # gradient, foreach_reduce in _fsdp_collectives.py) is alive next to all the sharded gradients
     # (on one H200 at micro-batch 1: 23.94 GiB in the backward against 23.07 at the optimizer step,
     # 4 B x N_root = 0.87 GiB apart).
-    root_reduce = Term("root reduce-scatter input", FP32 * n_root, "4 B x N_root")
+    # With LoRA the root (embedding, lm_head, final norm) is frozen: nothing to reduce.
+    root_reduce = [Term("root reduce-scatter input", FP32 * n_root, "4 B x N_root")] if lora is None else []
     moments = {
         "loss": [weights, adam, *accumulated, *acts, *loss, *logits, gathered],
         "backward start": [weights, adam, *accumulated, *acts, *loss, gathered, working],
-        "backward end": [weights, adam, grads, root_reduce],
+        "backward end": [weights, adam, grads, *root_reduce],
         "optimizer step": [weights, adam, grads],
     }
     allocated = max(sum(t.bytes for t in terms) for terms in moments.values())
@@ -378,8 +419,38 @@ def plan(
         reshard_after_forward=reshard_after_forward,
         master_bf16=master_bf16,
         loss_chunk_tokens=loss_chunk_tokens,
+        lora=lora,
     )
     return JobMemory(moments=moments, overhead=overhead, inputs=inputs)
+
+
+def _persistent(
+    dims: Dims, lora: LoraSpec | None, shard: int, master: int
+) -> tuple[Term, Term, Term, int, int]:
+    """Weights, AdamW state and sharded gradients of one rank, the trained parameters' count and
+    the adapters' parameters per layer (0 without LoRA)."""
+    n = dims.params
+    gib = f"{n / 1e9:.3f} B params"
+    if lora is None:
+        weights = Term("master weights", master * n // shard, f"{master} B x N / S ({gib}, S={shard})")
+        adam = Term("AdamW state", 2 * master * n // shard, f"2 x {master} B x N / S")
+        grads = Term("gradients (sharded)", master * n // shard, f"{master} B x N / S")
+        trained, n_adapter_layer = n, 0
+    else:
+        # LoRA: the base is frozen and stored in bf16 (no master copy, no optimizer state, no
+        # gradients); the adapters A and B train as a full fine-tune does (fp32 master, AdamW,
+        # fp32 gradients), sharded with their layer.
+        n_adapter_layer = lora.params_per_layer(dims.linear_shapes())
+        trained = dims.layers * n_adapter_layer
+        na = f"{trained / 1e6:.1f} M adapter params, r={lora.rank}"
+        weights = Term(
+            "frozen bf16 base + fp32 adapters",
+            (BF16 * n + FP32 * trained) // shard,
+            f"(2 B x N + 4 B x N_lora) / S ({gib}, {na}, S={shard})",
+        )
+        adam = Term("AdamW state (adapters)", 2 * FP32 * trained // shard, "2 x 4 B x N_lora / S")
+        grads = Term("gradients (adapters, sharded)", FP32 * trained // shard, "4 B x N_lora / S")
+    return weights, adam, grads, trained, n_adapter_layer
 
 
 def largest_micro_batch(capacity_bytes: int, *, limit: int = 1024, **kwargs: Any) -> int:
