@@ -29,6 +29,10 @@ from torch.distributed.checkpoint.state_dict import (
 from training.errors import CheckpointError
 
 STATE_FILE = "train_state.json"
+# What a checkpoint holds of the model: the parameters that train. A LoRA run's frozen base is not
+# saved (it is the --model it started from, loaded again on resume and at export); a full
+# fine-tune has no frozen parameters, so this is all of them.
+TRAINED = StateDictOptions(ignore_frozen_params=True)
 
 
 def rng_state() -> dict[str, Any]:
@@ -55,7 +59,7 @@ def save(
 ) -> None:
     """Collective: every rank writes its own shards into its own `path`."""
     os.makedirs(path, exist_ok=True)
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=TRAINED)
     state = {
         "model": model_sd,
         "optim": optim_sd,
@@ -228,7 +232,7 @@ def load(
     nothing else (no copy of the whole checkpoint on every node). Returns train_state.json with
     the step and data position from the DCP state, and `read`: the files and bytes this rank read.
     """
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=TRAINED)
     state: dict[str, Any] = {
         "model": model_sd,
         "optim": optim_sd,
@@ -265,7 +269,7 @@ def load(
             optimizer,
             model_state_dict=state["model"],
             optim_state_dict=state["optim"],
-            options=StateDictOptions(strict=True),
+            options=StateDictOptions(strict=True, ignore_frozen_params=True),
         )
     except (KeyError, RuntimeError, ValueError) as exc:
         raise CheckpointError(f"{where}: {_dcp_reason(exc)}") from None

@@ -11,6 +11,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from training.batch import accumulation_steps
+from training.lora_spec import DEFAULT_ALPHA, DEFAULT_TARGETS, LoraError, LoraSpec
+from training.lora_spec import add_arguments as add_lora_arguments
+from training.lora_spec import from_options as lora_from_options
 from training.loss_chunks import LARGE_GPU_GIB, LOSS_CHUNK_TOKENS, SMALL_GPU_CHUNK_TOKENS
 from training.memory_plan import AUTO_HEADROOM
 from training.precision import FLOAT8_MIN_TOKENS
@@ -91,6 +94,15 @@ class TrainOptions:
     early_stop_patience: int = 0  # stop after this many evaluations without a lower eval loss
     export: bool = True  # a Hugging Face folder under the run at the end (training/export.py)
     skip_guard_eval: bool | None = None  # None: on for compiled layers on unflagged (text) data
+    lora_rank: int = 0  # LoRA adapters of this rank on a frozen base (training/lora.py); 0: full
+    lora_alpha: int = DEFAULT_ALPHA
+    lora_dropout: float = 0.0
+    lora_targets: str = ",".join(DEFAULT_TARGETS)
+    export_merged: bool = False  # LoRA: the merged model too, beside the adapter
+
+    @property
+    def lora(self) -> LoraSpec | None:
+        return lora_from_options(self)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -316,7 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
         f"{AUTO_HEADROOM * 100:.0f}%% of its GPU free (else the largest that fits); CPU workers take "
         "their whole share at once",
     )
-    _add_fine_tuning_arguments(g)
+    _add_fine_tuning_arguments(g, p)
     g = p.add_argument_group("optimisation")
     g.add_argument("--steps", type=pos_int, default=100)
     g.add_argument("--lr", type=pos_float, default=1e-4)
@@ -362,8 +374,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _add_fine_tuning_arguments(g: Any) -> None:
-    """Chat data, held-out evaluation and the export (docs/fine-tuning.md)."""
+def _add_fine_tuning_arguments(g: Any, parser: argparse.ArgumentParser) -> None:
+    """Chat data, held-out evaluation and the export (docs/fine-tuning.md); LoRA's own group."""
+    add_lora_arguments(parser)
     pos_float = _positive(float)
     g.add_argument(
         "--data-format",
@@ -486,6 +499,7 @@ def parse_args(argv: list[str]) -> TrainOptions:
     else:
         d["data_format"] = "text"
     _check_eval(d)
+    _check_lora(d)
     if d["skip_guard_eval"] and d["data_format"] == "chat":
         raise OptionError(
             "--skip-guard-eval: not with chat data (packed conversations give blocks different "
@@ -516,6 +530,28 @@ def _check_run(d: dict[str, Any]) -> None:
         d["storage_path"] = os.path.join(d["output_dir"], "checkpoints")
     # Ray Train's storage: S3 or a local folder (file:// would be a second spelling of the latter).
     d["storage_path"] = location_option("--storage-path", d["storage_path"], output=True, s3_only=True)
+
+
+def _check_lora(d: dict[str, Any]) -> None:
+    """LoRA's flags: valid values, a pretrained base, and the kernels LoRA runs with."""
+    try:
+        spec = lora_from_options(argparse.Namespace(**d))
+    except LoraError as exc:
+        raise OptionError(str(exc)) from None
+    if spec is None:
+        if d["export_merged"]:
+            raise OptionError(
+                "--export-merged: only with LoRA (--lora-rank R): a full fine-tune's export is the model"
+            )
+        return
+    if d["init"] == "random":
+        raise OptionError(
+            "--lora-rank: LoRA adapts a pretrained model; with --init random train the whole model "
+            "(drop --lora-rank) or give --init pretrained --model ID|DIR|s3://"
+        )
+    if d["float8"]:
+        raise OptionError("--float8: not with LoRA (its frozen bf16 base is not converted); drop --float8")
+    d["lora_targets"] = ",".join(spec.targets)
 
 
 def _check_prepared(d: dict[str, Any]) -> dict[str, Any] | None:
