@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import math
 import os
@@ -653,7 +654,12 @@ class _Trainer:
             "mesh": list(self.mesh_shape),
             "data_fingerprint": self.data_fingerprint,
             # What the export needs to write config.json and the tokenizer (training/export.py).
-            "model_ref": {"init": self.opts.init, "shape": self.opts.shape, "model": self.opts.model},
+            "model_ref": {
+                "init": self.opts.init,
+                "shape": self.opts.shape,
+                "model": self.opts.model,
+                "lora": dataclasses.asdict(self.opts.lora) if self.opts.lora is not None else None,
+            },
             "stopped_early": self.stopped_early,
             # For the plot: random ids have a chance-level loss of ln(vocab); shards may repeat.
             "vocab_size": self.vocab_size,

@@ -20,7 +20,6 @@ Names: peft keeps each adapted linear as `<name>.base_layer` and adds `<name>.lo
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import torch
@@ -48,17 +47,16 @@ def layer_linear_names(model: nn.Module) -> set[str]:
 
 
 def peft_config(spec: LoraSpec, base_model: str | None = None) -> Any:
-    """peft's LoraConfig for `spec`, on the decoder layers' linears only (never lm_head)."""
+    """peft's LoraConfig for `spec`. peft matches a name in target_modules against the end of each
+    module's name; the decoder layers' linears (q_proj ... down_proj) have no namesake outside the
+    layers in the supported text decoders (lm_head, embed_tokens, norm are named otherwise)."""
     from peft import LoraConfig
 
-    # A regex on the full module name: only modules inside model.layers.N, whatever a target's
-    # name matches elsewhere (a Gemma 3 vision tower, an lm_head named like a target).
-    pattern = r".*\.layers\.\d+\..*\.(" + "|".join(re.escape(t) for t in spec.targets) + r")$"
     return LoraConfig(
         r=spec.rank,
         lora_alpha=spec.alpha,
         lora_dropout=spec.dropout,
-        target_modules=pattern,
+        target_modules=list(spec.targets),
         bias="none",
         task_type="CAUSAL_LM",
         base_model_name_or_path=base_model,

@@ -130,7 +130,7 @@ def add_arguments(parser: Any) -> None:
         help="train LoRA adapters of rank R on a frozen bf16 base (0: full fine-tuning, the default)",
     )
     g.add_argument(
-        "--lora-alpha", type=float, default=DEFAULT_ALPHA, help="the update is scaled by alpha / rank"
+        "--lora-alpha", type=int, default=DEFAULT_ALPHA, help="the update is scaled by alpha / rank"
     )
     g.add_argument("--lora-dropout", type=float, default=0.0, help="dropout on the adapters' input")
     g.add_argument(
