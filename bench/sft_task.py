@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -34,9 +35,12 @@ from bench import chat_tokenizer
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
-def example(rng: random.Random) -> tuple[str, str]:
-    """(prompt, answer) of one task instance."""
-    kind = rng.randrange(4)
+KINDS = ("reverse", "upper", "sort", "add")
+
+
+def example(rng: random.Random, kinds: tuple[str, ...] = KINDS) -> tuple[str, str]:
+    """(prompt, answer) of one task instance, of one of `kinds`."""
+    kind = KINDS.index(kinds[rng.randrange(len(kinds))])
     if kind == 3:
         a, b = rng.randrange(1000), rng.randrange(1000)
         return f"Add {a} and {b}.", str(a + b)
@@ -48,15 +52,26 @@ def example(rng: random.Random) -> tuple[str, str]:
     return f"Sort the letters: {word}", "".join(sorted(word))
 
 
-def make(out: Path, n_train: int, n_eval: int, seed: int, vocab: int = 264) -> dict[str, Any]:
+def make(
+    out: Path,
+    n_train: int,
+    n_eval: int,
+    seed: int,
+    vocab: int = 264,
+    *,
+    kinds: tuple[str, ...] = KINDS,
+    tokenizer: Path | None = None,
+) -> dict[str, Any]:
+    """`kinds`: the tasks of this set; `tokenizer`: an existing tokenizer folder to copy instead of
+    training one (a second task set for a model already trained on the first)."""
     rng = random.Random(seed)  # noqa: S311 (a reproducible task, not a secret)
     held: dict[str, str] = {}
     while len(held) < n_eval:
-        prompt, answer = example(rng)
+        prompt, answer = example(rng, kinds)
         held[prompt] = answer
     train: list[tuple[str, str]] = []
     while len(train) < n_train:
-        prompt, answer = example(rng)
+        prompt, answer = example(rng, kinds)
         if prompt not in held:  # held-out prompts never seen in training
             train.append((prompt, answer))
     out.mkdir(parents=True, exist_ok=True)
@@ -69,20 +84,36 @@ def make(out: Path, n_train: int, n_eval: int, seed: int, vocab: int = 264) -> d
 
     write(out / "train.jsonl", train)
     write(out / "eval.jsonl", list(held.items()))
-    texts = [f"{p} {a}" for p, a in train[:5000]] + [chat_tokenizer.DEFAULT_SYSTEM]
-    chat_tokenizer.build(texts, vocab_size=vocab).save_pretrained(out / "tokenizer")
-    return {"train": len(train), "eval": len(held), "out": str(out)}
+    if tokenizer is not None:
+        shutil.copytree(tokenizer, out / "tokenizer", dirs_exist_ok=True)
+    else:
+        texts = [f"{p} {a}" for p, a in train[:5000]] + [chat_tokenizer.DEFAULT_SYSTEM]
+        chat_tokenizer.build(texts, vocab_size=vocab).save_pretrained(out / "tokenizer")
+    return {"train": len(train), "eval": len(held), "kinds": list(kinds), "out": str(out)}
 
 
-def check(model_dir: str, eval_file: str, limit: int) -> dict[str, Any]:
-    """Exact-match share of greedy answers to the held-out prompts, transformers alone."""
+def check(
+    model_dir: str, eval_file: str, limit: int, adapter: str | None = None, compare: str | None = None
+) -> dict[str, Any]:
+    """Exact-match share of greedy answers to the held-out prompts, transformers alone (with
+    `adapter`, a LoRA adapter folder loaded onto `model_dir` by peft alone). With `compare`, a second
+    model folder (the merged export) whose logits on every prompt are compared with these."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tok: Any = AutoTokenizer.from_pretrained(model_dir)
+    tok: Any = AutoTokenizer.from_pretrained(adapter or model_dir)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
+    if adapter:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, adapter)
     model = model.to(device).eval()
+    other: Any = None
+    if compare:
+        other = AutoModelForCausalLM.from_pretrained(compare, dtype=torch.bfloat16)
+        other = other.to(device).eval()
+    diffs: list[float] = []
     records = [json.loads(line) for line in Path(eval_file).read_text().splitlines()[:limit]]
     right = 0
     for record in records:
@@ -92,14 +123,22 @@ def check(model_dir: str, eval_file: str, limit: int) -> dict[str, Any]:
         )
         with torch.no_grad():
             out = model.generate(**enc.to(device), max_new_tokens=16, do_sample=False)
+            if other is not None:
+                ids = out[:, :-1]
+                a, b = model(input_ids=ids).logits.float(), other(input_ids=ids).logits.float()
+                diffs.append(float((a - b).abs().max()))
         got = str(tok.decode(out[0, enc["input_ids"].shape[1] :], skip_special_tokens=True)).strip()
         right += got == answer
-    return {
+    result = {
         "model": model_dir,
+        "adapter": adapter,
         "prompts": len(records),
         "exact": right,
         "exact_share": right / max(1, len(records)),
     }
+    if diffs:
+        result |= {"compared_with": compare, "max_abs_logit_diff": max(diffs)}
+    return result
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -113,15 +152,35 @@ def main(argv: list[str] | None = None) -> None:
     m.add_argument(
         "--vocab", type=int, default=264, help="tokenizer size (--shape tiny's embedding holds 264)"
     )
+    m.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated tasks of {', '.join(KINDS)}")
+    m.add_argument("--tokenizer", type=Path, help="copy this tokenizer folder instead of training one")
     c = sub.add_parser("check")
     c.add_argument("model_dir")
     c.add_argument("eval_file")
     c.add_argument("--limit", type=int, default=500)
+    c.add_argument("--adapter", help="a LoRA adapter folder to load onto MODEL_DIR with peft")
+    c.add_argument("--compare", help="a model folder whose logits are compared with MODEL_DIR(+adapter)'s")
     args = p.parse_args(argv)
     if args.cmd == "make":
-        print(json.dumps(make(args.out, args.train, args.eval, args.seed, args.vocab)))
+        kinds = tuple(k.strip() for k in args.kinds.split(","))
+        unknown = [k for k in kinds if k not in KINDS]
+        if unknown or not kinds:
+            p.error(f"--kinds: {unknown or kinds} not among {', '.join(KINDS)}")
+        print(
+            json.dumps(
+                make(
+                    args.out,
+                    args.train,
+                    args.eval,
+                    args.seed,
+                    args.vocab,
+                    kinds=kinds,
+                    tokenizer=args.tokenizer,
+                )
+            )
+        )
     else:
-        print(json.dumps(check(args.model_dir, args.eval_file, args.limit)))
+        print(json.dumps(check(args.model_dir, args.eval_file, args.limit, args.adapter, args.compare)))
 
 
 if __name__ == "__main__":

@@ -392,6 +392,8 @@ class _Trainer:
         capability = torch.cuda.get_device_capability(self.device) if self.on_gpu else None
 
         def float8_at(micro: int) -> bool:
+            if opts.lora is not None:  # a frozen bf16 base: float8 is refused with LoRA (options.py)
+                return False
             if opts.float8 is not None:
                 return opts.float8
             return float8_by_default(
