@@ -279,9 +279,10 @@ class _Trainer:
         model = build_model(opts.init, opts.shape, opts.model, opts.seed)
         self._choose_kernels(model, local_world or self.world)
         self.n_params = count_params(model)
+        # Attention's FLOPs are 12 L (heads x head_dim) T: head_dim x heads != hidden for Qwen3, Gemma.
         mcfg: Any = model.config
         self.flops_tok = flops_per_token(
-            self.n_params, mcfg.num_hidden_layers, mcfg.hidden_size, opts.seq_len
+            self.n_params, mcfg.num_hidden_layers, Dims.from_config(mcfg.to_dict()).q_dim, opts.seq_len
         )
         gpu_name = torch.cuda.get_device_name(self.device) if self.on_gpu else "cpu"
         self.device_name = gpu_name
