@@ -450,7 +450,9 @@ def test_entrypoint_carries_the_job_settings(name: str) -> None:
         "--keep-checkpoints": str(job.keep_checkpoints),
         "--model": job.model,
         "--init": job.init.value,
-        "--shape": job.shape.value,
+        **({"--shape": job.shape} if job.shape else {}),
+        # The dimensions synthesis planned for: the worker checks the model it loads against them.
+        "--planned-dims": job.model_plan.dims.signature(),
         "--data": job.data,
         "--seq-len": str(job.seq_len),
         "--global-batch-size": str(job.global_batch_size),
@@ -480,14 +482,36 @@ def test_entrypoint_carries_the_job_settings(name: str) -> None:
         **({"--eval-fraction": repr(job.eval_fraction)} if job.eval_fraction else {}),
         **({"--eval-every": str(job.eval_every)} if job.eval_every else {}),
         **({"--early-stop-patience": str(job.early_stop_patience)} if job.early_stop_patience else {}),
+        # LoRA's settings as the training CLI reads them (training/lora_spec.py LoraSpec.as_args).
+        **(
+            dict(zip(job.lora_spec.as_args()[::2], job.lora_spec.as_args()[1::2], strict=True))
+            if job.lora
+            else {}
+        ),
     }
     assert switches == {
+        *(["--export-merged"] if job.export_merged else []),
         "--compile" if job.compile else "--no-compile",
         "--liger" if job.liger else "--no-liger",
         "--float8" if job.float8_on(s.gpu_nodes.instance) else "--no-float8",
         "--export" if job.export else "--no-export",
         *(["--activation-checkpointing"] if job.activation_checkpointing else []),
     }
+
+
+def test_lora_job_passes_its_settings_and_the_cli_reads_them_back() -> None:
+    from training.lora_spec import LoraSpec
+    from training.options import parse_args
+
+    lora = {"rank": 8, "alpha": 16, "dropout": 0.05, "target_modules": ["q_proj", "v_proj"]}
+    s = variant("dev", job={"model": "Qwen/Qwen2.5-7B", "lora": lora, "export_merged": True})
+    _, flags, switches = parsed_entrypoint(next(o for o in render(s) if o["kind"] == "RayJob"))
+    assert (flags["--lora-rank"], flags["--lora-alpha"], flags["--lora-dropout"]) == ("8", "16", "0.05")
+    assert flags["--lora-targets"] == "q_proj,v_proj" and "--export-merged" in switches
+    argv = ["--model", "Qwen/Qwen2.5-7B", "--global-batch-size", "8", "--num-workers", "8"]
+    argv += [w for k, v in flags.items() if k.startswith("--lora") for w in (k, v)] + ["--export-merged"]
+    opts = parse_args(argv)
+    assert opts.lora == LoraSpec(8, 16.0, 0.05, ("q_proj", "v_proj")) and opts.export_merged
 
 
 def test_entrypoint_switches_and_quoting() -> None:

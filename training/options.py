@@ -11,8 +11,12 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from training.batch import accumulation_steps
+from training.lora_spec import LoraSpec
 from training.loss_chunks import LARGE_GPU_GIB, LOSS_CHUNK_TOKENS, SMALL_GPU_CHUNK_TOKENS
 from training.memory_plan import AUTO_HEADROOM
+from training.model_options import ModelOptionError, lora_from_dict
+from training.model_options import add_arguments as add_model_arguments
+from training.model_options import check as check_model_options
 from training.precision import FLOAT8_MIN_TOKENS
 from training.shapes import SHAPES as SHAPE_TABLE
 from training.uri import LocationError, check_input, check_output
@@ -91,6 +95,9 @@ class TrainOptions:
     early_stop_patience: int = 0  # stop after this many evaluations without a lower eval loss
     export: bool = True  # a Hugging Face folder under the run at the end (training/export.py)
     skip_guard_eval: bool | None = None  # None: on for compiled layers on unflagged (text) data
+    lora: LoraSpec | None = None  # LoRA adapters on a frozen base (training/model_options.py)
+    export_merged: bool = False  # with LoRA: the merged model too
+    planned_dims: str | None = None  # what synthesis planned for (training/dims.py signature)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -98,7 +105,9 @@ class TrainOptions:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainOptions:
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        kept = {k: v for k, v in d.items() if k in names}
+        kept["lora"] = lora_from_dict(kept.get("lora"))
+        return cls(**kept)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -199,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
         "tokenizer of real data: text unless --shape tiny, chat data always with its chat template)",
     )
     g.add_argument("--init", choices=("pretrained", "random"), default="pretrained")
-    g.add_argument("--shape", choices=SHAPES, default="qwen2.5-1.5b", help="architecture for --init random")
+    add_model_arguments(g, shapes=SHAPES)  # --shape, LoRA, --export-merged, --planned-dims
     g.add_argument(
         "--sharding",
         choices=SHARDINGS,
@@ -470,6 +479,10 @@ def parse_args(argv: list[str]) -> TrainOptions:
     d = vars(ns)
     d.pop("config", None)
     _check_run(d)
+    try:
+        check_model_options(d)
+    except ModelOptionError as exc:
+        raise OptionError(str(exc)) from None
     manifest = _check_prepared(d)
     _check_training(d)
     if d["data"] != "random" and manifest is None:
