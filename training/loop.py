@@ -197,6 +197,7 @@ def plan_options(
         liger_layers=liger_layers,
         reshard_after_forward=opts.reshard_after_forward is not False,
         loss_chunk_tokens=chunk,
+        lora=opts.lora,  # LoRA's frozen bf16 base and adapters (training/model_options.py)
     )
 
 
