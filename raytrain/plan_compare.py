@@ -17,7 +17,6 @@ from config.memory import accumulation, capacity_bytes, job_memory
 from training.memory_plan import GIB
 from training.shapes import CATALOGUE
 
-METHODS = (("full", "null"), ("LoRA r=16", "{}"))
 SHARDINGS = ("hsdp", "full")
 
 
@@ -36,14 +35,18 @@ def rows(env: str, config_dir: Path, models: list[str]) -> list[dict[str, Any]]:
     from raytrain.cost import estimate
     from raytrain.plan import predict
 
+    # LoRA as the environment sets it, else LoRA's defaults (rank 16 on every linear layer).
+    base = load_settings(env, config_dir, check_memory=False).job.lora
+    methods = (("full", ["job.lora=null", "job.export_merged=false"]),
+               (f"LoRA r={base.rank if base else 16}", [] if base else ["job.lora={}"]))  # fmt: skip
     out: list[dict[str, Any]] = []
     for name in models:
         model = model_id(name)
-        for method, lora in METHODS:
+        for method, lora in methods:
             for sharding in SHARDINGS:
                 row: dict[str, Any] = {"model": model, "method": method, "sharding": sharding}
-                overrides = [f"job.model={model}", f"job.lora={lora}", f"job.sharding={sharding}",
-                             "job.shape=null", "job.config_json=null", "job.export_merged=false"]  # fmt: skip
+                overrides = [f"job.model={model}", *lora, f"job.sharding={sharding}",
+                             "job.shape=null", "job.config_json=null"]  # fmt: skip
                 try:
                     settings = load_settings(env, config_dir, check_memory=False, overrides=overrides)
                 except SettingsError as exc:
@@ -75,7 +78,7 @@ def table(env: str, settings_line: str, result: list[dict[str, Any]]) -> Table:
         title=f"raytrain plan --compare: env {env} ({settings_line})",
         caption="GiB: one GPU's need (memory plan) against its usable memory; tokens/s and $ per billion "
         "tokens: the step-time model (LoRA's terms predicted, not yet measured); the job's other "
-        "settings (seq_len, global batch, checkpointing) as the environment has them",
+        "settings (seq_len, global batch, checkpointing, LoRA's if it has them) as the environment's",
     )
     for col in ("model", "params", "method", "sharding", "micro x accum", "GiB/GPU", "fits",
                 "tokens/s", "MFU", "$/B tokens", "bottleneck"):  # fmt: skip

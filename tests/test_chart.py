@@ -778,6 +778,11 @@ def test_default_deny_dns_and_https_egress(name: str) -> None:
     assert submitter_egress[0]["ports"] == [{"port": 8265, "protocol": "TCP"}]
 
 
+# A model in S3 is sized at synthesis from a local copy of its config.json (config/models.py).
+S3_MODEL = {
+    "model": "s3://models-bucket/qwen2.5-1.5b",
+    "config_json": "tests/fixtures/qwen2.5-1.5b-config.json",
+}
 S3_CIDRS = ["52.218.128.0/17", "3.5.76.0/22"]  # shaped like a region's S3 prefix-list entries
 
 
@@ -790,7 +795,7 @@ def _https_rule(settings: Settings) -> dict[str, Any]:
 
 
 def test_https_egress_is_s3_only_when_no_model_hub_is_needed() -> None:
-    narrow = variant("dev", workload={"s3_cidrs": S3_CIDRS}, job={"model": "s3://models-bucket/qwen2.5-1.5b"})
+    narrow = variant("dev", workload={"s3_cidrs": S3_CIDRS}, job=S3_MODEL)
     assert narrow.job.model_from_hub is False
     assert [peer["ipBlock"] for peer in _https_rule(narrow)["to"]] == [{"cidr": c} for c in S3_CIDRS]
 
@@ -801,7 +806,7 @@ def test_https_egress_is_s3_only_when_no_model_hub_is_needed() -> None:
         # Config and tokenizer (and weights) from the hub: the hub's addresses are not known.
         {"workload": {"s3_cidrs": S3_CIDRS}},
         # No S3 ranges given: public addresses (S3 through the gateway endpoint is one of them).
-        {"job": {"model": "s3://models-bucket/qwen2.5-1.5b"}},
+        {"job": S3_MODEL},
     ],
 )
 def test_https_egress_stays_public_where_it_must(changes: dict[str, Any]) -> None:
