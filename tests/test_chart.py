@@ -511,7 +511,7 @@ def test_lora_job_passes_its_settings_and_the_cli_reads_them_back() -> None:
     argv = ["--model", "Qwen/Qwen2.5-7B", "--global-batch-size", "8", "--num-workers", "8"]
     argv += [w for k, v in flags.items() if k.startswith("--lora") for w in (k, v)] + ["--export-merged"]
     opts = parse_args(argv)
-    assert opts.lora == LoraSpec(8, 16.0, 0.05, ("q_proj", "v_proj")) and opts.export_merged
+    assert opts.lora == LoraSpec(8, 16, 0.05, ("q_proj", "v_proj")) and opts.export_merged
 
 
 def test_entrypoint_switches_and_quoting() -> None:
@@ -543,10 +543,14 @@ def test_float8_is_on_where_the_gpu_has_fp8_tensor_cores_and_refused_where_it_ha
     # Unset: on for compiled layers on FP8 tensor cores at micro-batches of >= 16,384 tokens (the
     # smallest measured to pay), so p5's H100s at 8 x 2048 train in float8 and dev's L4s at 1 x 2048
     # in bf16. Explicit either way in the entrypoint: the training CLI's own default never decides.
-    p5_big = {"micro_batch_size": 8, "global_batch_size": 128}
+    # prod's job as a full fine-tune of the 1.5B model (its LoRA base is never converted to float8).
+    full = {"model": "Qwen/Qwen2.5-1.5B", "lora": None}
+    p5_big = {**full, "micro_batch_size": 8, "global_batch_size": 128}
     assert "--float8" in switches_of(variant("prod", gpu_nodes=P5_NODES, job=p5_big))
     assert "--no-float8" in switches_of(variant("prod", gpu_nodes=P5_NODES, job={**p5_big, "compile": False}))
-    assert "--no-float8" in switches_of(variant("prod", gpu_nodes=P5_NODES))  # 1 x 2048
+    assert "--no-float8" in switches_of(variant("prod", gpu_nodes=P5_NODES, job=full))  # 1 x 2048
+    lora_big = {"micro_batch_size": 8, "global_batch_size": 128}  # prod's LoRA job: never float8
+    assert "--no-float8" in switches_of(variant("prod", gpu_nodes=P5_NODES, job=lora_big))
     assert "--no-float8" in switches_of(variant("dev"))
     assert "--float8" in switches_of(variant("dev", job={"float8": True}))  # L4: FP8 tensor cores
     assert "--no-float8" in switches_of(variant("dev", gpu_nodes={"instance_type": "g5.48xlarge"}))

@@ -85,7 +85,9 @@ def test_a_model_that_fits_no_job_is_refused(tmp_path: Path) -> None:
             "is catalogue entry 'qwen2.5-7b'",
         ),
         ({"lora": {"rank": 0}}, "job.lora.rank", "whole number >= 1"),
-        ({"lora": {"alpha": 0}}, "job.lora.alpha", "must be > 0"),
+        ({"lora": {"alpha": 0}}, "job.lora.alpha", "use a whole number >= 1"),
+        ({"lora": {"dropout": 1}}, "job.lora.dropout", "must be in [0, 1)"),
+        ({"model": "Qwen/Qwen2.5-7B", "lora": {}, "float8": True}, "job.float8", "not with job.lora"),
         (
             {"lora": {"target_modules": ["q_proj", "c_attn"]}},
             "job.lora.target_modules",

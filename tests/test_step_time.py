@@ -300,7 +300,7 @@ def test_a_larger_model_takes_longer_per_token() -> None:
 
 
 def test_lora_terms() -> None:
-    from training.flops import flops_per_token
+    from training.flops import flops_per_token, lora_flops_per_token
     from training.lora_spec import LoraSpec
 
     dims = Dims.of("qwen2.5-7b")
@@ -308,9 +308,10 @@ def test_lora_terms() -> None:
     full = step_time(dims, L4X2, seq_len=2048, micro_batch=1, accum=4, mesh=mesh)
     lora = step_time(dims, L4X2, seq_len=2048, micro_batch=1, accum=4, mesh=mesh, lora=LoraSpec())
     n_lora = dims.layers * LoraSpec().params_per_layer(dims.linear_shapes())
-    # Token work: 4N + 6 N_lora (+ attention) against 6N; the adapters' memory-bound GEMMs on top.
+    # Token work: LoRA's FLOPs (4 x base matmuls + 6 x adapters + attention) against 6N + attention;
+    # the adapters' memory-bound GEMMs on top.
     f_full = flops_per_token(dims.params, dims.layers, dims.q_dim, 2048)
-    f_lora = flops_per_token(dims.params, dims.layers, dims.q_dim, 2048, lora_params=n_lora)
+    f_lora = lora_flops_per_token(dims, LoraSpec(), 2048)
     gemms = "layers and loss GEMMs"
     assert lora.compute_s[gemms] / full.compute_s[gemms] == pytest.approx(f_lora / f_full)
     assert lora.compute_s["LoRA adapters (small GEMMs, memory-bound)"] > 0

@@ -29,6 +29,21 @@ from torch.distributed.checkpoint.state_dict import (
 from training.errors import CheckpointError
 
 STATE_FILE = "train_state.json"
+# What a checkpoint holds of the model: the parameters that train. A LoRA run's frozen base is not
+# saved (it is the --model it started from, loaded again on resume and at export); a full
+# fine-tune has no frozen parameters, so this is all of them.
+TRAINED = StateDictOptions(ignore_frozen_params=True)
+
+
+def _trained_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], Any]:
+    """(model state, optimizer state) of the parameters that train. ignore_frozen_params misses a
+    frozen lm_head tied to the embedding (torch lists the shared tensor under both names, but
+    named_parameters, which decides what is frozen, under one), so the names are filtered too."""
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=TRAINED)
+    if not all(p.requires_grad for p in model.parameters()):
+        trained = {n for n, p in model.named_parameters() if p.requires_grad}
+        model_sd = {k: v for k, v in model_sd.items() if k in trained}
+    return model_sd, optim_sd
 
 
 def rng_state() -> dict[str, Any]:
@@ -55,7 +70,7 @@ def save(
 ) -> None:
     """Collective: every rank writes its own shards into its own `path`."""
     os.makedirs(path, exist_ok=True)
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    model_sd, optim_sd = _trained_state(model, optimizer)
     state = {
         "model": model_sd,
         "optim": optim_sd,
@@ -228,7 +243,7 @@ def load(
     nothing else (no copy of the whole checkpoint on every node). Returns train_state.json with
     the step and data position from the DCP state, and `read`: the files and bytes this rank read.
     """
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    model_sd, optim_sd = _trained_state(model, optimizer)
     state: dict[str, Any] = {
         "model": model_sd,
         "optim": optim_sd,
@@ -265,7 +280,11 @@ def load(
             optimizer,
             model_state_dict=state["model"],
             optim_state_dict=state["optim"],
-            options=StateDictOptions(strict=True),
+            # The frozen base (LoRA) is not in the checkpoint: strict would ask for it. The keys
+            # were compared with what was saved just above.
+            options=StateDictOptions(
+                strict=all(p.requires_grad for p in model.parameters()), ignore_frozen_params=True
+            ),
         )
     except (KeyError, RuntimeError, ValueError) as exc:
         raise CheckpointError(f"{where}: {_dcp_reason(exc)}") from None

@@ -203,8 +203,17 @@ def export_final(opts: TrainOptions, checkpoint_path: str) -> str:
     remote = "://" in opts.storage_path
     scheme = opts.storage_path.split("://", 1)[0] if remote else ""
     source = f"{scheme}://{checkpoint_path}" if remote else checkpoint_path
+    log = lambda line: print(line, flush=True)  # noqa: E731
+    if opts.lora is not None:  # the adapter; the merged model too when asked
+        adapter = export(
+            source, shards.join(opts.storage_path, opts.run_name, "adapter"), replace=True, log=log
+        )
+        if not opts.export_merged:
+            return adapter
+        return export(source, shards.join(opts.storage_path, opts.run_name, "model"), replace=True, log=log,
+                      merged=True)  # fmt: skip
     target = shards.join(opts.storage_path, opts.run_name, "model")
-    return export(source, target, replace=True, log=lambda line: print(line, flush=True))
+    return export(source, target, replace=True, log=log)
 
 
 def resolve_eval_data(opts: TrainOptions, train: str | None) -> str | None:

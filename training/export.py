@@ -158,9 +158,11 @@ def _config_and_tokenizer(state: dict[str, Any], model: str | None, dtype: str, 
 
 
 def export(checkpoint: str, out: str, *, model: str | None = None, dtype: str = "bfloat16",
-           shard_mb: float = DEFAULT_SHARD_MB, replace: bool = False, log: Any = print) -> str:  # fmt: skip
+           shard_mb: float = DEFAULT_SHARD_MB, replace: bool = False, log: Any = print,
+           merged: bool = False) -> str:  # fmt: skip
     """Write the Hugging Face folder of `checkpoint` to `out`; returns `out`. `replace`: a local
-    `out` already there (an earlier end of the same run) is swapped for the new one."""
+    `out` already there (an earlier end of the same run) is swapped for the new one. A LoRA
+    checkpoint gives its adapter folder, or with `merged` the merged model (training/export_lora.py)."""
     import torch
 
     from training.checkpoint import read_state
@@ -174,6 +176,16 @@ def export(checkpoint: str, out: str, *, model: str | None = None, dtype: str = 
         raise OptionError(f"--checkpoint: {checkpoint}: cannot read its train_state.json: {exc}") from None
     if not shards.is_remote(out) and os.path.exists(out) and not replace:
         raise OptionError(f"--out: {out} exists; export to a new folder (nothing is overwritten locally)")
+    from training.export_lora import checkpoint_lora, export_lora
+
+    spec = checkpoint_lora(state)
+    if spec is not None:
+        return export_lora(checkpoint, out, state=state, spec=spec, model=model, merged=merged, dtype=dtype,
+                           shard_mb=shard_mb, replace=replace, log=log)  # fmt: skip
+    if merged:
+        raise OptionError(
+            f"--merged: {checkpoint} is a full fine-tune's checkpoint, not LoRA's: drop --merged"
+        )
     tensors = model_tensors(fs, path)
     torch_dtype = getattr(torch, dtype)
     local_parent = os.path.dirname(os.path.abspath(out)) if not shards.is_remote(out) else None
@@ -214,7 +226,7 @@ def publish(folder: str, out: str, replace: bool = False) -> None:
     if fs.get_file_info(f"{root}/config.json").type == pafs.FileType.File:
         fs.delete_file(f"{root}/config.json")  # an older export there: not a model until done
     names = sorted(os.listdir(folder))
-    last = [INDEX_FILE, "config.json"]
+    last = [INDEX_FILE, "config.json", "adapter_config.json"]  # what makes a model, last
     for name in [n for n in names if n not in last] + [n for n in last if n in names]:
         pafs.copy_files(os.path.join(folder, name), f"{root}/{name}", destination_filesystem=fs)
 
@@ -231,6 +243,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="tokenizer and config source (default: the run's --model)")
     p.add_argument("--dtype", choices=DTYPES, default="bfloat16")
     p.add_argument("--shard-mb", type=float, default=DEFAULT_SHARD_MB, help="largest safetensors file, MiB")
+    p.add_argument(
+        "--merged",
+        action="store_true",
+        help="a LoRA checkpoint: the base with the adapters merged in (default: the adapter folder)",
+    )
     return p
 
 
@@ -243,7 +260,9 @@ def main(argv: list[str] | None = None) -> int:
         # unwritable places are named before anything is read or written.
         checkpoint = location_option("--checkpoint", args.checkpoint)
         out = location_option("--out", args.out, output=True)
-        export(checkpoint, out, model=args.model, dtype=args.dtype, shard_mb=args.shard_mb)
+        export(
+            checkpoint, out, model=args.model, dtype=args.dtype, shard_mb=args.shard_mb, merged=args.merged
+        )
     except OptionError as exc:
         print(f"python -m training.export: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2

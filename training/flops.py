@@ -6,14 +6,16 @@ attention scores and values, where N counts every parameter once (tied embedding
 number of layers, H the attention heads, Q the head dimension and T the sequence length. H·Q is the
 hidden size d for Qwen2 and Llama 3.1 shapes, not for Qwen3 or Gemma (head_dim x heads != d).
 
-LoRA (training/lora_spec.py) trains adapters on a frozen base: the base's matmuls run forward (2N)
-and their input gradients (2N) but compute no weight gradient, the adapters all three (6·N_lora);
-attention's backward is input gradients only, so its term stays: 4N + 6·N_lora + 12·L·H·Q·T.
+LoRA: `lora_flops_per_token` (4 x the base's matmul weights + 6 x the adapters + attention).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from training.lora_spec import LoraSpec
+    from training.memory_plan import Dims
 
 # Dense (no 2:4 sparsity) bf16 Tensor Core peak, TFLOP/s per GPU, from NVIDIA's data sheets:
 #   H100 SXM / H200 SXM: 989 (H100 and H200 Tensor Core GPU data sheets, "BF16 Tensor Core 1,979*",
@@ -57,13 +59,9 @@ def count_params(model: Any) -> int:
     return total
 
 
-def flops_per_token(n_params: int, n_layers: int, attn_dim: int, seq_len: int, lora_params: int = 0) -> float:
-    """Training FLOPs per token: 6N + 12·L·(H·Q)·T, `attn_dim` = heads x head_dim; with LoRA
-    (`lora_params` = N_lora > 0), 4N + 6·N_lora + 12·L·(H·Q)·T."""
-    attention = 12.0 * n_layers * attn_dim * seq_len
-    if lora_params:
-        return 4.0 * n_params + 6.0 * lora_params + attention
-    return 6.0 * n_params + attention
+def flops_per_token(n_params: int, n_layers: int, attn_dim: int, seq_len: int) -> float:
+    """Training FLOPs per token: 6N + 12·L·(H·Q)·T, `attn_dim` = heads x head_dim."""
+    return 6.0 * n_params + 12.0 * n_layers * attn_dim * seq_len
 
 
 def mfu(tokens_per_s: float, flops_tok: float, n_gpus: int, peak: float | None) -> float | None:
@@ -71,3 +69,19 @@ def mfu(tokens_per_s: float, flops_tok: float, n_gpus: int, peak: float | None) 
     if not peak or n_gpus <= 0:
         return None
     return tokens_per_s * flops_tok / (peak * 1e12 * n_gpus)
+
+
+def lora_flops_per_token(dims: Dims, lora: LoraSpec, seq_len: int) -> float:
+    """Training FLOPs per token of LoRA, counted as the GPU runs them (not 6N).
+
+    The frozen base's matmuls run forward (2 per weight) and backward for their input's gradient
+    only (2 per weight; no weight gradient): 4 x (the decoder layers' linear weights + lm_head's
+    V x d, tied or not: the embedding itself is a lookup). The adapters A and B train like any
+    weight: 6 per parameter. Attention's scores and values: 12 L T (heads x head_dim), forward
+    and backward, as in `flops_per_token` (not halved for the causal mask). Norms, biases and
+    the rotary embedding are left out (under 0.1 %)."""
+    shapes = dims.linear_shapes()
+    base = dims.layers * sum(i * o for i, o in shapes.values()) + dims.vocab * dims.hidden
+    adapters = dims.layers * lora.params_per_layer(shapes)
+    attention_width = shapes["o_proj"][0]  # heads x head_dim
+    return 4.0 * base + 6.0 * adapters + 12.0 * dims.layers * attention_width * seq_len

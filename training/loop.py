@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import math
 import os
@@ -19,7 +20,8 @@ import torch.distributed as dist
 from training import checkpoint, emf
 from training.data import Batches, BlockRange
 from training.evaluate import EarlyStop, evaluate, held_out_split
-from training.flops import count_params, flops_per_token, mfu, peak_tflops
+from training.flops import count_params, flops_per_token, lora_flops_per_token, mfu, peak_tflops
+from training.lora import apply_lora
 from training.loss import count_targets, labels_and_positions
 from training.loss_chunks import chunk_mem_const, default_chunk_tokens
 from training.memory_plan import Dims, auto_micro_batch, auto_reshard_after_forward
@@ -197,7 +199,7 @@ def plan_options(
         liger_layers=liger_layers,
         reshard_after_forward=opts.reshard_after_forward is not False,
         loss_chunk_tokens=chunk,
-        lora=opts.lora,  # LoRA's frozen bf16 base and adapters (training/model_options.py)
+        lora=opts.lora,
     )
 
 
@@ -277,14 +279,8 @@ class _Trainer:
         if local_world is None and opts.sharding == "hsdp":
             raise ValueError(f"--sharding hsdp needs the same number of contiguous ranks per host: {keys}")
 
-        model = build_model(opts.init, opts.shape, opts.model, opts.seed)
-        self._choose_kernels(model, local_world or self.world)
-        self.n_params = count_params(model)
-        # Attention's FLOPs are 12 L (heads x head_dim) T: head_dim x heads != hidden for Qwen3, Gemma.
+        model = self._build_model(local_world or self.world)
         mcfg: Any = model.config
-        self.flops_tok = flops_per_token(
-            self.n_params, mcfg.num_hidden_layers, Dims.from_config(mcfg.to_dict()).q_dim, opts.seq_len
-        )
         gpu_name = torch.cuda.get_device_name(self.device) if self.on_gpu else "cpu"
         self.device_name = gpu_name
         self.peak = opts.peak_tflops or (peak_tflops(gpu_name) if self.on_gpu else None)
@@ -299,7 +295,7 @@ class _Trainer:
         )
         self.model.train()
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
+            [p for p in self.model.parameters() if p.requires_grad],  # LoRA: the adapters alone
             lr=opts.lr,
             betas=(0.9, 0.95),
             weight_decay=opts.weight_decay,
@@ -347,6 +343,25 @@ class _Trainer:
         self.transport: dict[str, Any] = {}
         self.timer = StepTimer(self.device)
         torch.manual_seed(opts.seed * 1000 + self.rank)
+
+    def _build_model(self, local_world: int) -> Any:
+        """The rank's model with its kernels chosen (and LoRA's adapters), not yet sharded; sets
+        the parameter count and the FLOPs per token MFU is counted with."""
+        opts = self.opts
+        # LoRA's base is frozen in bf16 from the start (no fp32 copy on the host either).
+        dtype = torch.bfloat16 if opts.lora is not None else torch.float32
+        model = build_model(opts.init, opts.shape, opts.model, opts.seed, dtype=dtype)
+        self._choose_kernels(model, local_world or self.world)
+        self.n_params = count_params(model)
+        mcfg: Any = model.config
+        # Attention's FLOPs are 12 L (heads x head_dim) T: head_dim x heads != hidden for Qwen3, Gemma.
+        self.flops_tok = flops_per_token(
+            self.n_params, mcfg.num_hidden_layers, Dims.from_config(mcfg.to_dict()).q_dim, opts.seq_len
+        )
+        if opts.lora is not None:  # after Liger's patches, which replace modules by class
+            apply_lora(model, opts.lora, base_model=opts.model)
+            self.flops_tok = lora_flops_per_token(Dims.from_config(mcfg.to_dict()), opts.lora, opts.seq_len)
+        return model
 
     def _skip_guards(self) -> bool:
         """--skip-guard-eval: only with compiled layers, and by default only where every
@@ -640,7 +655,12 @@ class _Trainer:
             "mesh": list(self.mesh_shape),
             "data_fingerprint": self.data_fingerprint,
             # What the export needs to write config.json and the tokenizer (training/export.py).
-            "model_ref": {"init": self.opts.init, "shape": self.opts.shape, "model": self.opts.model},
+            "model_ref": {
+                "init": self.opts.init,
+                "shape": self.opts.shape,
+                "model": self.opts.model,
+                "lora": dataclasses.asdict(self.opts.lora) if self.opts.lora is not None else None,
+            },
             "stopped_early": self.stopped_early,
             # For the plot: random ids have a chance-level loss of ln(vocab); shards may repeat.
             "vocab_size": self.vocab_size,

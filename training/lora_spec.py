@@ -10,6 +10,7 @@ checkpoints hold those alone, and the base can stay in bf16 (no fp32 master copy
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 # Every linear layer of a decoder layer (attention and MLP), by the names Llama-style Hugging Face
 # decoders use (Qwen2/2.5/3, Llama 3.x, Mistral, Gemma 2/3): the choice QLoRA (Dettmers et al.,
@@ -24,7 +25,21 @@ DEFAULT_TARGETS: tuple[str, ...] = (
     "down_proj",
 )
 DEFAULT_RANK = 16
-DEFAULT_ALPHA = 32.0
+DEFAULT_ALPHA = 32
+
+
+SETTING_NAMES = {
+    "rank": "job.lora.rank",
+    "alpha": "job.lora.alpha",
+    "dropout": "job.lora.dropout",
+    "targets": "job.lora.target_modules",
+}
+FLAG_NAMES = {
+    "rank": "--lora-rank",
+    "alpha": "--lora-alpha",
+    "dropout": "--lora-dropout",
+    "targets": "--lora-targets",
+}
 
 
 class LoraError(ValueError):
@@ -37,7 +52,7 @@ class LoraSpec:
     decoder layers' linear modules that get adapters (by name, e.g. q_proj)."""
 
     rank: int = DEFAULT_RANK
-    alpha: float = DEFAULT_ALPHA
+    alpha: int = DEFAULT_ALPHA
     dropout: float = 0.0
     targets: tuple[str, ...] = DEFAULT_TARGETS
 
@@ -46,23 +61,36 @@ class LoraSpec:
         if problem:
             raise LoraError(problem)
 
-    def problem(self, prefix: str = "lora") -> str | None:
-        """One line naming the first bad field, or None."""
+    @classmethod
+    def checked(
+        cls, rank: int, alpha: int, dropout: float, targets: tuple[str, ...], names: dict[str, str]
+    ) -> LoraSpec:
+        """A spec from user input, refused (LoraError) with the user's own names for the fields."""
+        problem = object.__new__(cls)
+        for key, value in (("rank", rank), ("alpha", alpha), ("dropout", dropout), ("targets", targets)):
+            object.__setattr__(problem, key, value)
+        message = cls.problem(problem, names)
+        if message:
+            raise LoraError(message)
+        return cls(rank, alpha, dropout, tuple(targets))
+
+    def problem(self, names: dict[str, str] | None = None) -> str | None:
+        """One line naming the first bad field, or None. `names` maps the fields (rank, alpha,
+        dropout, targets) to what the user wrote: SETTING_NAMES (default) or FLAG_NAMES."""
+        n = names or SETTING_NAMES
         if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
             return (
-                f"{prefix}.rank: {self.rank!r} is not a rank; use a whole number >= 1 (8, 16, 64 are common)"
+                f"{n['rank']}: {self.rank!r} is not a rank; use a whole number >= 1 (8, 16 or 64 are usual)"
             )
-        if not self.alpha > 0:
-            return (
-                f"{prefix}.alpha: {self.alpha!r} must be > 0 "
-                "(the update is scaled by alpha / rank; 2 x rank is usual)"
-            )
+        if isinstance(self.alpha, bool) or not isinstance(self.alpha, int) or self.alpha < 1:
+            # peft's LoraConfig.lora_alpha is an int (adapter_config.json carries it as one).
+            return f"{n['alpha']}: {self.alpha!r}; use a whole number >= 1 (the update is alpha / rank x B A)"
         if not 0 <= self.dropout < 1:
-            return f"{prefix}.dropout: {self.dropout!r} must be in [0, 1)"
-        if not self.targets:
-            return f"{prefix}.target_modules: empty; name at least one of {', '.join(DEFAULT_TARGETS)}"
+            return f"{n['dropout']}: {self.dropout!r} must be in [0, 1)"
+        if not self.targets or any(not t for t in self.targets):
+            return f"{n['targets']}: {list(self.targets)}; name modules such as {', '.join(DEFAULT_TARGETS)}"
         if len(set(self.targets)) != len(self.targets):
-            return f"{prefix}.target_modules: {list(self.targets)} names a module twice"
+            return f"{n['targets']}: {list(self.targets)} names a module twice"
         return None
 
     @property
@@ -83,9 +111,45 @@ class LoraSpec:
             "--lora-rank",
             str(self.rank),
             "--lora-alpha",
-            f"{self.alpha:g}",
+            str(self.alpha),
             "--lora-dropout",
             f"{self.dropout:g}",
             "--lora-targets",
             ",".join(self.targets),
         ]
+
+
+def add_arguments(parser: Any) -> None:
+    """`python -m training`'s LoRA flags (an argparse parser); read back by `from_options`."""
+    g = parser.add_argument_group("LoRA (training/lora.py)")
+    g.add_argument(
+        "--lora-rank",
+        type=int,
+        default=0,
+        metavar="R",
+        help="train LoRA adapters of rank R on a frozen bf16 base (0: full fine-tuning, the default)",
+    )
+    g.add_argument(
+        "--lora-alpha", type=int, default=DEFAULT_ALPHA, help="the update is scaled by alpha / rank"
+    )
+    g.add_argument("--lora-dropout", type=float, default=0.0, help="dropout on the adapters' input")
+    g.add_argument(
+        "--lora-targets",
+        default=",".join(DEFAULT_TARGETS),
+        metavar="NAMES",
+        help="comma-separated linear modules of the decoder layers that get adapters",
+    )
+    g.add_argument(
+        "--export-merged",
+        action="store_true",
+        help="with LoRA, also export the base with the adapters merged in, as a full Hugging Face folder",
+    )
+
+
+def from_options(options: Any) -> LoraSpec | None:
+    """The spec of parsed options (their lora_* attributes), None for full fine-tuning; LoraError
+    naming the flag when a value is bad."""
+    if options.lora_rank == 0:
+        return None
+    targets = tuple(t.strip() for t in str(options.lora_targets).split(","))
+    return LoraSpec.checked(options.lora_rank, options.lora_alpha, options.lora_dropout, targets, FLAG_NAMES)

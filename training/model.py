@@ -81,12 +81,15 @@ def _dtype_kwarg() -> str:
     return "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
 
 
-def build_model(init: str, shape: str, model: str, seed: int) -> nn.Module:
-    """fp32 model on the CPU (FSDP2 moves each rank's shard to its device); master weights stay fp32."""
+def build_model(
+    init: str, shape: str, model: str, seed: int, dtype: torch.dtype = torch.float32
+) -> nn.Module:
+    """The model on the CPU (FSDP2 moves each rank's shard to its device): fp32, the master weights
+    of a full fine-tune; bf16 for LoRA's frozen base."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    kwargs = {_dtype_kwarg(): torch.float32, "attn_implementation": "sdpa"}
+    kwargs = {_dtype_kwarg(): dtype, "attn_implementation": "sdpa"}
     if init == "random":
         m = AutoModelForCausalLM.from_config(shape_config(shape), **kwargs)
     else:

@@ -11,10 +11,12 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from training.batch import accumulation_steps
-from training.lora_spec import LoraSpec
+from training.lora_spec import DEFAULT_ALPHA, DEFAULT_TARGETS, LoraError, LoraSpec
+from training.lora_spec import add_arguments as add_lora_arguments
+from training.lora_spec import from_options as lora_from_options
 from training.loss_chunks import LARGE_GPU_GIB, LOSS_CHUNK_TOKENS, SMALL_GPU_CHUNK_TOKENS
 from training.memory_plan import AUTO_HEADROOM
-from training.model_options import ModelOptionError, lora_from_dict
+from training.model_options import ModelOptionError
 from training.model_options import add_arguments as add_model_arguments
 from training.model_options import check as check_model_options
 from training.precision import FLOAT8_MIN_TOKENS
@@ -95,9 +97,16 @@ class TrainOptions:
     early_stop_patience: int = 0  # stop after this many evaluations without a lower eval loss
     export: bool = True  # a Hugging Face folder under the run at the end (training/export.py)
     skip_guard_eval: bool | None = None  # None: on for compiled layers on unflagged (text) data
-    lora: LoraSpec | None = None  # LoRA adapters on a frozen base (training/model_options.py)
-    export_merged: bool = False  # with LoRA: the merged model too
+    lora_rank: int = 0  # LoRA adapters of this rank on a frozen base (training/lora.py); 0: full
+    lora_alpha: int = DEFAULT_ALPHA
+    lora_dropout: float = 0.0
+    lora_targets: str = ",".join(DEFAULT_TARGETS)
+    export_merged: bool = False  # LoRA: the merged model too, beside the adapter
     planned_dims: str | None = None  # what synthesis planned for (training/dims.py signature)
+
+    @property
+    def lora(self) -> LoraSpec | None:
+        return lora_from_options(self)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -105,9 +114,7 @@ class TrainOptions:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainOptions:
         names = {f.name for f in dataclasses.fields(cls)}
-        kept = {k: v for k, v in d.items() if k in names}
-        kept["lora"] = lora_from_dict(kept.get("lora"))
-        return cls(**kept)
+        return cls(**{k: v for k, v in d.items() if k in names})
 
 
 class _Parser(argparse.ArgumentParser):
@@ -208,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
         "tokenizer of real data: text unless --shape tiny, chat data always with its chat template)",
     )
     g.add_argument("--init", choices=("pretrained", "random"), default="pretrained")
-    add_model_arguments(g, shapes=SHAPES)  # --shape, LoRA, --export-merged, --planned-dims
+    add_model_arguments(g, shapes=SHAPES)  # --shape, --planned-dims
     g.add_argument(
         "--sharding",
         choices=SHARDINGS,
@@ -325,7 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
         f"{AUTO_HEADROOM * 100:.0f}%% of its GPU free (else the largest that fits); CPU workers take "
         "their whole share at once",
     )
-    _add_fine_tuning_arguments(g)
+    _add_fine_tuning_arguments(g, p)
     g = p.add_argument_group("optimisation")
     g.add_argument("--steps", type=pos_int, default=100)
     g.add_argument("--lr", type=pos_float, default=1e-4)
@@ -371,8 +378,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _add_fine_tuning_arguments(g: Any) -> None:
-    """Chat data, held-out evaluation and the export (docs/fine-tuning.md)."""
+def _add_fine_tuning_arguments(g: Any, parser: argparse.ArgumentParser) -> None:
+    """Chat data, held-out evaluation and the export (docs/fine-tuning.md); LoRA's own group."""
+    add_lora_arguments(parser)
     pos_float = _positive(float)
     g.add_argument(
         "--data-format",
@@ -499,6 +507,7 @@ def parse_args(argv: list[str]) -> TrainOptions:
     else:
         d["data_format"] = "text"
     _check_eval(d)
+    _check_lora(d)
     if d["skip_guard_eval"] and d["data_format"] == "chat":
         raise OptionError(
             "--skip-guard-eval: not with chat data (packed conversations give blocks different "
@@ -529,6 +538,28 @@ def _check_run(d: dict[str, Any]) -> None:
         d["storage_path"] = os.path.join(d["output_dir"], "checkpoints")
     # Ray Train's storage: S3 or a local folder (file:// would be a second spelling of the latter).
     d["storage_path"] = location_option("--storage-path", d["storage_path"], output=True, s3_only=True)
+
+
+def _check_lora(d: dict[str, Any]) -> None:
+    """LoRA's flags: valid values, a pretrained base, and the kernels LoRA runs with."""
+    try:
+        spec = lora_from_options(argparse.Namespace(**d))
+    except LoraError as exc:
+        raise OptionError(str(exc)) from None
+    if spec is None:
+        if d["export_merged"]:
+            raise OptionError(
+                "--export-merged: only with LoRA (--lora-rank R): a full fine-tune's export is the model"
+            )
+        return
+    if d["init"] == "random":
+        raise OptionError(
+            "--lora-rank: LoRA adapts a pretrained model; with --init random train the whole model "
+            "(drop --lora-rank) or give --init pretrained --model ID|DIR|s3://"
+        )
+    if d["float8"]:
+        raise OptionError("--float8: not with LoRA (its frozen bf16 base is not converted); drop --float8")
+    d["lora_targets"] = ",".join(spec.targets)
 
 
 def _check_prepared(d: dict[str, Any]) -> dict[str, Any] | None:

@@ -67,8 +67,9 @@ at 2048 tokens, 10.32 GFLOP), with the attention term 12 L (heads x head_dim) T 
 the other terms follow the model's parameters, vocabulary and hidden size (training/dims.py).
 LoRA (training/lora_spec.py), PREDICTIONS until LoRA steps are measured on the H200 (the figures
 will replace or calibrate these terms):
-  tokens    the frozen base's matmuls run forward (2N) and input-gradient (2N) but no weight-gradient
-            GEMM: 4N + 6 N_lora + 12 L (heads x head_dim) T per token instead of 6N + ...
+  tokens    the frozen base's matmuls run forward (2 per weight) and input-gradient (2) but no
+            weight-gradient GEMM, the adapters train (6 per parameter): training/flops.py
+            lora_flops_per_token, the FLOPs the loop's MFU counts, instead of 6N + ...
   adapters  their small GEMMs (rank r) are bound by memory: each target reads its input and writes
             its output about ADAPTER_PASSES times (forward, the backward's two gradients), 2 B an
             element, per token and layer, at the GPU's bandwidth
@@ -90,7 +91,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from training.flops import PEAK_BF16_TFLOPS, flops_per_token
+from training.flops import PEAK_BF16_TFLOPS, flops_per_token, lora_flops_per_token
 from training.lora_spec import LoraSpec
 from training.loss_chunks import LOSS_CHUNK_TOKENS, chunk_mem_const, chunk_tokens
 from training.memory_plan import Dims
@@ -234,7 +235,8 @@ def step_time(  # noqa: PLR0912, PLR0915  (one formula, term by term)
     q = dims.q_dim
     n_lora = dims.layers * lora.params_per_layer(dims.linear_shapes()) if lora else 0
     trained = n_lora if lora else n
-    f_tok = flops_per_token(n, dims.layers, q, seq_len, lora_params=n_lora)
+    # LoRA's FLOPs as training/flops.py counts them for the loop's MFU (4 x base matmuls + 6 x adapters).
+    f_tok = lora_flops_per_token(dims, lora, seq_len) if lora else flops_per_token(n, dims.layers, q, seq_len)
     # The token-proportional work, scaled from the H200 calibration (Qwen2.5-1.5B, 2048 tokens) by
     # dense peak and by FLOPs per token.
     ref = Dims.of(CALIBRATION_SHAPE)

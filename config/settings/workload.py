@@ -14,7 +14,7 @@ from config.image import load as load_image
 from config.models import ModelError, ModelPlan, resolve
 from config.names import KUBERAY_NAMESPACE, RAY_NAMESPACE
 from config.settings.base import SEMVER_RE, FieldError, SettingsModel
-from training.lora_spec import DEFAULT_ALPHA, DEFAULT_RANK, DEFAULT_TARGETS, LoraError, LoraSpec
+from training.lora_spec import DEFAULT_ALPHA, DEFAULT_RANK, DEFAULT_TARGETS, SETTING_NAMES, LoraError, LoraSpec
 from training.netprobe import GATE_LOG_ENV, gate_log_problem
 from training.precision import FLOAT8_MIN_TOKENS
 from training.uri import LocationError
@@ -225,19 +225,19 @@ class LoraSettings(SettingsModel):
     """LoRA (training/lora_spec.py): a frozen bf16 base, low-rank adapters trained with FSDP2."""
 
     rank: int = DEFAULT_RANK
-    alpha: float = DEFAULT_ALPHA
+    alpha: int = DEFAULT_ALPHA  # peft's lora_alpha is a whole number
     dropout: float = 0.0
     # Linear modules of each decoder layer that get adapters, by name.
     target_modules: list[str] = Field(default_factory=lambda: list(DEFAULT_TARGETS))
 
     @model_validator(mode="after")
     def _valid(self) -> LoraSettings:
-        # LoraSpec's own rule (the training CLI applies the same): "lora.FIELD: message".
+        # LoraSpec's own rule (the training CLI applies the same), named as the settings are.
         try:
-            self.spec  # noqa: B018
+            LoraSpec.checked(self.rank, self.alpha, self.dropout, tuple(self.target_modules), SETTING_NAMES)
         except LoraError as exc:
             field, message = str(exc).split(": ", 1)
-            raise FieldError((field.split(".", 1)[1],), message) from None
+            raise FieldError((field.rsplit(".", 1)[1],), message) from None
         return self
 
     @property
@@ -486,6 +486,10 @@ class JobSettings(SettingsModel):
                     f"{', '.join(unknown)}: not a linear module of {plan.dims.model_type}'s decoder "
                     f"layers; valid: {', '.join(plan.dims.linear_shapes())}",
                 )
+        if self.lora is not None and self.float8:
+            raise FieldError(
+                ("float8",), "not with job.lora: LoRA's frozen bf16 base is not converted; drop job.float8"
+            )
         if self.export_merged and (self.lora is None or not self.export):
             raise FieldError(
                 ("export_merged",),
@@ -559,6 +563,8 @@ class JobSettings(SettingsModel):
         (default: the job's); unset: where the GPU has FP8 tensor cores, with compiled layers, at
         micro-batches where it was measured to pay (the training CLI's own rule,
         training.precision.float8_by_default)."""
+        if self.lora is not None:
+            return False  # LoRA's frozen bf16 base is not converted (the training CLI refuses both)
         if self.float8 is not None:
             return self.float8
         tokens = (micro or self.micro_batch(gpu)) * self.seq_len
