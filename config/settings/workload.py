@@ -14,7 +14,14 @@ from config.image import load as load_image
 from config.models import ModelError, ModelPlan, resolve
 from config.names import KUBERAY_NAMESPACE, RAY_NAMESPACE
 from config.settings.base import SEMVER_RE, FieldError, SettingsModel
-from training.lora_spec import DEFAULT_ALPHA, DEFAULT_RANK, DEFAULT_TARGETS, SETTING_NAMES, LoraError, LoraSpec
+from training.lora_spec import (
+    DEFAULT_ALPHA,
+    DEFAULT_RANK,
+    DEFAULT_TARGETS,
+    SETTING_NAMES,
+    LoraError,
+    LoraSpec,
+)
 from training.netprobe import GATE_LOG_ENV, gate_log_problem
 from training.precision import FLOAT8_MIN_TOKENS
 from training.uri import LocationError
