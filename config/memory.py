@@ -5,14 +5,15 @@ way the RayJob runs (one Ray Train worker per GPU, `gpus` workers per node, the 
 micro-batch and accumulation) and says what to change when the job would not fit. The GPU's usable
 memory comes from the instance catalogue (`Instance.gpu_memory_cuda_gib`).
 
-The plan sizes `job.shape`, the architecture `--init random` builds; a pretrained `job.model` is
-assumed to have that shape (Qwen/Qwen2.5-1.5B by default).
+The plan sizes the job's model by its own config (config/models.py: the catalogue, or a local copy
+of its config.json), with LoRA's terms when `job.lora` is set.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from training.lora_spec import LoraSpec
 from training.loss_chunks import default_chunk_tokens
 from training.memory_plan import (
     GIB,
@@ -36,8 +37,9 @@ def plan_options(job: JobSettings, gpu: Instance, nodes: int, micro: int | None 
     world = nodes * gpu.gpus
     mesh = mesh_shape(str(job.sharding), world, gpu.gpus)
     return dict(
-        shape=str(job.shape),
+        shape=job.model_plan.dims,
         seq_len=job.seq_len,
+        lora=job.lora_spec,
         shard=mesh[-1],
         # The world group, and with an HSDP mesh its shard and replicate sub-groups; a single rank's
         # communicator has no peers (its few bytes are in the CUDA context term).
@@ -135,9 +137,14 @@ def largest_micro_batch_for(
     return largest_micro_batch(capacity_bytes(gpu), accum=2 if accumulate else 1, **options)
 
 
+# The most GPU nodes a fix may propose (job.nodes; gpu_nodes.max_size must allow it).
+MAX_NODES_SUGGESTED = 16
+
+
 def fit_problem(job: JobSettings, gpu: Instance, nodes: int) -> str | None:
     """None when the job fits one GPU of `gpu`, else one message: what it needs, what the GPU has,
-    and the changes of settings that would fit (each checked with the plan)."""
+    and the changes of settings that would fit, each with its predicted memory per GPU (each checked
+    with the plan). When none does, the model cannot be trained on this GPU type at all."""
     if not gpu.gpus:
         return None
     need = job_memory(job, gpu, nodes)
@@ -149,37 +156,145 @@ def fit_problem(job: JobSettings, gpu: Instance, nodes: int) -> str | None:
     options = plan_options(job, gpu, nodes, micro)
     accum = accumulation(job.global_batch_size, micro, world)
     fixes: list[str] = []
+
+    def gib(memory: JobMemory) -> str:
+        return f"{memory.device_bytes / GIB:.1f} GiB"
+
     best = largest_fitting_micro_batch(job, gpu, nodes)
     if best:
         fixes.append(
             f"job.micro_batch_size: {best} (the largest that fits with global_batch_size "
             f"{job.global_batch_size} over {world} GPUs)"
         )
-    if accum > 1 and plan(micro_batch=micro, accum=1, **options).fits(have):
-        fixes.append(
-            f"job.global_batch_size: {micro * world} (one micro-batch per step: FSDP then keeps no "
-            f"unsharded gradients between micro-batches)"
-        )
+    if accum > 1:
+        one = plan(micro_batch=micro, accum=1, **options)
+        if one.fits(have):
+            fixes.append(
+                f"job.global_batch_size: {micro * world} (one micro-batch per step: FSDP then keeps no "
+                f"unsharded gradients between micro-batches; {gib(one)})"
+            )
+    fixes += _method_and_scale_fixes(job, gpu, nodes, have)
     if not job.activation_checkpointing:
-        ac = {**options, "activation_checkpointing": True}
-        if plan(micro_batch=micro, accum=accum, **ac).fits(have):
-            fixes.append("job.activation_checkpointing: true")
+        ac = plan(micro_batch=micro, accum=accum, **{**options, "activation_checkpointing": True})
+        if ac.fits(have):
+            fixes.append(f"job.activation_checkpointing: true ({gib(ac)})")
     seq = _longest_fitting_seq_len(micro, accum, options, have)
     if seq:
-        fixes.append(f"job.seq_len: {seq} or less")
+        shorter = plan(micro_batch=micro, accum=accum, **{**options, "seq_len": seq})
+        fixes.append(f"job.seq_len: {seq} or less ({gib(shorter)})")
     top = sorted(need.peak_terms, key=lambda t: -t.bytes)[:3]
     biggest = ", ".join(f"{t.name} {t.gib:.1f} GiB" for t in top)
+    head = (
+        f"needs {need.device_bytes / GIB:.1f} GiB per GPU ({need.peak_moment}: {biggest}, ...) but "
+        f"one {gpu.gpu_model} of {gpu.name} has {gpu.gpu_memory_cuda_gib} GiB"
+    )
+    if not fixes:
+        fixes += _combined_fix(job, gpu, nodes, have)
+    if not fixes and not _fits_anywhere(job, gpu, have):
+        return (
+            f"{head}, and the model ({job.model_plan.source}, {job.model_plan.dims.params / 1e9:.1f} B "
+            f"parameters) fits no job on {gpu.name}: not with LoRA, activation checkpointing, full "
+            f"sharding over {MAX_NODES_SUGGESTED} nodes and 128-token sequences; use a "
+            "gpu_nodes.instance_type with more memory per GPU or a smaller job.model"
+        )
     largest = (
         f"the largest micro-batch that fits is {best}"
         if best
         else f"no micro-batch fits global_batch_size {job.global_batch_size}"
     )
     return (
-        f"needs {need.device_bytes / GIB:.1f} GiB per GPU ({need.peak_moment}: {biggest}, ...) but "
-        f"one {gpu.gpu_model} of {gpu.name} has {gpu.gpu_memory_cuda_gib} GiB; {largest}. Any of these "
-        f"fits: {'; '.join([*fixes, 'a gpu_nodes.instance_type with more memory per GPU'])} "
+        f"{head}; {largest}. Any of these fits: "
+        f"{'; '.join([*fixes, 'a gpu_nodes.instance_type with more memory per GPU'])} "
         "(`raytrain plan --env NAME` shows the breakdown)"
     )
+
+
+def _changed(job: JobSettings, gpu: Instance, nodes: int, **overrides: Any) -> JobMemory:
+    """The plan of the job with `plan` options overridden, at the micro-batch `auto` would take
+    then (or the job's set one)."""
+    world = nodes * gpu.gpus
+
+    def options(m: int) -> dict[str, Any]:
+        return {**plan_options(job, gpu, nodes, m), **overrides}
+
+    micro = job.micro_batch_size
+    if micro == "auto":
+        micro = (
+            1
+            if job.global_batch_size % world
+            else auto_micro_batch(job.global_batch_size // world, capacity_bytes(gpu), options)
+        )
+    return plan(micro_batch=micro, accum=accumulation(job.global_batch_size, micro, world), **options(micro))
+
+
+def _method_and_scale_fixes(job: JobSettings, gpu: Instance, nodes: int, have: int) -> list[str]:
+    """LoRA instead of a full fine-tune, full sharding instead of HSDP, more GPU nodes: each at
+    the micro-batch auto would take then (or the set one), with its predicted memory per GPU."""
+    fixes: list[str] = []
+    if job.lora is None and job.init.value == "pretrained":
+        lora = _changed(job, gpu, nodes, lora=LoraSpec())
+        if lora.fits(have):
+            fixes.append(
+                "job.lora: {} (LoRA rank 16 on every linear layer of the frozen bf16 base; "
+                f"{lora.device_bytes / GIB:.1f} GiB)"
+            )
+    world = nodes * gpu.gpus
+    if len(mesh_shape(str(job.sharding), world, gpu.gpus)) == 2:
+        full = _changed(job, gpu, nodes, shard=world, communicators=1)
+        if full.fits(have):
+            fixes.append(
+                f"job.sharding: full (parameters sharded over all {world} GPUs instead of a node's "
+                f"{gpu.gpus}; more inter-node traffic; {full.device_bytes / GIB:.1f} GiB)"
+            )
+    for more in range(nodes + 1, MAX_NODES_SUGGESTED + 1):
+        if job.global_batch_size % (more * gpu.gpus):
+            continue
+        memory = _changed(job, gpu, more, shard=more * gpu.gpus, communicators=1)
+        if memory.fits(have):
+            fixes.append(
+                f"job.nodes: {more} with job.sharding: full ({more * gpu.gpus} GPUs, gpu_nodes.max_size "
+                f">= {more}; {memory.device_bytes / GIB:.1f} GiB)"
+            )
+            break
+    return fixes
+
+
+def _combined_fix(job: JobSettings, gpu: Instance, nodes: int, have: int) -> list[str]:
+    """When no single change fits: LoRA (when pretrained) with activation checkpointing and full
+    sharding, on the fewest nodes (from the job's) where that fits."""
+    lora = job.lora_spec or (LoraSpec() if job.init.value == "pretrained" else None)
+    for more in range(nodes, MAX_NODES_SUGGESTED + 1):
+        if job.global_batch_size % (more * gpu.gpus):
+            continue
+        world = more * gpu.gpus
+        memory = _changed(
+            job, gpu, more, lora=lora, activation_checkpointing=True, shard=world, communicators=1
+        )
+        if memory.fits(have):
+            changes = [
+                *(["job.lora: {}"] if job.lora is None and lora is not None else []),
+                "job.activation_checkpointing: true",
+                "job.sharding: full",
+                *([f"job.nodes: {more} (gpu_nodes.max_size >= {more})"] if more != nodes else []),
+            ]
+            return [f"together {', '.join(changes)} ({memory.device_bytes / GIB:.1f} GiB)"]
+    return []
+
+
+def _fits_anywhere(job: JobSettings, gpu: Instance, have: int) -> bool:
+    """Whether the model fits one GPU of `gpu` in the smallest job the settings allow: LoRA (when
+    pretrained), activation checkpointing, one 128-token sequence, full sharding over
+    MAX_NODES_SUGGESTED nodes."""
+    lora = job.lora_spec or (LoraSpec() if job.init.value == "pretrained" else None)
+    options = {
+        **plan_options(job, gpu, MAX_NODES_SUGGESTED, 1),
+        "seq_len": 128,
+        "shard": MAX_NODES_SUGGESTED * gpu.gpus,
+        "communicators": 1,
+        "activation_checkpointing": True,
+        "lora": lora,
+    }
+    return plan(micro_batch=1, accum=1, **options).fits(have)
 
 
 def _longest_fitting_seq_len(micro: int, accum: int, options: dict[str, Any], have: int) -> int:

@@ -57,7 +57,7 @@ def prepare_args(settings: Settings, *, checkpoint_uri: str) -> list[str]:
         "--data", job.data,
         "--out", out,
         "--model", job.model,
-        "--shape", job.shape.value,
+        *(["--shape", job.shape] if job.shape else []),
         "--seq-len", str(job.seq_len),
         "--text-field", job.text_field,
         "--max-skipped-fraction", repr(job.max_skipped_fraction),
@@ -81,7 +81,9 @@ def training_args(settings: Settings, *, checkpoint_uri: str) -> list[str]:
         "--keep-checkpoints", str(job.keep_checkpoints),
         "--model", job.model,
         "--init", job.init.value,
-        "--shape", job.shape.value,
+        *(["--shape", job.shape] if job.shape else []),
+        # The worker stops, naming the difference, if the model it loads is not the one planned.
+        "--planned-dims", job.model_plan.dims.signature(),
         "--data", job.data,
         "--seq-len", str(job.seq_len),
         "--global-batch-size", str(job.global_batch_size),
@@ -110,6 +112,10 @@ def training_args(settings: Settings, *, checkpoint_uri: str) -> list[str]:
         args += ["--data-format", job.data_format.value, "--too-long", job.too_long.value]
     args += _eval_args(job)
     args.append("--export" if job.export else "--no-export")
+    if job.lora_spec is not None:
+        args += job.lora_spec.as_args()
+    if job.export_merged:
+        args.append("--export-merged")
     if settings.observability.metrics:
         # Step metrics as CloudWatch EMF lines (training/emf.py), dimension ClusterName.
         args += ["--metrics-cluster", settings.cluster.name]

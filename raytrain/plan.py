@@ -30,7 +30,7 @@ from config.memory import (
 from config.settings import Settings
 from config.settings.workload import DataFormat
 from training.loss_chunks import LOSS_CHUNK_TOKENS, default_chunk_tokens
-from training.memory_plan import AUTO_HEADROOM, GIB, Dims
+from training.memory_plan import AUTO_HEADROOM, GIB
 from training.sharding import mesh_shape
 from training.step_time import Hardware, StepTime, step_time
 
@@ -53,6 +53,13 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--json", action="store_true", help="print the memory plan and the predicted step as JSON"
+    )
+    parser.add_argument(
+        "--compare",
+        nargs="+",
+        metavar="MODEL",
+        help="instead: the job with each of these models (Hugging Face ids or catalogue names, e.g. "
+        "qwen2.5-7b), full fine-tune and LoRA, HSDP and full sharding, side by side",
     )
     parser.set_defaults(func=run)
 
@@ -85,6 +92,7 @@ def predict(settings: Settings, **overrides: Any) -> StepTime:
         # The loop skips guard evaluation on random ids and text, not on chat blocks (--skip-guard-eval).
         skip_guards=job.compile and (job.data == "random" or job.data_format == DataFormat.TEXT),
         activation_checkpointing=job.activation_checkpointing,
+        lora=job.lora_spec,
     )
     options.update(overrides)
     if "reshard_after_forward" not in options:
@@ -102,7 +110,7 @@ def predict(settings: Settings, **overrides: Any) -> StepTime:
         options["reshard_after_forward"] = reshard_after_forward(
             changed, gpu, world // gpu.gpus, loss_chunk_tokens=options["loss_chunk_tokens"]
         )
-    return step_time(str(job.shape), hardware(settings), **options)
+    return step_time(job.model_plan.dims, hardware(settings), **options)
 
 
 def speed(settings: Settings) -> dict[str, Any]:
@@ -225,6 +233,14 @@ def speed_table(result: dict[str, Any]) -> Table:
 
 def run(args: argparse.Namespace, console: Console | None = None) -> int:
     console = console or Console()
+    if getattr(args, "compare", None):
+        from raytrain.plan_compare import run as compare
+
+        return compare(args, console)
+    return _plan(args, console)
+
+
+def _plan(args: argparse.Namespace, console: Console) -> int:
     try:
         # Without the memory check: a job that does not fit is what this command explains.
         settings = load_settings(args.env, args.config_dir, check_memory=False)
@@ -319,7 +335,9 @@ def breakdown(settings: Settings) -> Table:
         title=(
             f"raytrain plan: {settings.name}, one rank of {settings.num_workers} ({nodes} x {gpu.name}, "
             f"{gpu.gpus} x {gpu.gpu_model} {gpu.gpu_memory_cuda_gib} GiB usable)\n"
-            f"{job.shape}, seq_len {job.seq_len}, micro-batch {micro}{chosen} x {accum} "
+            f"{job.model} ({job.model_plan.source}, {job.model_plan.dims.params / 1e9:.2f} B parameters), "
+            f"{'LoRA r=' + str(job.lora.rank) if job.lora else 'full fine-tune'}, "
+            f"seq_len {job.seq_len}, micro-batch {micro}{chosen} x {accum} "
             f"per step, sharded over {opts['shard']} GPUs ({job.sharding}), "
             f"{', '.join(features) or 'eager, Hugging Face loss'}"
         ),
@@ -348,7 +366,7 @@ def micro_batches(settings: Settings) -> Table:
     """The largest micro-batch per sequence length on this GPU, other settings as the job's."""
     job, gpu = settings.job, settings.gpu_nodes.instance
     nodes = settings.num_workers // gpu.gpus
-    max_seq = Dims.of(str(job.shape)).max_seq
+    max_seq = job.model_plan.dims.max_seq
     table = Table(
         title=f"largest micro-batch per sequence length on one {gpu.gpu_model} ({gpu.name})",
         caption="what fits at all (micro_batch_size: auto also keeps "

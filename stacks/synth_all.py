@@ -23,6 +23,7 @@ from rich.table import Table
 
 from config.costs import estimate, job_nodes
 from config.loader import SettingsError, environment_names, load_settings
+from config.memory import job_memory
 from config.placeholders import placeholders
 from config.prices import PriceError
 from config.settings import Settings
@@ -123,6 +124,7 @@ def environment_panel(settings: Settings, stacks: EnvironmentStacks, out_dir: Pa
         f"cluster-autoscaler {addons.cluster_autoscaler}",
     )
     grid.add_row("RayJob", f"{report.rayjob or 'none'}  ({assembly}/manifests/)")
+    grid.add_row("training", training_cell(settings))
     grid.add_row(
         "checks",
         f"cdk-nag AwsSolutions: passed, {report.acknowledged} findings acknowledged with reasons "
@@ -141,6 +143,21 @@ def environment_panel(settings: Settings, stacks: EnvironmentStacks, out_dir: Pa
     border = "red" if found else "yellow" if report.warnings else "green"
     return Panel(
         grid, title=f"[bold]{settings.name}[/] → {assembly}/", title_align="left", border_style=border
+    )
+
+
+def training_cell(settings: Settings) -> str:
+    """The job's model as planned (config/models.py) and its memory per GPU (config/memory.py)."""
+    job, gpu = settings.job, settings.gpu_nodes.instance
+    if not gpu.gpus:
+        return f"{job.model}: no GPUs"
+    plan = job.model_plan
+    need = job_memory(job, gpu, settings.num_workers // gpu.gpus)
+    method = f"LoRA r={job.lora.rank}" if job.lora else "full fine-tune"
+    return (
+        f"{job.model} ({plan.source}, {plan.dims.params / 1e9:.2f} B parameters), {method}; "
+        f"micro-batch {job.micro_batch(gpu)}, {need.device_bytes / 2**30:.1f} of "
+        f"{gpu.gpu_memory_cuda_gib} GiB per {gpu.gpu_model} (raytrain plan --env {settings.name})"
     )
 
 

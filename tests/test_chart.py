@@ -450,7 +450,9 @@ def test_entrypoint_carries_the_job_settings(name: str) -> None:
         "--keep-checkpoints": str(job.keep_checkpoints),
         "--model": job.model,
         "--init": job.init.value,
-        "--shape": job.shape.value,
+        **({"--shape": job.shape} if job.shape else {}),
+        # The dimensions synthesis planned for: the worker checks the model it loads against them.
+        "--planned-dims": job.model_plan.dims.signature(),
         "--data": job.data,
         "--seq-len": str(job.seq_len),
         "--global-batch-size": str(job.global_batch_size),
@@ -480,14 +482,36 @@ def test_entrypoint_carries_the_job_settings(name: str) -> None:
         **({"--eval-fraction": repr(job.eval_fraction)} if job.eval_fraction else {}),
         **({"--eval-every": str(job.eval_every)} if job.eval_every else {}),
         **({"--early-stop-patience": str(job.early_stop_patience)} if job.early_stop_patience else {}),
+        # LoRA's settings as the training CLI reads them (training/lora_spec.py LoraSpec.as_args).
+        **(
+            dict(zip(job.lora_spec.as_args()[::2], job.lora_spec.as_args()[1::2], strict=True))
+            if job.lora
+            else {}
+        ),
     }
     assert switches == {
+        *(["--export-merged"] if job.export_merged else []),
         "--compile" if job.compile else "--no-compile",
         "--liger" if job.liger else "--no-liger",
         "--float8" if job.float8_on(s.gpu_nodes.instance) else "--no-float8",
         "--export" if job.export else "--no-export",
         *(["--activation-checkpointing"] if job.activation_checkpointing else []),
     }
+
+
+def test_lora_job_passes_its_settings_and_the_cli_reads_them_back() -> None:
+    from training.lora_spec import LoraSpec
+    from training.options import parse_args
+
+    lora = {"rank": 8, "alpha": 16, "dropout": 0.05, "target_modules": ["q_proj", "v_proj"]}
+    s = variant("dev", job={"model": "Qwen/Qwen2.5-7B", "lora": lora, "export_merged": True})
+    _, flags, switches = parsed_entrypoint(next(o for o in render(s) if o["kind"] == "RayJob"))
+    assert (flags["--lora-rank"], flags["--lora-alpha"], flags["--lora-dropout"]) == ("8", "16", "0.05")
+    assert flags["--lora-targets"] == "q_proj,v_proj" and "--export-merged" in switches
+    argv = ["--model", "Qwen/Qwen2.5-7B", "--global-batch-size", "8", "--num-workers", "8"]
+    argv += [w for k, v in flags.items() if k.startswith("--lora") for w in (k, v)] + ["--export-merged"]
+    opts = parse_args(argv)
+    assert opts.lora == LoraSpec(8, 16, 0.05, ("q_proj", "v_proj")) and opts.export_merged
 
 
 def test_entrypoint_switches_and_quoting() -> None:
@@ -519,10 +543,14 @@ def test_float8_is_on_where_the_gpu_has_fp8_tensor_cores_and_refused_where_it_ha
     # Unset: on for compiled layers on FP8 tensor cores at micro-batches of >= 16,384 tokens (the
     # smallest measured to pay), so p5's H100s at 8 x 2048 train in float8 and dev's L4s at 1 x 2048
     # in bf16. Explicit either way in the entrypoint: the training CLI's own default never decides.
-    p5_big = {"micro_batch_size": 8, "global_batch_size": 128}
+    # prod's job as a full fine-tune of the 1.5B model (its LoRA base is never converted to float8).
+    full = {"model": "Qwen/Qwen2.5-1.5B", "lora": None}
+    p5_big = {**full, "micro_batch_size": 8, "global_batch_size": 128}
     assert "--float8" in switches_of(variant("prod", gpu_nodes=P5_NODES, job=p5_big))
     assert "--no-float8" in switches_of(variant("prod", gpu_nodes=P5_NODES, job={**p5_big, "compile": False}))
-    assert "--no-float8" in switches_of(variant("prod", gpu_nodes=P5_NODES))  # 1 x 2048
+    assert "--no-float8" in switches_of(variant("prod", gpu_nodes=P5_NODES, job=full))  # 1 x 2048
+    lora_big = {"micro_batch_size": 8, "global_batch_size": 128}  # prod's LoRA job: never float8
+    assert "--no-float8" in switches_of(variant("prod", gpu_nodes=P5_NODES, job=lora_big))
     assert "--no-float8" in switches_of(variant("dev"))
     assert "--float8" in switches_of(variant("dev", job={"float8": True}))  # L4: FP8 tensor cores
     assert "--no-float8" in switches_of(variant("dev", gpu_nodes={"instance_type": "g5.48xlarge"}))
@@ -754,6 +782,11 @@ def test_default_deny_dns_and_https_egress(name: str) -> None:
     assert submitter_egress[0]["ports"] == [{"port": 8265, "protocol": "TCP"}]
 
 
+# A model in S3 is sized at synthesis from a local copy of its config.json (config/models.py).
+S3_MODEL = {
+    "model": "s3://models-bucket/qwen2.5-1.5b",
+    "config_json": "tests/fixtures/qwen2.5-1.5b-config.json",
+}
 S3_CIDRS = ["52.218.128.0/17", "3.5.76.0/22"]  # shaped like a region's S3 prefix-list entries
 
 
@@ -766,7 +799,7 @@ def _https_rule(settings: Settings) -> dict[str, Any]:
 
 
 def test_https_egress_is_s3_only_when_no_model_hub_is_needed() -> None:
-    narrow = variant("dev", workload={"s3_cidrs": S3_CIDRS}, job={"model": "s3://models-bucket/qwen2.5-1.5b"})
+    narrow = variant("dev", workload={"s3_cidrs": S3_CIDRS}, job=S3_MODEL)
     assert narrow.job.model_from_hub is False
     assert [peer["ipBlock"] for peer in _https_rule(narrow)["to"]] == [{"cidr": c} for c in S3_CIDRS]
 
@@ -777,7 +810,7 @@ def test_https_egress_is_s3_only_when_no_model_hub_is_needed() -> None:
         # Config and tokenizer (and weights) from the hub: the hub's addresses are not known.
         {"workload": {"s3_cidrs": S3_CIDRS}},
         # No S3 ranges given: public addresses (S3 through the gateway endpoint is one of them).
-        {"job": {"model": "s3://models-bucket/qwen2.5-1.5b"}},
+        {"job": S3_MODEL},
     ],
 )
 def test_https_egress_stays_public_where_it_must(changes: dict[str, Any]) -> None:

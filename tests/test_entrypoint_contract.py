@@ -84,7 +84,10 @@ def test_every_entrypoint_parses_into_the_settings(env: str, tmp_path: Path) -> 
     assert opts.run_name == job.run_name
     assert opts.storage_path == CHECKPOINT_URI
     assert opts.num_workers == settings.num_workers
-    assert (opts.model, opts.init, opts.shape) == (job.model, job.init.value, job.shape.value)
+    assert (opts.model, opts.init) == (job.model, job.init.value)
+    assert opts.shape == (job.shape or "qwen2.5-1.5b")  # the CLI's default when the job names none
+    assert opts.planned_dims == job.model_plan.dims.signature()
+    assert (opts.lora, opts.export_merged) == (job.lora_spec, job.export_merged)
     assert (opts.seq_len, opts.steps, opts.lr, opts.seed) == (job.seq_len, job.steps, job.lr, job.seed)
     gpu = settings.gpu_nodes.instance
     assert (opts.global_batch_size, opts.micro_batch_size) == (job.global_batch_size, job.micro_batch(gpu))

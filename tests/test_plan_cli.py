@@ -68,7 +68,7 @@ def test_a_job_that_does_not_fit_is_explained_not_refused(envdir: Path) -> None:
     assert code == plan_cmd.EXIT_DOES_NOT_FIT
     assert "does not fit" in out and "GiB short" in out
     # auto: nothing fits, so 1 (x 4), and the fixes synthesis would offer.
-    assert re.search(r"seq_len 8192, micro-batch 1 \(auto: none fits\)\s+x 4 per\s+step", out), out
+    assert re.search(r"seq_len 8192,\s+micro-batch 1 \(auto: none fits\)\s+x 4 per\s+step", out), out
     assert "job.activation_checkpointing: true" in " ".join(out.split()), out
 
 
@@ -123,3 +123,64 @@ def test_a_larger_micro_batch_is_offered_only_as_the_memory_plan_allows() -> Non
     (auto,) = [m for m in prod["moves"] if m["change"].startswith("activation checkpointing on")]
     assert "auto then takes micro-batch 4 x 1" in auto["change"]
     assert auto["tokens_per_s"] == predict(shipped).tokens_per_s
+
+
+def _set_job(envdir: Path, env: str, **job: str) -> None:
+    """Set job fields in the copied environment file."""
+    from ruamel.yaml import YAML
+
+    yaml = YAML()
+    path = envdir / f"{env}.yaml"
+    data = yaml.load(path.read_text())
+    for key, value in job.items():
+        data["job"][key] = value
+    with path.open("w") as f:
+        yaml.dump(data, f)
+
+
+def test_plan_sizes_the_job_s_model(envdir: Path) -> None:
+    _set_job(envdir, "prod", model="Qwen/Qwen2.5-14B", lora={})
+    code, out = run(envdir, "prod")
+    flat = " ".join(out.split())
+    assert "Qwen/Qwen2.5-14B (catalogue qwen2.5-14b, 14.77 B parameters), LoRA r=16" in flat
+    assert "frozen bf16 base + fp32 adapters" in out and "LoRA adapters (small GEMMs" in out
+    assert code == plan_cmd.EXIT_FITS
+
+
+def test_compare_prints_full_and_lora_per_model_and_sharding(
+    envdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    console = Console(record=True, width=250)
+    argv = [
+        "plan",
+        "--env",
+        "prod",
+        "--config-dir",
+        str(envdir),
+        "--compare",
+        "qwen2.5-7b",
+        "meta-llama/Llama-3.1-8B",
+    ]
+    assert plan_cmd.run(build_parser().parse_args(argv), console=console) == 0
+    out = console.export_text()
+    rows = [line for line in out.splitlines() if "Qwen/Qwen2.5-7B" in line or "Llama-3.1-8B" in line]
+    assert len(rows) == 8
+    assert all(("no" in r.split("│")[7]) for r in rows if "│ full " in r and "LoRA" not in r)
+    assert all("yes" in r for r in rows if "LoRA" in r)
+    capsys.readouterr()  # the table (rich's console also writes to stdout)
+    assert plan_cmd.run(build_parser().parse_args([*argv, "--json"]), console=console) == 0
+    result = json.loads(capsys.readouterr().out)["compare"]
+    lora = [r for r in result if r["method"].startswith("LoRA")]
+    assert len(result) == 8 and all(r["fits"] and r["tokens_per_s"] > 0 for r in lora)
+    assert all(r["usd_per_billion_tokens"] > 0 for r in lora)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["plan", "--env", "prod", "--compare"])
+
+
+def test_compare_refuses_an_unknown_name(envdir: Path) -> None:
+    console = Console(record=True, width=200)
+    argv = ["plan", "--env", "prod", "--config-dir", str(envdir), "--compare", "gpt5"]
+    assert plan_cmd.run(build_parser().parse_args(argv), console=console) == 2
+    assert "--compare: 'gpt5' is neither a Hugging Face id nor a catalogue name" in console.export_text()

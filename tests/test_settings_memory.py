@@ -154,7 +154,7 @@ def _workers_reshard(settings: Any, opts: Any, micro: int, accum: int) -> bool:
     gpu, job = settings.gpu_nodes.instance, settings.job
     return planned_reshard(
         opts,
-        shape=opts.shape,
+        shape=job.model_plan.dims,
         world=settings.num_workers,
         local_world=gpu.gpus,
         kernels=(job.compile, job.liger, not job.compile),
@@ -179,9 +179,10 @@ def test_the_worker_chooses_what_synthesis_wrote(env: str) -> None:
     # machine's: the layers as a rank built them are `kernels` and `float8_at` below. The data
     # (S3, not reachable here) does not enter the plan: random ids instead.
     opts = parse_args([*_without_data(args), "--micro-batch-size", "auto", "--no-liger", "--no-float8"])
+    # A worker plans for the model it built: the one planned at synthesis (--planned-dims checks it).
     chosen = planned_micro_batch(
         opts,
-        shape=opts.shape,
+        shape=job.model_plan.dims,
         world=settings.num_workers,
         local_world=gpu.gpus,
         kernels=(job.compile, job.liger, not job.compile),
@@ -237,14 +238,19 @@ def test_auto_is_the_largest_micro_batch_that_leaves_the_headroom() -> None:
             if job_memory(job.model_copy(update={"micro_batch_size": m}), gpu, 2).device_bytes <= budget
         ]
         assert chosen == max(leaving, default=1), (global_batch, seq_len)
-    # prod's 4 sequences per GPU: without activation checkpointing 4 x 1 fits the plan (explicitly
-    # allowed) but not with the headroom, so auto takes 1 x 4; prod checkpoints, and takes 4 x 1.
-    prod = load_settings("prod")
-    plain = prod.job.model_copy(update={"activation_checkpointing": False})
-    assert micro_batch(plain, gpu, 2) == 1
-    four = job_memory(plain.model_copy(update={"micro_batch_size": 4}), gpu, 2)
+    # dev's 4 sequences per GPU: without activation checkpointing 4 x 1 fits the plan (explicitly
+    # allowed) but not with the headroom, so auto takes 1 x 4; checkpointed, it takes 4 x 1.
+    four_per_gpu = settings.job.model_copy(update={"global_batch_size": 32})
+    assert micro_batch(four_per_gpu, gpu, 2) == 1
+    four = job_memory(four_per_gpu.model_copy(update={"micro_batch_size": 4}), gpu, 2)
     assert four.fits(capacity_bytes(gpu)) and four.device_bytes > budget
+    checkpointed = four_per_gpu.model_copy(update={"activation_checkpointing": True})
+    assert micro_batch(checkpointed, gpu, 2) == 4
+    # prod's 7B LoRA job: 4 x 1 with checkpointing; without, not even one sequence fits.
+    prod = load_settings("prod")
     assert prod.job.activation_checkpointing and micro_batch(prod.job, gpu, 2) == 4
+    plain = prod.job.model_copy(update={"activation_checkpointing": False, "micro_batch_size": 1})
+    assert not job_memory(plain, gpu, 2).fits(capacity_bytes(gpu))
 
 
 def test_auto_needs_a_global_batch_the_workers_share() -> None:

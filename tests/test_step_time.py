@@ -286,3 +286,38 @@ def test_kept_parameters_all_gather_hides_only_behind_the_first_forward() -> Non
     gather_s = 7 / 8 * 2 * Dims.of(SHAPE).params / 5e9
     assert gather_s == pytest.approx(0.54, abs=0.01) and forward_s < gather_s < kept.gpu_s
     assert kept.exposed_comm_s >= gather_s - forward_s
+
+
+L4X2 = Hardware("L4", gpus_per_node=4, nodes=2, intra_link="PCIe", intra_gbytes=32.0, inter_gbytes=12.5)
+
+
+def test_a_larger_model_takes_longer_per_token() -> None:
+    # The token work scales by FLOPs per token against the calibration model's, not the model's own.
+    small = step_time("qwen2.5-1.5b", H200, seq_len=2048, micro_batch=8)
+    big = step_time("qwen2.5-7b", H200, seq_len=2048, micro_batch=8)
+    ratio = Dims.of("qwen2.5-7b").params / Dims.of("qwen2.5-1.5b").params
+    assert big.compute_s["layers and loss GEMMs"] > 0.8 * ratio * small.compute_s["layers and loss GEMMs"]
+
+
+def test_lora_terms() -> None:
+    from training.flops import flops_per_token, lora_flops_per_token
+    from training.lora_spec import LoraSpec
+
+    dims = Dims.of("qwen2.5-7b")
+    mesh = (2, 4)
+    full = step_time(dims, L4X2, seq_len=2048, micro_batch=1, accum=4, mesh=mesh)
+    lora = step_time(dims, L4X2, seq_len=2048, micro_batch=1, accum=4, mesh=mesh, lora=LoraSpec())
+    n_lora = dims.layers * LoraSpec().params_per_layer(dims.linear_shapes())
+    # Token work: LoRA's FLOPs (4 x base matmuls + 6 x adapters + attention) against 6N + attention;
+    # the adapters' memory-bound GEMMs on top.
+    f_full = flops_per_token(dims.params, dims.layers, dims.q_dim, 2048)
+    f_lora = lora_flops_per_token(dims, LoraSpec(), 2048)
+    gemms = "layers and loss GEMMs"
+    assert lora.compute_s[gemms] / full.compute_s[gemms] == pytest.approx(f_lora / f_full)
+    assert lora.compute_s["LoRA adapters (small GEMMs, memory-bound)"] > 0
+    # AdamW over the adapters only; no reduce-scatter or all-reduce of the base's gradients.
+    assert lora.compute_s["optimizer"] == pytest.approx(full.compute_s["optimizer"] * n_lora / dims.params)
+    hsdp = "HSDP all-reduce over efa"
+    assert lora.comm_s[hsdp] == pytest.approx(full.comm_s[hsdp] * n_lora / dims.params)
+    assert lora.tokens_per_s > full.tokens_per_s
+    assert lora.mfu == pytest.approx(lora.tokens_per_s * f_lora / (8 * 121e12))

@@ -88,6 +88,18 @@ def test_the_block_fits_80_columns_without_cutting_values(tmp_path):
         assert expected in flat, expected
 
 
+def test_the_block_sizes_the_job_s_own_model(tmp_path):
+    from config.loader import parse_settings
+
+    _assembly(tmp_path)
+    text = (Path("config/environments/dev.yaml")).read_text()
+    dev = parse_settings(
+        text, name="dev", source="dev.yaml", check_memory=False, overrides=["job.model=Qwen/Qwen2.5-3B"]
+    )
+    flat = " ".join(" ".join(line.strip("│ ").split()) for line in _render(dev, tmp_path, 100).splitlines())
+    assert "Qwen/Qwen2.5-3B (catalogue qwen2.5-3b, 3.09 B parameters), full fine-tune" in flat
+
+
 def test_no_placeholder_line_once_they_are_replaced(tmp_path):
     _assembly(tmp_path)
     assert "PLACEHOLDERS" not in _render(_real(load_settings("dev")), tmp_path, 100)

@@ -330,7 +330,14 @@ def data_aws(moto_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> Aw
             "name": "dev-data",
             "cluster": dev.cluster.model_copy(update={"name": "ray-train-dev-data"}),
             "job": dev.job.model_copy(
-                update={"data": DATA, "model": MODEL, "eval_data": EVAL, "input_kms_keys": [DATA_KEY]}
+                update={
+                    "data": DATA,
+                    "model": MODEL,
+                    "eval_data": EVAL,
+                    "input_kms_keys": [DATA_KEY],
+                    # Synthesis sizes an s3:// model from a local copy of its config.json.
+                    "config_json": "tests/fixtures/qwen2.5-1.5b-config.json",
+                }
             ),
         }
     )

@@ -65,6 +65,7 @@ def check_model(opts: TrainOptions) -> Any:
         cfg = model_config(opts.init, opts.shape, opts.model)
     except Exception as exc:
         raise OptionError(f"--model: cannot load the config of {opts.model!r}: {exc}") from None
+    _check_planned_dims(opts, cfg)
     max_pos = getattr(cfg, "max_position_embeddings", None)
     if max_pos and opts.seq_len > max_pos:
         raise OptionError(f"--seq-len: {opts.seq_len} is beyond the model's {max_pos} positions")
@@ -91,6 +92,25 @@ def check_model(opts: TrainOptions) -> Any:
         if not hasattr(lk, f"apply_liger_kernel_to_{model_type}"):
             raise OptionError(f"--liger: liger-kernel has no patch for model type {model_type!r}")
     return cfg
+
+
+def _check_planned_dims(opts: TrainOptions, cfg: Any) -> None:
+    """The model is the one synthesis planned for (memory, micro-batch, cost: config/models.py)."""
+    if not opts.planned_dims:
+        return
+    from training.dims import ArchitectureError, Dims
+
+    try:
+        dims = Dims.from_config(cfg.to_dict())
+    except ArchitectureError as exc:
+        raise OptionError(f"--model: {opts.model}: {exc}") from None
+    diff = dims.signature_mismatch(opts.planned_dims)
+    if diff:
+        raise OptionError(
+            f"--planned-dims: the job was planned for another architecture than {opts.model} has "
+            f"({'; '.join(diff)}): set job.config_json to this model's config.json, or job.model to "
+            "the model planned, and deploy again"
+        )
 
 
 def init_ray(opts: TrainOptions) -> None:

@@ -1,8 +1,12 @@
 """FLOPs per token and MFU.
 
-FLOPs per token follow the PaLM appendix-B estimate: 6·N for the dense matmuls (forward + backward) plus
-12·L·d·T for attention scores and values, where N counts every parameter once (tied embeddings once),
-L is the number of layers, d the hidden size and T the sequence length.
+FLOPs per token follow the PaLM appendix-B estimate (Chowdhery et al., 2022, "Model FLOPs
+utilization": 6N + 12·L·H·Q·T): 6·N for the dense matmuls (forward + backward) plus 12·L·H·Q·T for
+attention scores and values, where N counts every parameter once (tied embeddings once), L is the
+number of layers, H the attention heads, Q the head dimension and T the sequence length. H·Q is the
+hidden size d for Qwen2 and Llama 3.1 shapes, not for Qwen3 or Gemma (head_dim x heads != d).
+
+LoRA: `lora_flops_per_token` (4 x the base's matmul weights + 6 x the adapters + attention).
 """
 
 from __future__ import annotations
@@ -55,9 +59,9 @@ def count_params(model: Any) -> int:
     return total
 
 
-def flops_per_token(n_params: int, n_layers: int, hidden: int, seq_len: int) -> float:
-    """Training FLOPs per token: 6N + 12·L·d·T."""
-    return 6.0 * n_params + 12.0 * n_layers * hidden * seq_len
+def flops_per_token(n_params: int, n_layers: int, attn_dim: int, seq_len: int) -> float:
+    """Training FLOPs per token: 6N + 12·L·(H·Q)·T, `attn_dim` = heads x head_dim."""
+    return 6.0 * n_params + 12.0 * n_layers * attn_dim * seq_len
 
 
 def mfu(tokens_per_s: float, flops_tok: float, n_gpus: int, peak: float | None) -> float | None:

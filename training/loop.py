@@ -354,8 +354,9 @@ class _Trainer:
         self._choose_kernels(model, local_world or self.world)
         self.n_params = count_params(model)
         mcfg: Any = model.config
+        # Attention's FLOPs are 12 L (heads x head_dim) T: head_dim x heads != hidden for Qwen3, Gemma.
         self.flops_tok = flops_per_token(
-            self.n_params, mcfg.num_hidden_layers, mcfg.hidden_size, opts.seq_len
+            self.n_params, mcfg.num_hidden_layers, Dims.from_config(mcfg.to_dict()).q_dim, opts.seq_len
         )
         if opts.lora is not None:  # after Liger's patches, which replace modules by class
             apply_lora(model, opts.lora, base_model=opts.model)

@@ -67,9 +67,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from training.dims import Dims
 from training.lora_spec import LoraSpec
 from training.loss_chunks import LOSS_CHUNK_TOKENS, chunk_mem_const, chunk_tokens
-from training.shapes import SHAPES
 
 GIB = 2**30
 
@@ -105,76 +105,6 @@ AUTO_HEADROOM = 0.10
 GATHERED_LAYERS = 2
 
 
-@dataclass(frozen=True)
-class Dims:
-    """A decoder-only transformer's sizes (Qwen2 layout: q/k/v with bias, SwiGLU MLP, RMSNorm)."""
-
-    vocab: int
-    hidden: int
-    ffn: int
-    layers: int
-    heads: int
-    kv_heads: int
-    tied: bool = True
-    max_seq: int = 32768
-
-    @classmethod
-    def of(cls, shape: str) -> Dims:
-        try:
-            s = SHAPES[shape]
-        except KeyError:
-            raise ValueError(f"unknown model shape {shape!r}; known: {', '.join(SHAPES)}") from None
-        return cls.from_config(s)
-
-    @classmethod
-    def from_config(cls, s: Mapping[str, Any]) -> Dims:
-        """From a Hugging Face config's fields (a built model's `config.to_dict()`)."""
-        return cls(
-            vocab=s["vocab_size"],
-            hidden=s["hidden_size"],
-            ffn=s["intermediate_size"],
-            layers=s["num_hidden_layers"],
-            heads=s["num_attention_heads"],
-            kv_heads=s["num_key_value_heads"],
-            tied=s["tie_word_embeddings"],
-            max_seq=s["max_position_embeddings"],
-        )
-
-    @property
-    def kv_dim(self) -> int:
-        return self.kv_heads * (self.hidden // self.heads)
-
-    def linear_shapes(self) -> dict[str, tuple[int, int]]:
-        """A decoder layer's linear modules by name: (in_features, out_features). LoRA's adapters
-        (training/lora_spec.py) are sized from these."""
-        d, kv, q = self.hidden, self.kv_dim, self.heads * (self.hidden // self.heads)
-        return {
-            "q_proj": (d, q),
-            "k_proj": (d, kv),
-            "v_proj": (d, kv),
-            "o_proj": (q, d),
-            "gate_proj": (d, self.ffn),
-            "up_proj": (d, self.ffn),
-            "down_proj": (self.ffn, d),
-        }
-
-    @property
-    def layer_params(self) -> int:
-        """q, k, v (with bias), o (no bias), gate/up/down, two RMSNorm weights."""
-        d, kv = self.hidden, self.kv_dim
-        attention = d * d + d + 2 * (d * kv + kv) + d * d
-        return attention + 3 * d * self.ffn + 2 * d
-
-    @property
-    def root_params(self) -> int:
-        """Embedding (and lm_head when untied) plus the final norm: the root FSDP unit."""
-        return self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden
-
-    @property
-    def params(self) -> int:
-        return self.layers * self.layer_params + self.root_params
-
-
 def saved_per_token(dims: Dims, *, compile: bool, liger_layers: bool) -> int:
     """bf16 elements one decoder layer saves for its backward, per token (no checkpointing).
 
@@ -190,16 +120,26 @@ def saved_per_token(dims: Dims, *, compile: bool, liger_layers: bool) -> int:
         normalised value (d) besides its output (d); SiLU saves gate, the product saves silu(gate)
         and up, down_proj the product: 2 x 4d + q, attention out (2d) + 2kv + 4 ffn
     Each also keeps small fp32 statistics: attention's log-sum-exp per head (2 x heads in bf16
-    units) and the two norms' reciprocal RMS (2 x 2). The rotary cos/sin tables are computed once
+    units) and each norm's reciprocal RMS (2 per norm). The rotary cos/sin tables are computed once
     per forward and shared by the layers (counted with the root, not here).
+    Queries and the attention output are heads x head_dim wide (q), which is d for the Qwen2 and
+    Llama 3.1 shapes and not for Qwen3 or Gemma. Beyond the Qwen2 layout (the one measured):
+    Gemma's post-attention and post-feedforward norms keep their inputs (+2 d; eager, each norm's
+    4 d), and Qwen3/Gemma 3's q/k norms their inputs (+q +kv; eager 4 (q + kv)): counted from the
+    layers' structure, not measured.
     """
-    d, kv, ffn = dims.hidden, dims.kv_dim, dims.ffn
-    stats = 2 * dims.heads + 4
+    d, kv, q, ffn = dims.hidden, dims.kv_dim, dims.q_dim, dims.ffn
+    stats = 2 * dims.heads + 2 * dims.layer_norms
+    extra_norms = dims.layer_norms - 2
     if liger_layers:
-        return 6 * d + 2 * kv + 3 * ffn + stats
-    if compile:
-        return 4 * d + 2 * kv + 2 * ffn + stats
-    return 10 * d + 2 * kv + 4 * ffn + stats
+        base = 4 * d + 2 * q + 2 * kv + 3 * ffn
+    elif compile:
+        base = 2 * d + 2 * q + 2 * kv + 2 * ffn
+    else:
+        base = 8 * d + 2 * q + 2 * kv + 4 * ffn
+    eager = not (liger_layers or compile)
+    extras = extra_norms * d * (4 if eager else 1) + dims.qk_norm * (q + kv) * (4 if eager else 1)
+    return base + extras + stats
 
 
 def lora_saved_per_token(dims: Dims, lora: LoraSpec) -> int:
@@ -354,7 +294,7 @@ def plan(
     # the bf16 normalised value, 3 d in bf16 units; Liger's its input, d) and the rotary cos/sin
     # tables all layers share (2 x head_dim).
     norm_units = 1 if liger_layers else 3
-    rotary = 2 * (d // dims.heads)
+    rotary = 2 * dims.head_dim
     acts.append(
         Term(
             "final norm, rotary tables",

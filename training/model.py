@@ -18,9 +18,12 @@ from training.sharding import mesh_shape
 
 
 def shape_config(shape: str) -> Any:
-    from transformers import Qwen2Config
+    """The config `--init random` builds: a catalogue entry's published fields (or a test shape's)
+    in the config class of its model_type (Qwen2Config, LlamaConfig, Gemma2Config, ...)."""
+    from transformers import AutoConfig
 
-    return Qwen2Config(**SHAPES[shape], use_cache=False)
+    fields = dict(SHAPES[shape])
+    return AutoConfig.for_model(fields.pop("model_type"), **fields, use_cache=False)
 
 
 def fetch_s3_dir(uri: str, dest: str, weights: bool = True) -> str:

@@ -16,6 +16,9 @@ from training.lora_spec import add_arguments as add_lora_arguments
 from training.lora_spec import from_options as lora_from_options
 from training.loss_chunks import LARGE_GPU_GIB, LOSS_CHUNK_TOKENS, SMALL_GPU_CHUNK_TOKENS
 from training.memory_plan import AUTO_HEADROOM
+from training.model_options import ModelOptionError
+from training.model_options import add_arguments as add_model_arguments
+from training.model_options import check as check_model_options
 from training.precision import FLOAT8_MIN_TOKENS
 from training.shapes import SHAPES as SHAPE_TABLE
 from training.uri import LocationError, check_input, check_output
@@ -99,6 +102,7 @@ class TrainOptions:
     lora_dropout: float = 0.0
     lora_targets: str = ",".join(DEFAULT_TARGETS)
     export_merged: bool = False  # LoRA: the merged model too, beside the adapter
+    planned_dims: str | None = None  # what synthesis planned for (training/dims.py signature)
 
     @property
     def lora(self) -> LoraSpec | None:
@@ -211,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
         "tokenizer of real data: text unless --shape tiny, chat data always with its chat template)",
     )
     g.add_argument("--init", choices=("pretrained", "random"), default="pretrained")
-    g.add_argument("--shape", choices=SHAPES, default="qwen2.5-1.5b", help="architecture for --init random")
+    add_model_arguments(g, shapes=SHAPES)  # --shape, --planned-dims
     g.add_argument(
         "--sharding",
         choices=SHARDINGS,
@@ -483,6 +487,10 @@ def parse_args(argv: list[str]) -> TrainOptions:
     d = vars(ns)
     d.pop("config", None)
     _check_run(d)
+    try:
+        check_model_options(d)
+    except ModelOptionError as exc:
+        raise OptionError(str(exc)) from None
     manifest = _check_prepared(d)
     _check_training(d)
     if d["data"] != "random" and manifest is None:

@@ -62,6 +62,26 @@ Communication (C), per rank per step, ring collectives (each rank moves (n-1)/n 
          while a layer computes: communication hides behind G except what exceeds it, plus one
          layer's share (the first all-gather and the root's reduce-scatter have nothing to hide
          behind).
+Other models: the token work scales by FLOPs per token against the calibration model's (Qwen2.5-1.5B
+at 2048 tokens, 10.32 GFLOP), with the attention term 12 L (heads x head_dim) T (training/flops.py);
+the other terms follow the model's parameters, vocabulary and hidden size (training/dims.py).
+LoRA (training/lora_spec.py), PREDICTIONS until LoRA steps are measured on the H200 (the figures
+will replace or calibrate these terms):
+  tokens    the frozen base's matmuls run forward (2 per weight) and input-gradient (2) but no
+            weight-gradient GEMM, the adapters train (6 per parameter): training/flops.py
+            lora_flops_per_token, the FLOPs the loop's MFU counts, instead of 6N + ...
+  adapters  their small GEMMs (rank r) are bound by memory: each target reads its input and writes
+            its output about ADAPTER_PASSES times (forward, the backward's two gradients), 2 B an
+            element, per token and layer, at the GPU's bandwidth
+  loss      a frozen lm_head has no weight gradient: Liger's chunks read the weight twice and write
+            no gradient (2, not 4, x V x d x 2 B per chunk)
+  optimizer AdamW over the adapters only: 28 B x N_lora / S
+  copies    the base is stored in bf16: no fp32 -> bf16 cast before its all-gathers, (4 / S + 4) B
+            per base parameter; the fp32 adapters as before
+  traffic   the all-gathers move the bf16 base and the adapters; reduce-scatter and HSDP's
+            all-reduce only the adapters' fp32 gradients (the base has none)
+  host      assumed as a full fine-tune's (peft adds a few small kernels per target, compiled with
+            the layer: not measured)
 Tests: tests/test_step_time.py checks every measured point within its stated tolerance.
 """
 
@@ -71,7 +91,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from training.flops import PEAK_BF16_TFLOPS, flops_per_token
+from training.flops import PEAK_BF16_TFLOPS, flops_per_token, lora_flops_per_token
+from training.lora_spec import LoraSpec
 from training.loss_chunks import LOSS_CHUNK_TOKENS, chunk_mem_const, chunk_tokens
 from training.memory_plan import Dims
 
@@ -136,6 +157,10 @@ HOST_GATHER_MS = (311.3 - 285.1) / 3
 LINK_EFFICIENCY = 0.7
 SOCKET_GBYTES = 3.4
 DEFAULT_NVLINK_GBYTES = 450.0  # H200 SXM: 900 GB/s bidirectional (H200 data sheet)
+# The model SEQ_MS_H200 and SMALL_K were measured on (its FLOPs per 2048-token sequence scale them).
+CALIBRATION_SHAPE = "qwen2.5-1.5b"
+# LoRA's adapters: passes over each target's input and output per token (a prediction, see above).
+ADAPTER_PASSES = 3
 
 
 @dataclass(frozen=True)
@@ -178,7 +203,7 @@ def _ring(n: int) -> float:
     return (n - 1) / n if n > 1 else 0.0
 
 
-def step_time(  # noqa: PLR0915  (one formula, term by term)
+def step_time(  # noqa: PLR0912, PLR0915  (one formula, term by term)
     shape: str | Dims,
     hw: Hardware,
     *,
@@ -192,8 +217,10 @@ def step_time(  # noqa: PLR0915  (one formula, term by term)
     reshard_after_forward: bool = True,
     skip_guards: bool = True,
     activation_checkpointing: bool = False,
+    lora: LoraSpec | None = None,
 ) -> StepTime:
-    """One rank's step of `python -m training` (compiled layers) on `hw` with this mesh."""
+    """One rank's step of `python -m training` (compiled layers) on `hw` with this mesh; with
+    `lora`, LoRA's predicted terms (see the module's docstring)."""
     dims = shape if isinstance(shape, Dims) else Dims.of(shape)
     for name, value in (("seq_len", seq_len), ("micro_batch", micro_batch), ("accum", accum)):
         if value < 1:
@@ -205,9 +232,15 @@ def step_time(  # noqa: PLR0915  (one formula, term by term)
     tokens = micro_batch * seq_len
     gpu = hw.gpu
     bandwidth = MEM_GBYTES[gpu] * 1e9 * MEM_EFFICIENCY
-    f_tok = flops_per_token(n, dims.layers, d, seq_len)
-    # The token-proportional work, scaled from the H200 by dense peak and by FLOPs per token.
-    f_ref = flops_per_token(n, dims.layers, d, 2048)
+    q = dims.q_dim
+    n_lora = dims.layers * lora.params_per_layer(dims.linear_shapes()) if lora else 0
+    trained = n_lora if lora else n
+    # LoRA's FLOPs as training/flops.py counts them for the loop's MFU (4 x base matmuls + 6 x adapters).
+    f_tok = lora_flops_per_token(dims, lora, seq_len) if lora else flops_per_token(n, dims.layers, q, seq_len)
+    # The token-proportional work, scaled from the H200 calibration (Qwen2.5-1.5B, 2048 tokens) by
+    # dense peak and by FLOPs per token.
+    ref = Dims.of(CALIBRATION_SHAPE)
+    f_ref = flops_per_token(ref.params, ref.layers, ref.q_dim, 2048)
     per_token_s = SEQ_MS_H200 / 1e3 / 2048 * (f_tok / f_ref) * (PEAK["H200"] / PEAK[gpu])
     per_sm = tokens / SMS[gpu]
     token_s = tokens * per_token_s * (1 + SMALL_K / per_sm**2)
@@ -215,30 +248,37 @@ def step_time(  # noqa: PLR0915  (one formula, term by term)
         token_s *= FLOAT8_TOKEN_FACTOR
     ac_factor = 1.0
     if activation_checkpointing:
-        # Each decoder layer's forward runs again in the backward: a third of the layers' FLOPs
-        # (6 N_layers + 12 L d T per token, without the lm_head's 6 V d), not the loss's.
-        layer_flops = 6 * (n - v * d) + 12 * dims.layers * d * seq_len
-        ac_factor = 1 + layer_flops / 3 / f_tok
+        # Each decoder layer's forward runs again in the backward: 2 N_layers (+ 2 N_lora) + 4 L q T
+        # per token (without the lm_head's V d), not the loss's.
+        layer_forward = 2 * (n - v * d + n_lora) + 4 * dims.layers * q * seq_len
+        ac_factor = 1 + layer_forward / f_tok
         token_s *= ac_factor
     loss_s, chunks = 0.0, LIGER_OWN_CHUNKS
     if liger:
         c = chunk_mem_const(tokens, v, d, loss_chunk_tokens)
         chunks = math.ceil(tokens / chunk_tokens(tokens, v, d, c))
-        loss_s = chunks * 4 * v * d * 2 / bandwidth
-    optimizer_s = 28 * n / shard / bandwidth
+        # Each chunk reads the lm_head weight twice and reads and writes its gradient; a frozen
+        # lm_head (LoRA) has none.
+        loss_s = chunks * (2 if lora else 4) * v * d * 2 / bandwidth
+    optimizer_s = 28 * trained / shard / bandwidth
     # Each FSDP2 all-gather copies on the GPU too: the fp32 shard cast to bf16 (read 4, write 2 B
     # per local parameter) and copied into the collective's buffer (2 + 2), then the gathered
     # buffer split into the layers' parameters (2 + 2 B per parameter): 10 / S + 4 B per parameter.
     # With parameters kept gathered, one all-gather a step (the loop reshards only after the last
     # micro-batch's backward); freed, one in each micro-batch's forward and one in its backward.
     gathers = 1 if not reshard_after_forward else 2 * accum
-    copies_s = gathers * (10 / shard + 4) * n / bandwidth
+    copy_bytes = (4 / shard + 4) * n + (10 / shard + 4) * n_lora if lora else (10 / shard + 4) * n
+    copies_s = gathers * copy_bytes / bandwidth
     compute = {
         "layers and loss GEMMs": accum * token_s,
         "loss weight traffic": accum * loss_s,
         "optimizer": optimizer_s,
         "parameter copies (FSDP all-gathers)": copies_s,
     }
+    if lora:
+        per_token = sum(i + o for t, (i, o) in dims.linear_shapes().items() if t in lora.targets)
+        adapter_s = ADAPTER_PASSES * 2 * per_token * dims.layers * tokens / bandwidth
+        compute["LoRA adapters (small GEMMs, memory-bound)"] = accum * adapter_s
     gpu_s = sum(compute.values())
     micro_ms = HOST_MICRO_MS * (FLOAT8_HOST_FACTOR if float8 else 1.0)
     micro_ms -= (LIGER_OWN_CHUNKS - chunks) * HOST_CHUNK_MS + (HOST_SKIP_GUARDS_MS if skip_guards else 0.0)
@@ -253,8 +293,8 @@ def step_time(  # noqa: PLR0915  (one formula, term by term)
     shard_crosses_nodes = len(mesh) == 1 and nodes > 1
     inter = (SOCKET_GBYTES if hw.inter_link != "efa" else hw.inter_gbytes) * 1e9
     intra = hw.intra_gbytes * LINK_EFFICIENCY * 1e9
-    gather_bytes = _ring(shard) * gathers * 2 * n
-    fsdp_bytes = gather_bytes + _ring(shard) * 4 * n
+    gather_bytes = _ring(shard) * gathers * 2 * (n + n_lora)
+    fsdp_bytes = gather_bytes + _ring(shard) * 4 * trained
     comm: dict[str, float] = {}
     grad_s = 0.0  # the gradients' share: reduce-scatter and HSDP all-reduce
     gather_s = 0.0  # the all-gathers' share
@@ -264,10 +304,10 @@ def step_time(  # noqa: PLR0915  (one formula, term by term)
         # receives passes some NIC, and a node's GPUs share one.
         name = f"FSDP over {hw.inter_link if shard_crosses_nodes else hw.intra_link}"
         comm[name] = fsdp_bytes / link
-        grad_s += _ring(shard) * 4 * n / link
+        grad_s += _ring(shard) * 4 * trained / link
         gather_s = gather_bytes / link
     if replicas > 1:
-        per_rank = 2 * _ring(replicas) * 4 * n / shard
+        per_rank = 2 * _ring(replicas) * 4 * trained / shard
         comm[f"HSDP all-reduce over {hw.inter_link}"] = per_rank * hw.gpus_per_node / inter
         grad_s += comm[f"HSDP all-reduce over {hw.inter_link}"]
     total_comm = sum(comm.values())
@@ -298,7 +338,7 @@ def step_time(  # noqa: PLR0915  (one formula, term by term)
         liger=liger, loss_chunk_tokens=loss_chunk_tokens, reshard_after_forward=reshard_after_forward,
         skip_guards=skip_guards, activation_checkpointing=activation_checkpointing,
         gpu=gpu, nodes=nodes, gpus_per_node=hw.gpus_per_node, intra_link=hw.intra_link,
-        inter_link=hw.inter_link,
+        inter_link=hw.inter_link, lora=lora,
     )  # fmt: skip
     return StepTime(
         step_s=step_s,

@@ -11,8 +11,17 @@ from pydantic import Field, field_validator, model_validator
 
 from config.catalogue import Instance
 from config.image import load as load_image
+from config.models import ModelError, ModelPlan, resolve
 from config.names import KUBERAY_NAMESPACE, RAY_NAMESPACE
 from config.settings.base import SEMVER_RE, FieldError, SettingsModel
+from training.lora_spec import (
+    DEFAULT_ALPHA,
+    DEFAULT_RANK,
+    DEFAULT_TARGETS,
+    SETTING_NAMES,
+    LoraError,
+    LoraSpec,
+)
 from training.netprobe import GATE_LOG_ENV, gate_log_problem
 from training.precision import FLOAT8_MIN_TOKENS
 from training.uri import LocationError
@@ -219,9 +228,28 @@ class ModelInit(StrEnum):
     RANDOM = "random"
 
 
-class ModelShape(StrEnum):
-    QWEN2_5_1_5B = "qwen2.5-1.5b"
-    TINY = "tiny"
+class LoraSettings(SettingsModel):
+    """LoRA (training/lora_spec.py): a frozen bf16 base, low-rank adapters trained with FSDP2."""
+
+    rank: int = DEFAULT_RANK
+    alpha: int = DEFAULT_ALPHA  # peft's lora_alpha is a whole number
+    dropout: float = 0.0
+    # Linear modules of each decoder layer that get adapters, by name.
+    target_modules: list[str] = Field(default_factory=lambda: list(DEFAULT_TARGETS))
+
+    @model_validator(mode="after")
+    def _valid(self) -> LoraSettings:
+        # LoraSpec's own rule (the training CLI applies the same), named as the settings are.
+        try:
+            LoraSpec.checked(self.rank, self.alpha, self.dropout, tuple(self.target_modules), SETTING_NAMES)
+        except LoraError as exc:
+            field, message = str(exc).split(": ", 1)
+            raise FieldError((field.rsplit(".", 1)[1],), message) from None
+        return self
+
+    @property
+    def spec(self) -> LoraSpec:
+        return LoraSpec(self.rank, self.alpha, self.dropout, tuple(self.target_modules))
 
 
 class Sharding(StrEnum):
@@ -264,10 +292,21 @@ class JobSettings(SettingsModel):
     # RayJob retries and new RayJobs, so a new job with the same run_name resumes from the
     # latest checkpoint: change it to start a fresh run.
     run_name: str = "qwen2.5-1.5b-fsdp2"
-    # Hugging Face id, s3:// prefix or absolute path: weights (pretrained) and tokenizer.
+    # Hugging Face id, s3:// prefix or absolute path: weights (pretrained) and tokenizer. Its
+    # architecture sizes the job at synthesis (config/models.py; docs/models.md).
     model: str = "Qwen/Qwen2.5-1.5B"
     init: ModelInit = ModelInit.PRETRAINED
-    shape: ModelShape = ModelShape.QWEN2_5_1_5B
+    # A name of the model catalogue (training/model_configs/: qwen2.5-7b, llama-3.1-8b, ...) or a
+    # test shape (tiny, small): the architecture `init: random` builds, or, for a hub model the
+    # catalogue does not know by id, the entry whose architecture it shares (the job checks).
+    shape: str | None = None
+    # A local copy of the model's config.json (relative to the repository root): how synthesis
+    # sizes an s3:// or in-container model, or any model the catalogue lacks.
+    config_json: str | None = None
+    # LoRA instead of a full fine-tune (absent or null: full). Needs init: pretrained.
+    lora: LoraSettings | None = None
+    # With LoRA and export: also write the merged full model (Hugging Face folder) beside the adapter.
+    export_merged: bool = False
     # "random" (synthetic token ids), an s3:// URI, or an absolute path inside the container:
     # prepared token shards (a manifest.json there), or jsonl/parquet text, which the training job
     # tokenizes first into <checkpoint prefix>/_prepared/<run_name> (training.prepare).
@@ -423,10 +462,64 @@ class JobSettings(SettingsModel):
             raise ValueError(f"{value!r} is not an absolute path inside the container")
         return value
 
+    @field_validator("shape")
+    @classmethod
+    def _shape(cls, value: str | None) -> str | None:
+        from training.shapes import SHAPES
+
+        if value is not None and value not in SHAPES:
+            raise ValueError(f"{value!r} is not a known shape; known: {', '.join(SHAPES)}")
+        return value
+
+    @model_validator(mode="after")
+    def _model_rules(self) -> JobSettings:
+        if self.init is ModelInit.PRETRAINED and self.shape in ("tiny", "small"):
+            raise FieldError(("init",), f"shape {self.shape!r} has no pretrained weights; use init: random")
+        try:
+            plan = self.model_plan
+        except ModelError as exc:
+            raise FieldError((exc.field,), exc.message) from None
+        if self.lora is not None:
+            if self.init is ModelInit.RANDOM:
+                raise FieldError(
+                    ("lora",),
+                    "needs init: pretrained: adapters on randomly initialised weights learn nothing "
+                    "a full fine-tune would not; drop job.lora or use a pretrained job.model",
+                )
+            unknown = self.lora.spec.unknown_targets(set(plan.dims.linear_shapes()))
+            if unknown:
+                raise FieldError(
+                    ("lora", "target_modules"),
+                    f"{', '.join(unknown)}: not a linear module of {plan.dims.model_type}'s decoder "
+                    f"layers; valid: {', '.join(plan.dims.linear_shapes())}",
+                )
+        if self.lora is not None and self.float8:
+            raise FieldError(
+                ("float8",), "not with job.lora: LoRA's frozen bf16 base is not converted; drop job.float8"
+            )
+        if self.export_merged and (self.lora is None or not self.export):
+            raise FieldError(
+                ("export_merged",),
+                "merges LoRA's adapters into the exported model: needs job.lora and job.export: true",
+            )
+        if self.seq_len > plan.dims.max_seq:
+            raise FieldError(
+                ("seq_len",),
+                f"{self.seq_len} is beyond the model's {plan.dims.max_seq} positions ({plan.source})",
+            )
+        return self
+
+    @property
+    def model_plan(self) -> ModelPlan:
+        """The architecture the job is planned for (config/models.py)."""
+        return resolve(self.model, self.init.value, self.shape, self.config_json)
+
+    @property
+    def lora_spec(self) -> LoraSpec | None:
+        return None if self.lora is None else self.lora.spec
+
     @model_validator(mode="after")
     def _rules(self) -> JobSettings:
-        if self.init is ModelInit.PRETRAINED and self.shape is ModelShape.TINY:
-            raise FieldError(("init",), "shape 'tiny' has no pretrained weights; use init: random")
         if self.micro_batch_size != "auto" and self.micro_batch_size > self.global_batch_size:
             raise FieldError(
                 ("micro_batch_size",),
@@ -477,6 +570,8 @@ class JobSettings(SettingsModel):
         (default: the job's); unset: where the GPU has FP8 tensor cores, with compiled layers, at
         micro-batches where it was measured to pay (the training CLI's own rule,
         training.precision.float8_by_default)."""
+        if self.lora is not None:
+            return False  # LoRA's frozen bf16 base is not converted (the training CLI refuses both)
         if self.float8 is not None:
             return self.float8
         tokens = (micro or self.micro_batch(gpu)) * self.seq_len

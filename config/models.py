@@ -1,0 +1,102 @@
+"""The job's model, sized from its own config at synthesis: which architecture the memory plan, the
+step-time model, `raytrain plan` and `raytrain cost` size, and where that came from.
+
+Where the dimensions come from, in this order:
+- `job.config_json`: a local copy of the model's config.json (a path on the machine that runs
+  `cdk synth` / `raytrain`, relative to the repository root unless absolute). Required for a model
+  in S3 or in a folder inside the container: synthesis reads no bucket (it runs offline and in CI
+  without the model's credentials, and a change set must not depend on what a bucket held at synth
+  time) and cannot see the container's file system. `aws s3 cp s3://BUCKET/PREFIX/config.json
+  config/models/NAME.json` makes the copy.
+- `init: random`: `job.shape`, a name of the catalogue (training/model_configs/) or a test shape.
+- a Hugging Face id the catalogue knows (its published id or the instruction-tuned twin).
+- `job.shape` naming the catalogue entry a hub model shares its architecture with.
+Otherwise the job is refused with one line: never a silent fallback to a default shape. The worker
+checks that the model it loads has these dimensions (`--planned-dims`, training/driver.py).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from training.dims import ArchitectureError, Dims
+from training.shapes import CATALOGUE, SHAPES, catalogue_name_of
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class ModelError(ValueError):
+    """The job's model cannot be sized: `field` is the setting to change (under job)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    dims: Dims
+    source: str  # where the dimensions come from, for the plan's title
+
+
+def known_names() -> str:
+    return ", ".join(SHAPES)
+
+
+@lru_cache(maxsize=64)
+def resolve(model: str, init: str, shape: str | None, config_json: str | None) -> ModelPlan:
+    """The architecture a job plans for; ModelError names the field when there is none."""
+    if config_json is not None:
+        return _from_file(config_json)
+    if init == "random":
+        if shape is None:
+            raise ModelError(
+                "shape",
+                f"needed with init: random (the architecture to build): one of {known_names()}",
+            )
+        return ModelPlan(_dims("shape", SHAPES[shape]), f"catalogue {shape}")
+    if model.startswith(("s3://", "S3://", "/")):
+        raise ModelError(
+            "config_json",
+            f"job.model {model} is read only inside the job, so synthesis cannot size it: set "
+            "job.config_json to a local copy of its config.json (e.g. `aws s3 cp "
+            f"{model.rstrip('/')}/config.json config/models/my-model.json`)",
+        )
+    name = catalogue_name_of(model)
+    if name is not None:
+        if shape is not None and shape != name:
+            raise ModelError("shape", f"{shape!r}, but job.model {model} is catalogue entry {name!r}")
+        return ModelPlan(_dims("model", SHAPES[name]), f"catalogue {name}")
+    if shape is not None and shape in CATALOGUE:
+        return ModelPlan(_dims("shape", SHAPES[shape]), f"{model} as catalogue {shape}")
+    raise ModelError(
+        "model",
+        f"{model!r} is not in the model catalogue (training/model_configs/), so its size is unknown: "
+        "set job.config_json to a local copy of its config.json, or job.shape to the catalogue "
+        f"entry with its architecture ({', '.join(CATALOGUE)})",
+    )
+
+
+def _from_file(path_text: str) -> ModelPlan:
+    path = Path(path_text)
+    path = path if path.is_absolute() else REPO_ROOT / path
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ModelError("config_json", f"{path_text}: no such file") from None
+    except (OSError, ValueError) as exc:
+        raise ModelError("config_json", f"{path_text}: not a readable JSON config ({exc})") from None
+    if not isinstance(config, dict):
+        raise ModelError("config_json", f"{path_text}: not a Hugging Face config (a JSON object)")
+    return ModelPlan(_dims("config_json", config), path_text)
+
+
+def _dims(field: str, config: dict[str, object]) -> Dims:
+    try:
+        return Dims.from_config(config)
+    except ArchitectureError as exc:
+        raise ModelError(field, str(exc)) from None

@@ -1,0 +1,127 @@
+"""`raytrain plan --env NAME --compare MODEL ...`: the environment's job with other models, each as
+a full fine-tune and with LoRA, sharded HSDP and full: whether it fits the GPUs, the micro-batch
+`auto` takes, the predicted tokens/s and dollars per billion tokens (training/step_time.py; LoRA's
+terms are predictions until measured). Offline, like `raytrain plan`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from config.loader import SettingsError, load_settings
+from config.memory import accumulation, capacity_bytes, job_memory
+from training.memory_plan import GIB
+from training.shapes import CATALOGUE
+
+SHARDINGS = ("hsdp", "full")
+
+
+def model_id(name: str) -> str:
+    """A Hugging Face id, from itself or from a catalogue name; ValueError otherwise."""
+    if "/" in name:
+        return name
+    entry = CATALOGUE.get(name)
+    if entry is None or not entry["hf_ids"]:
+        known = ", ".join(n for n, e in CATALOGUE.items() if e["hf_ids"])
+        raise ValueError(f"--compare: {name!r} is neither a Hugging Face id nor a catalogue name ({known})")
+    return str(entry["hf_ids"][0])
+
+
+def rows(env: str, config_dir: Path, models: list[str]) -> list[dict[str, Any]]:
+    from raytrain.cost import estimate
+    from raytrain.plan import predict
+
+    # LoRA as the environment sets it, else LoRA's defaults (rank 16 on every linear layer).
+    base = load_settings(env, config_dir, check_memory=False).job.lora
+    methods = (("full", ["job.lora=null", "job.export_merged=false"]),
+               (f"LoRA r={base.rank if base else 16}", [] if base else ["job.lora={}"]))  # fmt: skip
+    out: list[dict[str, Any]] = []
+    for name in models:
+        model = model_id(name)
+        for method, lora in methods:
+            for sharding in SHARDINGS:
+                row: dict[str, Any] = {"model": model, "method": method, "sharding": sharding}
+                overrides = [f"job.model={model}", *lora, f"job.sharding={sharding}",
+                             "job.shape=null", "job.config_json=null"]  # fmt: skip
+                try:
+                    settings = load_settings(env, config_dir, check_memory=False, overrides=overrides)
+                except SettingsError as exc:
+                    out.append({**row, "refused": str(exc).split(": ", 1)[-1]})
+                    continue
+                job, gpu = settings.job, settings.gpu_nodes.instance
+                nodes = settings.num_workers // gpu.gpus
+                need = job_memory(job, gpu, nodes)
+                micro = job.micro_batch(gpu)
+                step = predict(settings)
+                per_hour = estimate(settings).running_with(job.nodes)
+                out.append({
+                    **row,
+                    "params_b": job.model_plan.dims.params / 1e9,
+                    "gib_per_gpu": need.device_bytes / GIB,
+                    "fits": need.fits(capacity_bytes(gpu)),
+                    "micro_batch": micro,
+                    "accum": accumulation(job.global_batch_size, micro, settings.num_workers),
+                    "tokens_per_s": step.tokens_per_s,
+                    "mfu": step.mfu,
+                    "bottleneck": step.bottleneck,
+                    "usd_per_billion_tokens": per_hour / (step.tokens_per_s * 3600) * 1e9,
+                })  # fmt: skip
+    return out
+
+
+def table(env: str, settings_line: str, result: list[dict[str, Any]]) -> Table:
+    t = Table(
+        title=f"raytrain plan --compare: env {env} ({settings_line})",
+        caption="GiB: one GPU's need (memory plan) against its usable memory; tokens/s and $ per billion "
+        "tokens: the step-time model (LoRA's terms predicted, not yet measured); the job's other "
+        "settings (seq_len, global batch, checkpointing, LoRA's if it has them) as the environment's",
+    )
+    for col in ("model", "params", "method", "sharding", "micro x accum", "GiB/GPU", "fits",
+                "tokens/s", "MFU", "$/B tokens", "bottleneck"):  # fmt: skip
+        t.add_column(col, justify="left" if col in ("model", "method", "sharding", "bottleneck") else "right")
+    for r in result:
+        if "refused" in r:
+            t.add_row(r["model"], "", r["method"], r["sharding"], "", "", "refused", "", "", "", r["refused"])
+            continue
+        fits = "[green]yes[/]" if r["fits"] else "[red]no[/]"
+        t.add_row(
+            r["model"],
+            f"{r['params_b']:.2f} B",
+            r["method"],
+            r["sharding"],
+            f"{r['micro_batch']} x {r['accum']}",
+            f"{r['gib_per_gpu']:.1f}",
+            fits,
+            f"{r['tokens_per_s']:,.0f}" if r["fits"] else "-",
+            f"{r['mfu']:.1%}" if r["fits"] else "-",
+            f"{r['usd_per_billion_tokens']:,.0f}" if r["fits"] else "-",
+            r["bottleneck"] if r["fits"] else "",
+        )
+    return t
+
+
+def run(args: Any, console: Console) -> int:
+    import json
+
+    try:
+        base = load_settings(args.env, args.config_dir, check_memory=False)
+        result = rows(args.env, args.config_dir, args.compare)
+    except (SettingsError, ValueError) as exc:
+        console.print(f"[bold red]settings:[/] {exc}", highlight=False, soft_wrap=True)
+        return 2
+    if args.json:
+        print(json.dumps({"env": args.env, "compare": result}, indent=2))
+        return 0
+    gpu = base.gpu_nodes.instance
+    job = base.job
+    line = (
+        f"{job.nodes} x {gpu.name}, {base.num_workers} x {gpu.gpu_model} {gpu.gpu_memory_cuda_gib} GiB; "
+        f"seq_len {job.seq_len}, global batch {job.global_batch_size}"
+        f"{', activation checkpointing' if job.activation_checkpointing else ''}"
+    )
+    console.print(table(args.env, line, result))
+    return 0

@@ -1,0 +1,125 @@
+"""The job's model is sized from its own config at synthesis, LoRA's settings are checked, and a job
+that fits nowhere is refused before anything starts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ruamel.yaml import YAML
+
+from config.loader import ENVIRONMENTS_DIR, SettingsError, parse_settings
+from config.memory import job_memory, plan_options
+from config.settings import Settings
+from training.dims import Dims
+from training.lora_spec import LoraSpec
+from training.memory_plan import GIB
+from training.shapes import SHAPES
+
+SOURCE = "config/environments/prod.yaml"
+
+
+def prod_with(check_memory: bool = True, **job: Any) -> Settings:
+    data: dict[str, Any] = YAML(typ="safe", pure=True).load((ENVIRONMENTS_DIR / "prod.yaml").read_text())
+    data["job"] = {**data["job"], **job}
+    for key in [k for k, v in job.items() if v is None]:
+        del data["job"][key]
+    return parse_settings(json.dumps(data), name="prod", source=SOURCE, check_memory=check_memory)
+
+
+def error_of(**job: Any) -> str:
+    with pytest.raises(SettingsError) as info:
+        prod_with(**job)
+    return str(info.value)
+
+
+def test_the_plan_sizes_the_model_the_job_names() -> None:
+    # Before, every job was planned as Qwen2.5-1.5B whatever job.model said.
+    small = prod_with(model="Qwen/Qwen2.5-1.5B", lora=None, check_memory=False)
+    big = prod_with(model="Qwen/Qwen2.5-7B", lora=None, check_memory=False)
+    gpu = big.gpu_nodes.instance
+    assert plan_options(big.job, gpu, 2)["shape"] == Dims.from_config(SHAPES["qwen2.5-7b"])
+    assert plan_options(small.job, gpu, 2)["shape"] == Dims.from_config(SHAPES["qwen2.5-1.5b"])
+    assert job_memory(big.job, gpu, 2).device_bytes > 3 * job_memory(small.job, gpu, 2).device_bytes
+    llama = prod_with(model="meta-llama/Llama-3.1-8B", check_memory=False)
+    assert llama.job.model_plan.dims.vocab == 128256 and not llama.job.model_plan.dims.tied
+
+
+def test_a_full_7b_fine_tune_on_l4s_is_refused_and_lora_is_offered() -> None:
+    message = error_of(model="Qwen/Qwen2.5-7B", lora=None)
+    assert "job.micro_batch_size: needs" in message
+    assert "job.lora: {} (LoRA rank 16" in message and "job.nodes: 4 with job.sharding: full" in message
+
+
+def test_lora_reaches_the_plan() -> None:
+    job = prod_with(model="Qwen/Qwen2.5-7B", lora={"rank": 8}).job
+    assert plan_options(job, prod_with().gpu_nodes.instance, 2)["lora"] == LoraSpec(rank=8)
+
+
+def test_a_model_that_fits_no_job_is_refused(tmp_path: Path) -> None:
+    huge = {"model_type": "llama", "vocab_size": 128256, "hidden_size": 32768, "intermediate_size": 131072,
+            "num_hidden_layers": 160, "num_attention_heads": 256, "num_key_value_heads": 8}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(huge))
+    message = error_of(model="s3://models-111122223333/huge", config_json=str(tmp_path / "config.json"))
+    assert "fits no job on g6.12xlarge: not with LoRA, activation checkpointing, full sharding" in message
+
+
+@pytest.mark.parametrize(
+    ("job", "field", "needle"),
+    [
+        ({"model": "someone/secret-7b"}, "job.model", "not in the model catalogue"),
+        (
+            {"model": "s3://models-111122223333/qwen"},
+            "job.config_json",
+            "set job.config_json to a local copy",
+        ),
+        ({"model": "/models/qwen"}, "job.config_json", "read only inside the job"),
+        ({"config_json": "config/models/missing.json"}, "job.config_json", "no such file"),
+        ({"shape": "gpt5"}, "job.shape", "not a known shape"),
+        ({"init": "random", "lora": None}, "job.shape", "needed with init: random"),
+        (
+            {"model": "Qwen/Qwen2.5-7B", "shape": "llama-3.1-8b"},
+            "job.shape",
+            "is catalogue entry 'qwen2.5-7b'",
+        ),
+        ({"lora": {"rank": 0}}, "job.lora.rank", "whole number >= 1"),
+        ({"lora": {"alpha": 0}}, "job.lora.alpha", "use a whole number >= 1"),
+        ({"lora": {"dropout": 1}}, "job.lora.dropout", "must be in [0, 1)"),
+        ({"model": "Qwen/Qwen2.5-7B", "lora": {}, "float8": True}, "job.float8", "not with job.lora"),
+        (
+            {"lora": {"target_modules": ["q_proj", "c_attn"]}},
+            "job.lora.target_modules",
+            "c_attn: not a linear",
+        ),
+        ({"lora": {}, "init": "random", "shape": "qwen2.5-1.5b"}, "job.lora", "needs init: pretrained"),
+        ({"lora": None, "export_merged": True}, "job.export_merged", "needs job.lora"),
+        (
+            {"model": "google/gemma-2-9b", "seq_len": 16384},
+            "job.seq_len",
+            "beyond the model's 8192 positions",
+        ),
+    ],
+)
+def test_bad_model_settings_are_refused_naming_the_field(
+    job: dict[str, Any], field: str, needle: str
+) -> None:
+    message = error_of(**job)
+    assert f"{field}: " in message and needle in message, message
+    assert message.count("\n") <= 1  # one line after the file's header
+
+
+def test_unsupported_architecture_in_a_config_file_is_refused(tmp_path: Path) -> None:
+    moe = {"model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144,
+           "num_hidden_layers": 48, "num_attention_heads": 32}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(moe))
+    message = error_of(model="s3://models-111122223333/moe", config_json=str(tmp_path / "config.json"))
+    assert "job.config_json: model_type 'qwen3_moe' is not a decoder the loop can shard" in message
+
+
+def test_a_config_file_sizes_a_model_in_s3(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(SHAPES["qwen3-8b"]))
+    s = prod_with(model="s3://models-111122223333/q3", config_json=str(tmp_path / "config.json"), lora={})
+    assert s.job.model_plan.dims == Dims.from_config(SHAPES["qwen3-8b"])
+    assert job_memory(s.job, s.gpu_nodes.instance, 2).device_bytes < 21.96 * GIB
