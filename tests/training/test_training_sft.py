@@ -59,12 +59,8 @@ def _answers(tok: Any, ids: np.ndarray, target: np.ndarray) -> list[str]:
 def test_rendered_prefixes_mark_exactly_the_answers_on_a_qwen2_template(tok: Any) -> None:
     r = ChatRenderer(tok)
     assert r.method == "rendered-prefixes"  # Qwen2.5's template has no {% generation %} markers
-    want = [
-        ["5<|im_end|>\n"],
-        ["Hello.<|im_end|>\n", "cba<|im_end|>\n"],
-        ["DOG<|im_end|>\n"],
-        ["1 2 3<|im_end|>\n"],
-    ]
+    # Each answer through <|im_end|>, where generation stops; not the "\n" ChatML writes after it.
+    want = [["5<|im_end|>"], ["Hello.<|im_end|>", "cba<|im_end|>"], ["DOG<|im_end|>"], ["1 2 3<|im_end|>"]]
     for record, answers in zip(CHATS, want, strict=True):
         turns = conversation(record, "x")
         ids, target = r.render(turns, "x")
