@@ -38,6 +38,10 @@ class RecordError(ValueError):
     """A record that cannot be used; the message names the file, the record and the field."""
 
 
+class TemplateError(ValueError):
+    """A tokenizer whose chat template cannot train a chat model; the message names --model."""
+
+
 def _template(tokenizer: Any) -> str | None:
     template = getattr(tokenizer, "chat_template", None)
     if isinstance(template, dict):  # several named templates: the default one renders chats
@@ -87,11 +91,13 @@ class ChatRenderer:
     def __init__(self, tokenizer: Any, name: str = "") -> None:
         template = _template(tokenizer)
         if template is None:
-            raise ValueError(f"--model: the tokenizer of {name!r} has no chat template (chat data needs one)")
+            raise TemplateError(
+                f"--model: the tokenizer of {name!r} has no chat template (chat data needs one)"
+            )
         try:
             self.end_ids = end_of_turn_tokens(tokenizer)
         except ValueError as exc:
-            raise ValueError(f"--model: the tokenizer of {name!r}: {exc}") from None
+            raise TemplateError(f"--model: the tokenizer of {name!r}: {exc}") from None
         self.tok = tokenizer
         self.generation_tags = bool(_GENERATION_TAG.search(template))
         self.method = "generation-markers" if self.generation_tags else "rendered-prefixes"

@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 
 from training import corpus, shards
-from training.chat_template import ChatRenderer, RecordError
+from training.chat_template import ChatRenderer, RecordError, TemplateError
 
-__all__ = ["ChatRenderer", "RecordError"]  # where callers have always found them
+__all__ = ["ChatRenderer", "RecordError", "TemplateError"]  # where callers have always found them
 
 FIELDS = ("messages", "prompt", "completion")
 TOO_LONG = ("drop", "truncate")

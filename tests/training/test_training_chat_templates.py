@@ -251,3 +251,22 @@ def test_qwen3_with_generation_markers_is_not_held_to_rendered_prefixes() -> Non
     assert renderer.method == "generation-markers"
     ids, target = renderer.render(CASES["multi"], WHERE)
     assert [tok.decode(ids[a:b].tolist()) for a, b in _runs(ids, target)] == ["<|im_end|>", "<|im_end|>"]
+
+
+def test_prepare_refuses_such_a_template_in_one_line_naming_model(tmp_path: Path) -> None:
+    """Before any record is read or any Ray task starts (exit 2 on the CLI)."""
+    from training.options import OptionError
+    from training.prepare import prepare
+
+    tok = chat_tokenizer.build(["Hi there"])
+    tok.chat_template = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+    tok.save_pretrained(tmp_path / "tok")
+    data = tmp_path / "chats.jsonl"
+    data.write_text('{"prompt": "Hi", "completion": "Hello"}\n')
+    with pytest.raises(OptionError) as err:
+        prepare(str(data), str(tmp_path / "out"), seq_len=64, shape="tiny", model=str(tmp_path / "tok"),
+                data_format="chat", log=lambda _: None)  # fmt: skip
+    assert str(err.value).startswith(
+        f"--model: the tokenizer of '{tmp_path / 'tok'}': the chat template ends an answer with '\\n', "
+        "no special token"
+    )

@@ -316,3 +316,13 @@ def test_options_detect_chat_records_and_need_a_chat_tokenizer(tmp_path: Path, t
         parse_args([*base[:-1], str(text), "--data-format", "chat"])
     with pytest.raises(OptionError, match="--text-field: no field 'text'"):
         parse_args([*base, "--model", tok_dir, "--data-format", "text"])
+
+
+def test_the_manifest_identity_names_the_end_of_turn_token(tok: Any, tok_dir: str) -> None:
+    """Data prepared before answers ended at their end-of-turn token (ChatML's "\\n" was a target)
+    has another fingerprint, so it is prepared again rather than trusted."""
+    from training.sft import tokenizer_identity
+
+    ident = tokenizer_identity(tok_dir)
+    assert ident["end_of_turn"] == [tok.convert_tokens_to_ids("<|im_end|>")]
+    assert ident["assistant_mask"] == "rendered-prefixes"
