@@ -128,9 +128,8 @@ class ChatRenderer:
             if turn["role"] == "system":
                 raise RecordError(
                     f"{where}: field messages[{i}].role: the chat template renders nothing of this "
-                    "'system' turn in a conversation that ends with an answer (Mistral's templates "
-                    "drop it or write it only before the last user turn); put its text at the start "
-                    "of the first user turn"
+                    "'system' turn in this conversation (Mistral's templates drop it, or write it only "
+                    "before a final user turn); put its text at the start of the first user turn"
                 )
             raise RecordError(
                 f"{where}: field messages[{i}].role: the chat template renders nothing for role "

@@ -79,7 +79,7 @@ CASES = {
 WHERE = "chats.jsonl: line at byte 42"
 SYSTEM_DROPPED = (
     r"^chats.jsonl: line at byte 42: field messages\[0\].role: the chat template renders nothing of this "
-    r"'system' turn in a conversation that ends with an answer .*; "
+    r"'system' turn in this conversation \(Mistral's templates drop it, .*\); "
     r"put its text at the start of the first user turn$"
 )
 GEMMA2_SYSTEM = (
@@ -270,3 +270,16 @@ def test_prepare_refuses_such_a_template_in_one_line_naming_model(tmp_path: Path
         f"--model: the tokenizer of '{tmp_path / 'tok'}': the chat template ends an answer with '\\n', "
         "no special token"
     )
+
+
+def test_mistral_nemo_moving_the_system_text_to_a_final_user_turn_is_refused() -> None:
+    """Ending with a user turn, the system text is written (before that turn), so the answer before
+    it was trained without the system text its inference prompt holds."""
+    turns = [*SYSTEM, *FIRST, {"role": "user", "content": "And 3+4?"}]
+    with pytest.raises(
+        RecordError,
+        match=r"^chats.jsonl: line at byte 42: field messages\[2\]: the chat template renders the turns "
+        r"before this answer differently once the answer follows .*; put the system text in the first user "
+        r"turn",
+    ):
+        ChatRenderer(family_tokenizer("mistral-nemo-instruct-2407")).render(turns, WHERE)
