@@ -325,8 +325,8 @@ def prepare(  # noqa: PLR0915 (one step after another: check, plan, run, tally, 
     )
     try:
         tokenizer = sft.tokenizer_identity(model) if chat else tokenizer_identity(shape, model)
-    except OptionError:
-        raise
+    except (OptionError, sft.TemplateError) as exc:  # one line of their own, naming --model
+        raise OptionError(str(exc)) from None
     except Exception as exc:
         raise OptionError(f"--model: cannot load the tokenizer of {model!r}: {exc}") from None
     inputs = list_inputs(data)

@@ -6,15 +6,9 @@ as Hugging Face chat data is written, or `prompt` and `completion` (strings: one
 assistant turn; or lists of turns). Each is rendered with `tokenizer.apply_chat_template`, so the
 model is trained on exactly the format it is later prompted with.
 
-Which tokens are the assistant's:
-- a template with `{% generation %}` markers: transformers' own `return_assistant_tokens_mask`;
-- otherwise (Qwen2.5's and most shipped templates have none) by rendering prefixes: the text of
-  turns 0..i-1 with the generation prompt, and of turns 0..i, bound assistant turn i's characters;
-  the tokens overlapping those characters are its tokens (the rule transformers applies to the
-  spans of generation markers). Each prefix must render as a prefix of the next, or the record is
-  refused with a message saying to add generation markers: nothing is guessed.
-An assistant turn's targets are its content and the template's end-of-turn text (`<|im_end|>`
-for ChatML), so the model learns to stop.
+Which tokens are the assistant's: training/chat_template.py (its answers' tokens through the
+template's end-of-turn token, so the model learns to stop; a record whose answers cannot be
+located exactly is refused, saying why and what to do).
 
 Packing (training.shards CHAT_FORMAT): conversations go whole into seq_len blocks in input order; a
 conversation that does not fit in the rest of a block starts the next one, the rest is padding
@@ -28,21 +22,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from training import corpus, shards
+from training.chat_template import ChatRenderer, RecordError, TemplateError
+
+__all__ = ["ChatRenderer", "RecordError", "TemplateError"]  # where callers have always found them
 
 FIELDS = ("messages", "prompt", "completion")
 TOO_LONG = ("drop", "truncate")
-_GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
-
-
-class RecordError(ValueError):
-    """A record that cannot be used; the message names the file, the record and the field."""
 
 
 def chat_fields(names: list[str]) -> bool:
@@ -95,82 +86,6 @@ def conversation(record: dict[str, Any], where: str) -> list[dict[str, str]]:
     return turns
 
 
-class ChatRenderer:
-    """Token ids and the assistant mask of a conversation, by the tokenizer's chat template."""
-
-    def __init__(self, tokenizer: Any, name: str = "") -> None:
-        template = getattr(tokenizer, "chat_template", None)
-        if isinstance(template, dict):  # several named templates: the default one renders chats
-            template = template.get("default")
-        if not isinstance(template, str) or not template:
-            raise ValueError(f"--model: the tokenizer of {name!r} has no chat template (chat data needs one)")
-        self.tok = tokenizer
-        self.generation_tags = bool(_GENERATION_TAG.search(template))
-        self.method = "generation-markers" if self.generation_tags else "rendered-prefixes"
-
-    def _text(self, turns: list[dict[str, str]], where: str, generation_prompt: bool = False) -> str:
-        try:
-            text = self.tok.apply_chat_template(
-                turns, tokenize=False, add_generation_prompt=generation_prompt
-            )
-        except Exception as exc:  # jinja's TemplateError, raise_exception() of the template
-            raise RecordError(f"{where}: field 'messages': the chat template refuses it: {exc}") from None
-        return str(text)
-
-    def render(self, turns: list[dict[str, str]], where: str) -> tuple[np.ndarray, np.ndarray]:
-        """(ids int64 [n], target bool [n])."""
-        spans: list[tuple[int, int]] = []
-        prev = ""
-        for i, turn in enumerate(turns):
-            cur = self._text(turns[: i + 1], where)
-            # A role the template does not know renders nothing of its turn; as the first turn it
-            # may still add the template's default system text, so the turn's own content is looked
-            # for in what it added (templates may trim it).
-            content = turn["content"].strip()
-            if cur == prev or (content and content not in cur[len(prev) :]):
-                raise RecordError(
-                    f"{where}: field messages[{i}].role: the chat template renders nothing for role "
-                    f"{turn['role']!r} (a role it does not know)"
-                )
-            if not cur.startswith(prev):
-                raise RecordError(self._unstable(where, i))
-            if turn["role"] == "assistant":
-                head = self._text(turns[:i], where, generation_prompt=True) if i else prev
-                if not (head.startswith(prev) and cur.startswith(head)):
-                    raise RecordError(self._unstable(where, i))
-                spans.append((len(head), len(cur)))
-            prev = cur
-        if self.generation_tags:
-            out = self.tok.apply_chat_template(
-                turns, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
-            )
-            ids = np.asarray(out["input_ids"], dtype=np.int64)
-            target = np.asarray(out["assistant_masks"], dtype=bool)
-        else:
-            enc = self.tok(prev, add_special_tokens=False, return_offsets_mapping=True)
-            ids = np.asarray(enc["input_ids"], dtype=np.int64)
-            target = np.zeros(len(ids), dtype=bool)
-            at = 0  # spans and offsets are both in order: one pass
-            for j, (start, end) in enumerate(enc["offset_mapping"]):
-                while at < len(spans) and start >= spans[at][1]:
-                    at += 1
-                if at == len(spans):
-                    break
-                if end > spans[at][0]:
-                    target[j] = True
-        if not target.any():
-            raise RecordError(f"{where}: field 'messages': the chat template marks no assistant token")
-        return ids, target
-
-    @staticmethod
-    def _unstable(where: str, i: int) -> str:
-        return (
-            f"{where}: field messages[{i}]: the chat template renders the conversation up to this turn "
-            "differently from the whole, so its assistant tokens cannot be located; use a template "
-            "with {% generation %} markers"
-        )
-
-
 _TOKENIZERS: dict[str, Any] = {}
 
 
@@ -203,7 +118,7 @@ def tokenizer_identity(model: str) -> dict[str, Any]:
     return {"name": model, "vocab_size": len(tok), "eos_token_id": tok.eos_token_id, "pad_token_id": int(pad),
             "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
             "chat_template_sha256": hashlib.sha256(template.encode("utf-8")).hexdigest(),
-            "assistant_mask": renderer.method}  # fmt: skip
+            "assistant_mask": renderer.method, "end_of_turn": renderer.end_ids}  # fmt: skip
 
 
 def segment_records(seg: Any) -> Iterator[tuple[str, dict[str, Any]]]:

@@ -59,12 +59,8 @@ def _answers(tok: Any, ids: np.ndarray, target: np.ndarray) -> list[str]:
 def test_rendered_prefixes_mark_exactly_the_answers_on_a_qwen2_template(tok: Any) -> None:
     r = ChatRenderer(tok)
     assert r.method == "rendered-prefixes"  # Qwen2.5's template has no {% generation %} markers
-    want = [
-        ["5<|im_end|>\n"],
-        ["Hello.<|im_end|>\n", "cba<|im_end|>\n"],
-        ["DOG<|im_end|>\n"],
-        ["1 2 3<|im_end|>\n"],
-    ]
+    # Each answer through <|im_end|>, where generation stops; not the "\n" ChatML writes after it.
+    want = [["5<|im_end|>"], ["Hello.<|im_end|>", "cba<|im_end|>"], ["DOG<|im_end|>"], ["1 2 3<|im_end|>"]]
     for record, answers in zip(CHATS, want, strict=True):
         turns = conversation(record, "x")
         ids, target = r.render(turns, "x")
@@ -320,3 +316,13 @@ def test_options_detect_chat_records_and_need_a_chat_tokenizer(tmp_path: Path, t
         parse_args([*base[:-1], str(text), "--data-format", "chat"])
     with pytest.raises(OptionError, match="--text-field: no field 'text'"):
         parse_args([*base, "--model", tok_dir, "--data-format", "text"])
+
+
+def test_the_manifest_identity_names_the_end_of_turn_token(tok: Any, tok_dir: str) -> None:
+    """Data prepared before answers ended at their end-of-turn token (ChatML's "\\n" was a target)
+    has another fingerprint, so it is prepared again rather than trusted."""
+    from training.sft import tokenizer_identity
+
+    ident = tokenizer_identity(tok_dir)
+    assert ident["end_of_turn"] == [tok.convert_tokens_to_ids("<|im_end|>")]
+    assert ident["assistant_mask"] == "rendered-prefixes"
