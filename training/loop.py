@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import importlib.util
 import math
 import os
 import resource
@@ -17,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from training import checkpoint, emf
+from training.best_checkpoint import scored  # each checkpoint scored by its held-out loss
 from training.data import Batches, BlockRange
 from training.evaluate import EarlyStop, evaluate, held_out_split
 from training.flops import count_params, flops_per_token, mfu, peak_tflops
@@ -68,14 +70,10 @@ def lr_at(step: int, opts: TrainOptions) -> float:
 
 
 def _liger_installed() -> bool:
-    import importlib.util
-
     return importlib.util.find_spec("liger_kernel") is not None
 
 
 def _torchao_installed() -> bool:
-    import importlib.util
-
     return importlib.util.find_spec("torchao") is not None
 
 
@@ -608,7 +606,7 @@ class _Trainer:
                 position=self.position,
                 extra=self.checkpoint_extra(),
             )
-            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
+            ray.train.report(scored(metrics), checkpoint=ray.train.Checkpoint.from_directory(tmp))
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
