@@ -275,6 +275,27 @@ def test_a_run_name_in_use_and_a_taken_name_are_refused(kube: Kube, s3: Any, set
     assert rc == 0 and "waits for GPU nodes" in text and "first (2)" in text
 
 
+def test_a_finished_runs_name_is_refused_unless_resumed(kube: Kube, s3: Any, settings: Any) -> None:
+    """Issue 41: a rerun of a finished run would find its checkpoint and be refused by the job, once
+    two GPU nodes had started: refused here instead; job.resume continues it, the RayJob's name
+    going with it as --job-id (a KubeRay retry of that RayJob resumes its run)."""
+    assert job(kube, "submit", "--name", "first")[0] == 0
+    kube.jobs["first"]["status"] = {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"}
+    rc, text = job(kube, "submit", "--name", "second", "--set", "job.steps=100")
+    assert rc == 2 and len(text.strip().splitlines()) == 1, text
+    assert "job.run_name 'dev-smoke' is the run of the finished RayJob first: --set job.resume=true" in (
+        " ".join(text.split())
+    )
+    assert set(kube.jobs) == {"first"}
+    assert "--resume" not in kube.jobs["first"]["spec"]["entrypoint"]
+    rc, text = job(kube, "submit", "--name", "second", "--set", "job.steps=100", "--set", "job.resume=true")
+    assert rc == 0, text
+    entry = kube.jobs["second"]["spec"]["entrypoint"]
+    assert "--run-name dev-smoke " in entry and "--resume --job-id second" in entry
+    rc, text = job(kube, "submit", "--name", "third", "--set", "job.resume=maybe")
+    assert rc == 2 and "job.resume: Input should be a valid boolean" in text, text
+
+
 def test_stop_deletes_a_running_job_and_releases_a_ray_stopped_ones_workers(
     kube: Kube, s3: Any, settings: Any
 ) -> None:

@@ -260,10 +260,14 @@ class JobSettings(SettingsModel):
     # GPU nodes of the job's Ray cluster: one worker pod per node, one Ray Train worker per GPU.
     # The Cluster Autoscaler starts them when the pods are pending (at most gpu_nodes.max_size).
     nodes: int = Field(default=2, ge=1)
-    # Checkpoints live under <checkpoint prefix>/<run_name>. The name stays the same across
-    # RayJob retries and new RayJobs, so a new job with the same run_name resumes from the
-    # latest checkpoint: change it to start a fresh run.
+    # Checkpoints live under <checkpoint prefix>/<run_name>: one run. A job whose run already has a
+    # checkpoint is refused (no rerun trains nothing in silence) unless `resume` is set; KubeRay's
+    # retries of the same RayJob resume it. A deployed job trains <run_name>-<its RayJob's hash>,
+    # so a deploy that changes the job starts a new run (docs/jobs.md).
     run_name: str = "qwen2.5-1.5b-fsdp2"
+    # Continue run_name's checkpoints: a larger `steps`, and the options that decide what is learned
+    # (model, data, lr, seed, batch, ...) as the run had them; refused otherwise, with the options named.
+    resume: bool = False
     # Hugging Face id, s3:// prefix or absolute path: weights (pretrained) and tokenizer.
     model: str = "Qwen/Qwen2.5-1.5B"
     init: ModelInit = ModelInit.PRETRAINED
