@@ -354,8 +354,14 @@ class JobSettings(SettingsModel):
     # and the job submitted within this, or the attempt fails (KubeRay preRunningDeadlineSeconds)
     # instead of waiting for capacity until active_deadline_seconds.
     start_timeout_seconds: int = Field(default=1800, ge=300)
-    # Whole-RayJob retries, each on a new cluster (own mode); in-job failures use max_failures.
-    backoff_limit: int = Field(default=1, ge=0, le=10)
+    # Whole-RayJob retries, each on a new cluster (own mode): another scale-from-zero and image pull.
+    # KubeRay 1.7 retries any failed attempt whatever its exit code (rayjob_controller.go,
+    # checkBackoffLimitAndUpdateStatusIfNeeded: all but DeadlineExceeded), so a retry would repeat an
+    # input error (exit 4), a refused option or resume (2), the transport gate (3) and a start
+    # timeout. Lost workers are Ray Train's to restart inside the job (max_failures); what only a
+    # retry recovers is a lost head pod, and the retry resumes the run (--job-id). Default 0: a
+    # failure ends the job; resubmit with job.resume once its cause is fixed (docs/jobs.md).
+    backoff_limit: int = Field(default=0, ge=0, le=10)
 
     @field_validator("run_name")
     @classmethod
