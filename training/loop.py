@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from training import checkpoint, emf
+from training import checkpoint, emf, progress
 from training.best_checkpoint import scored  # each checkpoint scored by its held-out loss
 from training.data import Batches, BlockRange
 from training.evaluate import EarlyStop, evaluate, held_out_split
@@ -89,24 +89,6 @@ def _peak_mem_gib(device: torch.device) -> float:
         return torch.cuda.max_memory_allocated(device) / 2**30
     # CPU: the process's peak resident set (ru_maxrss is KiB on Linux).
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-
-
-def _progress(m: dict[str, Any], steps: int) -> str:
-    parts = [
-        f"step {m['step']}/{steps}",
-        f"loss {m['loss']:.4f}",
-        f"{m['tokens_per_s']:,.0f} tok/s",
-    ]
-    if m.get("mfu") is not None:
-        parts.append(f"MFU {100 * m['mfu']:.1f}%")
-    parts += [f"mem {m['peak_mem_gib']:.2f} GiB", f"data wait {1000 * m['data_wait_s']:.1f} ms"]
-    if m.get("eval_loss") is not None:
-        parts += [
-            f"eval loss {m['eval_loss']:.4f}",
-            f"ppl {m['eval_perplexity']:.2f}",
-            f"acc {100 * m['eval_accuracy']:.1f}%",
-        ]
-    return "[train] " + " | ".join(parts)
 
 
 def emulated_host_id(rank: int, world: int, hosts: int) -> str:
@@ -724,7 +706,7 @@ def train_loop(config: dict[str, Any]) -> None:
             if first:
                 metrics = {**metrics, "transport": tr.transport}
             if tr.rank == 0 and (tr.step % opts.log_every == 0 or tr.step == opts.steps):
-                _say(_progress(metrics, opts.steps))
+                _say(progress.line(metrics, opts.steps, tr.history[-tr.steps_here :]))
             _report(tr, metrics, first)
             first = False
             if tr.stopped_early:
