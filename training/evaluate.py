@@ -71,7 +71,8 @@ class _ScoredHead:
     def __call__(self, head: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
         hidden = args[0]
         assert self.labels is not None
-        weight, bias = head.weight, getattr(head, "bias", None)
+        weight: Any = head.weight  # the root's, gathered by FSDP for this forward
+        bias: Any = getattr(head, "bias", None)
         for row in range(hidden.shape[0]):
             target = self.labels[row, 1:]
             for at in range(0, target.shape[0], CHUNK):
