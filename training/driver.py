@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from training import best_checkpoint, run_state
+from training import best_checkpoint, quiet, run_state
 from training import summary as summary_mod
 from training.batch import accumulation_steps
 from training.errors import find_input_error
@@ -224,19 +224,19 @@ def run(opts: TrainOptions) -> dict[str, Any]:
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from training.loop import train_loop
-
     t0 = time.time()
     cfg = check_model(opts)
     record = run_state.begin(opts)  # a new run, or one to continue: refused before Ray starts
     init_ray(opts)
+    logs = quiet.driver(prepares=opts.data != "random")  # library chatter to a log file
     workers, use_gpu = resolve_workers(opts)
     data = resolve_data(opts, int(cfg.vocab_size))
     eval_data = resolve_eval_data(opts, data)
     verdict: Any = ray.remote(num_cpus=0)(_GateVerdict).remote()
     trainer = TorchTrainer(
-        train_loop,
+        quiet.train_worker,  # training/loop.py's train_loop
         train_loop_config={
+            "log_dir": logs,
             "options": opts.to_dict(),
             "data": data,
             "eval_data": eval_data,
@@ -254,6 +254,7 @@ def run(opts: TrainOptions) -> dict[str, Any]:
             failure_config=FailureConfig(max_failures=opts.max_failures),
             checkpoint_config=best_checkpoint.checkpoint_config(opts),
             callbacks=[stop_on_input_error()],
+            **quiet.train_logging_config(),
         ),
     )
     try:
