@@ -13,6 +13,7 @@ import copy
 import functools
 import hashlib
 import json
+import shlex
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -366,7 +367,22 @@ def test_submitted_entrypoint_and_runtime_env_are_synthesis_own(synthesized: Any
         checkpoint_uri=checkpoint_uri(s.settings),
         owner=JobOwner(uid="u"),
     )
-    assert deployed["spec"]["entrypoint"] == submitted["spec"]["entrypoint"]
+    # The entry points differ only in the run and the job they name: a deployed job trains a run of
+    # its own (k8s/job.py deployed_run_name), a submitted one job.run_name; each names its RayJob.
+    from k8s.job import deployed_run_name
+
+    name = deployed["metadata"]["name"]
+    own = {
+        "--run-name": (deployed_run_name(s.settings, name), s.settings.job.run_name),
+        "--job-id": (name, "rs-x"),
+    }
+    words = [shlex.split(j["spec"]["entrypoint"]) for j in (deployed, submitted)]
+    for flag, values in own.items():
+        assert tuple(w[w.index(flag) + 1] for w in words) == values
+    for w in words:
+        for flag in own:
+            del w[w.index(flag) : w.index(flag) + 2]
+    assert words[0] == words[1]
     runtime = json.loads(deployed["spec"]["runtimeEnvYAML"])
     # The one difference: where the code lies (CDK's asset bucket vs the checkpoint bucket's code/).
     assert runtime["working_dir"].startswith(f"s3://cdk-hnb659fds-assets-{s.settings.account}-")
@@ -374,8 +390,8 @@ def test_submitted_entrypoint_and_runtime_env_are_synthesis_own(synthesized: Any
         json.dumps({**runtime, "working_dir": asset}, sort_keys=True) == submitted["spec"]["runtimeEnvYAML"]
     )
     # And the rest of the spec too: one way to build a RayJob.
-    assert {k: v for k, v in deployed["spec"].items() if k != "runtimeEnvYAML"} == {
-        k: v for k, v in submitted["spec"].items() if k != "runtimeEnvYAML"
+    assert {k: v for k, v in deployed["spec"].items() if k not in ("runtimeEnvYAML", "entrypoint")} == {
+        k: v for k, v in submitted["spec"].items() if k not in ("runtimeEnvYAML", "entrypoint")
     }
 
 
