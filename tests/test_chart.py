@@ -498,8 +498,9 @@ def test_a_redeployed_job_trains_a_new_run_and_resumes_only_when_asked() -> None
     """Issue 41: dev's smoke job deployed again (a changed job: a new RayJob) must not find the last
     one's checkpoint at step job.steps and train nothing on two GPU nodes: each RayJob trains a run
     of its own, labelled with it; with job.resume every deploy continues job.run_name."""
-    first, second = the("dev", "RayJob"), next(
-        o for o in render(variant("dev", job={"steps": 60})) if o["kind"] == "RayJob"
+    first, second = (
+        the("dev", "RayJob"),
+        next(o for o in render(variant("dev", job={"steps": 60})) if o["kind"] == "RayJob"),
     )
     runs = [parsed_entrypoint(j)[1]["--run-name"] for j in (first, second)]
     assert runs[0] != runs[1] and all(r.startswith("dev-smoke-") for r in runs)

@@ -30,11 +30,10 @@ def test_the_line_reads_back_and_status_takes_the_latest_eval() -> None:
         progress.line(history[-1], 200, history),
     ]
     assert lines[-1] == (
-        "[train] step 30/200 (15%) | loss 2.5000 | 12,346 tok/s | mem 3.20 GiB | data wait 0.4 ms | "
-        "ETA 5m40s"
+        "[train] step 30/200 (15%) | loss 2.5000 | 12,346 tok/s | mem 3.20 GiB | data wait 0.4 ms | ETA 5m40s"
     )
-    assert progress.parse(lines[0]) == {"step": 25, "steps": 200, "percent": 12, "loss": 2.5,
-                                        "tokens_per_s": 12346.0, "eval_loss": 2.4, "eta": "5m50s"}  # fmt: skip
+    first = {"step": 25, "steps": 200, "percent": 12, "loss": 2.5, "tokens_per_s": 12346.0}
+    assert progress.parse(lines[0]) == {**first, "eval_loss": 2.4, "eta": "5m50s"}
     assert progress.latest(lines) == {"step": 30, "steps": 200, "percent": 15, "loss": 2.5,
                                       "tokens_per_s": 12346.0, "eta": "5m40s", "eval_loss": 2.4,
                                       "eval_step": 25}  # fmt: skip

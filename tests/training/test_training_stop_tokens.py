@@ -17,7 +17,11 @@ from training import checkpoint
 from training.export import export
 from training.stop_tokens import end_of_turn_ids, stop_token_ids
 
-TURN = [{"role": "system", "content": "S"}, {"role": "user", "content": "2+3?"}, {"role": "assistant", "content": "5"}]
+TURN = [
+    {"role": "system", "content": "S"},
+    {"role": "user", "content": "2+3?"},
+    {"role": "assistant", "content": "5"},
+]
 
 
 def _ids(tok: Any, turns: list[dict[str, str]], **kw: Any) -> list[int]:
@@ -28,7 +32,7 @@ def _ids(tok: Any, turns: list[dict[str, str]], **kw: Any) -> list[int]:
 def base_tok_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A base model's tokenizer: EOS <|endoftext|>; its chat template ends turns with <|im_end|>."""
     tok = chat_tokenizer.build(["What is 2+3? 5", chat_tokenizer.DEFAULT_SYSTEM] * 20)
-    tok.eos_token = "<|endoftext|>"  # noqa: S105 (a token, not a password)
+    tok.eos_token = "<|endoftext|>"
     out = tmp_path_factory.mktemp("base-tok")
     tok.save_pretrained(out)
     return str(out)
