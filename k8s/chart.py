@@ -31,6 +31,7 @@ from k8s.cluster import ray_cluster_spec, worker_env
 from k8s.imports.raycluster.io import ray as rc
 from k8s.imports.rayjob.io import ray as rj
 from k8s.job import (
+    deployed_run_name,
     entrypoint,
     job_spec,
     prepare_job_spec,
@@ -194,13 +195,16 @@ def add_rayjob(
                 block_owner_deletion=True,
             )
         ]
+    # A deployed job trains a run of its own (k8s/job.py deployed_run_name); a submitted one
+    # job.run_name. Either is retried by KubeRay under its RayJob's name, which --job-id carries.
+    run = deployed_run_name(settings, name) if origin == DEPLOYED else settings.job.run_name
     return rj.RayJob(
         chart,
         "ray-job",
         metadata=cdk8s.ApiObjectMetadata(
             name=name,
             namespace=settings.workload.namespace,
-            labels={RUN_NAME_LABEL: settings.job.run_name, ORIGIN_LABEL: origin},
+            labels={RUN_NAME_LABEL: run, ORIGIN_LABEL: origin},
             owner_references=owners,
         ),
         spec=job_spec(
@@ -208,6 +212,8 @@ def add_rayjob(
             code_uri=code_uri,
             checkpoint_uri=checkpoint_uri,
             service_account_name=service_account_name,
+            run_name=run,
+            job_id=name,
         ),
     )
 

@@ -67,11 +67,25 @@ def prepare_args(settings: Settings, *, checkpoint_uri: str) -> list[str]:
     ]  # fmt: skip
 
 
-def training_args(settings: Settings, *, checkpoint_uri: str) -> list[str]:
-    """Arguments of `python -m training`, from the job settings."""
+def deployed_run_name(settings: Settings, rayjob: str) -> str:
+    """The run a deployed RayJob trains: job.run_name and the RayJob's spec hash, unless job.resume.
+    A deploy that changes the job makes a new RayJob (rayjob_name), which then starts a new run
+    instead of finding the previous job's checkpoint at or past job.steps and training nothing
+    (dev's smoke job, deployed again and again); KubeRay's retry of the same RayJob keeps the name
+    and resumes (training/run_state.py). With job.resume every deploy continues job.run_name."""
+    if settings.job.resume:
+        return settings.job.run_name
+    return f"{settings.job.run_name}-{rayjob.rsplit('-', 1)[-1]}"
+
+
+def training_args(
+    settings: Settings, *, checkpoint_uri: str, run_name: str | None = None, job_id: str | None = None
+) -> list[str]:
+    """Arguments of `python -m training`, from the job settings. `run_name` (default job.run_name)
+    and `job_id` (the RayJob's name: a retry of it resumes its own run) come from the job's name."""
     job = settings.job
     args = [
-        "--run-name", job.run_name,
+        "--run-name", run_name or job.run_name,
         "--storage-path", checkpoint_uri,
         "--num-workers", str(settings.num_workers),
         # The entry point runs on the head: join the cluster it runs in.
@@ -116,6 +130,10 @@ def training_args(settings: Settings, *, checkpoint_uri: str) -> list[str]:
         args += job.lora_spec.as_args()
     if job.export_merged:
         args.append("--export-merged")
+    if job.resume:  # continue the run's checkpoints (refused if its options differ but the steps)
+        args.append("--resume")
+    if job_id is not None:
+        args += ["--job-id", job_id]
     if settings.observability.metrics:
         # Step metrics as CloudWatch EMF lines (training/emf.py), dimension ClusterName.
         args += ["--metrics-cluster", settings.cluster.name]
@@ -136,8 +154,10 @@ def _eval_args(job: Any) -> list[str]:
     return args
 
 
-def entrypoint(settings: Settings, *, checkpoint_uri: str) -> str:
-    return shlex.join(["python", "-m", "training", *training_args(settings, checkpoint_uri=checkpoint_uri)])
+def entrypoint(settings: Settings, *, checkpoint_uri: str, **run: str | None) -> str:
+    """`run`: training_args' run_name and job_id."""
+    args = training_args(settings, checkpoint_uri=checkpoint_uri, **run)
+    return shlex.join(["python", "-m", "training", *args])
 
 
 def prepare_entrypoint(settings: Settings, *, checkpoint_uri: str) -> str:
@@ -190,11 +210,14 @@ def job_spec(
     code_uri: str,
     checkpoint_uri: str,
     service_account_name: str,
+    run_name: str | None = None,
+    job_id: str | None = None,
 ) -> rj.RayJobSpec:
-    """The RayJob's spec: entry point, runtime_env, submitter, and its own cluster or the standing one."""
+    """The RayJob's spec: entry point, runtime_env, submitter, and its own cluster or the standing one.
+    `run_name` and `job_id` as training_args (left out of the spec that rayjob_name hashes)."""
     return _spec(
         settings,
-        entrypoint(settings, checkpoint_uri=checkpoint_uri),
+        entrypoint(settings, checkpoint_uri=checkpoint_uri, run_name=run_name, job_id=job_id),
         code_uri=code_uri,
         service_account_name=service_account_name,
     )

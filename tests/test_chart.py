@@ -437,11 +437,15 @@ def parsed_entrypoint(job: dict[str, Any]) -> tuple[list[str], dict[str, str], s
 @pytest.mark.parametrize("name", ALL)
 def test_entrypoint_carries_the_job_settings(name: str) -> None:
     s = settings_of(name)
-    command, flags, switches = parsed_entrypoint(the(name, "RayJob"))
+    rayjob = the(name, "RayJob")
+    command, flags, switches = parsed_entrypoint(rayjob)
     assert command == ["python", "-m", "training"]
     job = s.job
+    job_name = rayjob["metadata"]["name"]
     assert flags == {
-        "--run-name": job.run_name,
+        # A deployed job's own run, and its name: KubeRay's retries of it resume that run.
+        "--run-name": f"{job.run_name}-{job_name.rsplit('-', 1)[1]}",
+        "--job-id": job_name,
         "--storage-path": CHECKPOINT_URI,
         "--num-workers": str(s.job.nodes * s.gpu_nodes.instance.gpus),
         "--address": "auto",
@@ -512,6 +516,24 @@ def test_lora_job_passes_its_settings_and_the_cli_reads_them_back() -> None:
     argv += [w for k, v in flags.items() if k.startswith("--lora") for w in (k, v)] + ["--export-merged"]
     opts = parse_args(argv)
     assert opts.lora == LoraSpec(8, 16, 0.05, ("q_proj", "v_proj")) and opts.export_merged
+
+
+def test_a_redeployed_job_trains_a_new_run_and_resumes_only_when_asked() -> None:
+    """Issue 41: dev's smoke job deployed again (a changed job: a new RayJob) must not find the last
+    one's checkpoint at step job.steps and train nothing on two GPU nodes: each RayJob trains a run
+    of its own, labelled with it; with job.resume every deploy continues job.run_name."""
+    first, second = (
+        the("dev", "RayJob"),
+        next(o for o in render(variant("dev", job={"steps": 60})) if o["kind"] == "RayJob"),
+    )
+    runs = [parsed_entrypoint(j)[1]["--run-name"] for j in (first, second)]
+    assert runs[0] != runs[1] and all(r.startswith("dev-smoke-") for r in runs)
+    assert [j["metadata"]["labels"]["ray-train/run-name"] for j in (first, second)] == runs
+    assert "--resume" not in parsed_entrypoint(first)[2]
+    resumed = next(o for o in render(variant("dev", job={"resume": True})) if o["kind"] == "RayJob")
+    _, flags, switches = parsed_entrypoint(resumed)
+    assert flags["--run-name"] == "dev-smoke" and "--resume" in switches
+    assert flags["--job-id"] == resumed["metadata"]["name"]
 
 
 def test_entrypoint_switches_and_quoting() -> None:

@@ -207,3 +207,13 @@ def test_checkpoint_settings_property(keep: int, every: int, steps: int, failure
             SettingsError, match=r"job\.(keep_checkpoints|checkpoint_every|steps|max_failures): "
         ):
             parse_settings(json.dumps(data), name="dev", source=DEV)
+
+
+def test_a_failed_job_is_not_retried_on_a_new_cluster_by_default() -> None:
+    """Issue 41: KubeRay 1.7 retries any failed attempt (an input error, the transport gate, a start
+    timeout) on a new cluster up to backoffLimit; lost workers are Ray Train's (max_failures)."""
+    from config.settings.workload import JobSettings
+
+    assert JobSettings().backoff_limit == 0
+    for name in ("dev", "prod"):
+        assert load_settings(name).job.backoff_limit == 0

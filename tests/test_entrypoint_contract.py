@@ -15,6 +15,7 @@ import yaml
 from config import image
 from config.loader import environment_names, load_settings
 from k8s.chart import render_manifests
+from k8s.job import deployed_run_name, rayjob_name
 from training.batch import accumulation_steps
 from training.options import parse_args
 
@@ -81,7 +82,11 @@ def test_every_entrypoint_parses_into_the_settings(env: str, tmp_path: Path) -> 
         checkpoint_uri=CHECKPOINT_URI,
     )
     opts = parse_args(training_entrypoint(tmp_path))
-    assert opts.run_name == job.run_name
+    # The deployed RayJob trains a run of its own and names itself, so its retries resume that run.
+    rayjob = rayjob_name(settings, code_hash="0123abcd")
+    run = deployed_run_name(settings, rayjob)
+    assert (opts.run_name, opts.job_id, opts.resume) == (run, rayjob, job.resume)
+    assert opts.run_name == f"{job.run_name}-{rayjob.rsplit('-', 1)[1]}"
     assert opts.storage_path == CHECKPOINT_URI
     assert opts.num_workers == settings.num_workers
     assert (opts.model, opts.init) == (job.model, job.init.value)

@@ -263,6 +263,29 @@ def test_status_shows_the_newest_job_its_cluster_and_pods(
     assert text.count("-gpu-worker-") == n
 
 
+def test_status_shows_the_jobs_progress_from_its_driver_log(
+    tmp_path: Path, api_server: FakeApi, settings: Settings
+) -> None:
+    """Issue 41: step, percent, loss, the latest held-out loss, rate and ETA, as the driver last
+    printed them (training/progress.py) in the submitter's log."""
+    api_server.routes = cluster_routes(settings)
+    api_server.logs = {f"{JOB}-sub1": [
+        "[train] data: 40 blocks of 2048 tokens in 1 shards (s3://b/p/manifest.json)",
+        "[train] step 50/200 (25%) | loss 2.1000 | 48,900 tok/s | mem 9.10 GiB | data wait 0.4 ms | "
+        "eval loss 2.3000 | ppl 9.97 | acc 51.0% | ETA 9m10s",
+        "[train] step 51/200 (25%) | loss 2.0500 | 49,100 tok/s | mem 9.10 GiB | data wait 0.3 ms | "
+        "ETA 9m05s",
+    ]}  # fmt: skip
+    rc, text = run(tmp_path, api_server, "status")
+    assert rc == 0, text
+    assert (
+        "progress: step 51/200 (25%), loss 2.0500, held-out loss 2.3000 (step 50), 49,100 tokens/s, ETA 9m05s"
+    ) in " ".join(text.split())
+    api_server.logs = {}  # the submitter not started yet: no progress, no error
+    rc, text = run(tmp_path, api_server, "status")
+    assert rc == 0 and "progress:" not in text, text
+
+
 def test_status_of_a_failed_job_exits_one(tmp_path: Path, api_server: FakeApi, settings: Settings) -> None:
     routes = cluster_routes(settings)
     ns = settings.workload.namespace

@@ -13,6 +13,7 @@ import copy
 import functools
 import hashlib
 import json
+import shlex
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -275,6 +276,27 @@ def test_a_run_name_in_use_and_a_taken_name_are_refused(kube: Kube, s3: Any, set
     assert rc == 0 and "waits for GPU nodes" in text and "first (2)" in text
 
 
+def test_a_finished_runs_name_is_refused_unless_resumed(kube: Kube, s3: Any, settings: Any) -> None:
+    """Issue 41: a rerun of a finished run would find its checkpoint and be refused by the job, once
+    two GPU nodes had started: refused here instead; job.resume continues it, the RayJob's name
+    going with it as --job-id (a KubeRay retry of that RayJob resumes its run)."""
+    assert job(kube, "submit", "--name", "first")[0] == 0
+    kube.jobs["first"]["status"] = {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"}
+    rc, text = job(kube, "submit", "--name", "second", "--set", "job.steps=100")
+    assert rc == 2 and len(text.strip().splitlines()) == 1, text
+    assert "job.run_name 'dev-smoke' is the run of the finished RayJob first: --set job.resume=true" in (
+        " ".join(text.split())
+    )
+    assert set(kube.jobs) == {"first"}
+    assert "--resume" not in kube.jobs["first"]["spec"]["entrypoint"]
+    rc, text = job(kube, "submit", "--name", "second", "--set", "job.steps=100", "--set", "job.resume=true")
+    assert rc == 0, text
+    entry = kube.jobs["second"]["spec"]["entrypoint"]
+    assert "--run-name dev-smoke " in entry and "--resume --job-id second" in entry
+    rc, text = job(kube, "submit", "--name", "third", "--set", "job.resume=maybe")
+    assert rc == 2 and "job.resume: Input should be a valid boolean" in text, text
+
+
 def test_stop_deletes_a_running_job_and_releases_a_ray_stopped_ones_workers(
     kube: Kube, s3: Any, settings: Any
 ) -> None:
@@ -345,7 +367,22 @@ def test_submitted_entrypoint_and_runtime_env_are_synthesis_own(synthesized: Any
         checkpoint_uri=checkpoint_uri(s.settings),
         owner=JobOwner(uid="u"),
     )
-    assert deployed["spec"]["entrypoint"] == submitted["spec"]["entrypoint"]
+    # The entry points differ only in the run and the job they name: a deployed job trains a run of
+    # its own (k8s/job.py deployed_run_name), a submitted one job.run_name; each names its RayJob.
+    from k8s.job import deployed_run_name
+
+    name = deployed["metadata"]["name"]
+    own = {
+        "--run-name": (deployed_run_name(s.settings, name), s.settings.job.run_name),
+        "--job-id": (name, "rs-x"),
+    }
+    words = [shlex.split(j["spec"]["entrypoint"]) for j in (deployed, submitted)]
+    for flag, values in own.items():
+        assert tuple(w[w.index(flag) + 1] for w in words) == values
+    for w in words:
+        for flag in own:
+            del w[w.index(flag) : w.index(flag) + 2]
+    assert words[0] == words[1]
     runtime = json.loads(deployed["spec"]["runtimeEnvYAML"])
     # The one difference: where the code lies (CDK's asset bucket vs the checkpoint bucket's code/).
     assert runtime["working_dir"].startswith(f"s3://cdk-hnb659fds-assets-{s.settings.account}-")
@@ -353,8 +390,8 @@ def test_submitted_entrypoint_and_runtime_env_are_synthesis_own(synthesized: Any
         json.dumps({**runtime, "working_dir": asset}, sort_keys=True) == submitted["spec"]["runtimeEnvYAML"]
     )
     # And the rest of the spec too: one way to build a RayJob.
-    assert {k: v for k, v in deployed["spec"].items() if k != "runtimeEnvYAML"} == {
-        k: v for k, v in submitted["spec"].items() if k != "runtimeEnvYAML"
+    assert {k: v for k, v in deployed["spec"].items() if k not in ("runtimeEnvYAML", "entrypoint")} == {
+        k: v for k, v in submitted["spec"].items() if k not in ("runtimeEnvYAML", "entrypoint")
     }
 
 

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from training import best_checkpoint, quiet, run_state
 from training import summary as summary_mod
 from training.batch import accumulation_steps
 from training.errors import find_input_error
@@ -249,21 +250,22 @@ def resolve_eval_data(opts: TrainOptions, train: str | None) -> str | None:
 def run(opts: TrainOptions) -> dict[str, Any]:
     """Run (or resume) the training run; return the summary."""
     import ray
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
-
-    from training.loop import train_loop
 
     t0 = time.time()
     cfg = check_model(opts)
+    record = run_state.begin(opts)  # a new run, or one to continue: refused before Ray starts
     init_ray(opts)
+    logs = quiet.driver(prepares=opts.data != "random")  # library chatter to a log file
     workers, use_gpu = resolve_workers(opts)
     data = resolve_data(opts, int(cfg.vocab_size))
     eval_data = resolve_eval_data(opts, data)
     verdict: Any = ray.remote(num_cpus=0)(_GateVerdict).remote()
     trainer = TorchTrainer(
-        train_loop,
+        quiet.train_worker,  # training/loop.py's train_loop
         train_loop_config={
+            "log_dir": logs,
             "options": opts.to_dict(),
             "data": data,
             "eval_data": eval_data,
@@ -279,8 +281,9 @@ def run(opts: TrainOptions) -> dict[str, Any]:
             name=opts.run_name,
             storage_path=opts.storage_path,
             failure_config=FailureConfig(max_failures=opts.max_failures),
-            checkpoint_config=CheckpointConfig(num_to_keep=opts.keep_checkpoints),
+            checkpoint_config=best_checkpoint.checkpoint_config(opts),
             callbacks=[stop_on_input_error()],
+            **quiet.train_logging_config(),
         ),
     )
     try:
@@ -305,11 +308,15 @@ def run(opts: TrainOptions) -> dict[str, Any]:
     # whole checkpoint (model and optimizer shards, ~20 GB for Qwen2.5-1.5B) into the head pod.
     meta = read_state(result.checkpoint.filesystem, result.checkpoint.path)
     summ = summary_mod.summarize(meta, opts.to_dict(), time.time() - t0)
-    summ["checkpoint"] = result.checkpoint.path
+    summ["checkpoint"], summ["run"] = result.checkpoint.path, record
     summ["model"], export_error = None, None
     if opts.export and exportable(opts):
+        chosen, why = best_checkpoint.choose(result.best_checkpoints, result.checkpoint)
+        exported = read_state(chosen.filesystem, chosen.path)["step"]
+        summ["exported"] = {"step": exported, "checkpoint": chosen.path, **why}
+        print(f"[train] export: the checkpoint of step {exported} ({why['chosen']})", flush=True)
         try:
-            summ["model"] = export_final(opts, result.checkpoint.path)
+            summ["model"] = export_final(opts, chosen.path)
         except OptionError as exc:  # the checkpoint stays; the summary says why there is no model
             export_error = exc
             summ["export_error"] = str(exc)

@@ -8,8 +8,11 @@ forwards, padding its share with a block whose targets are all masked: FSDP's al
 collectives, and a rank with one forward fewer would leave the others waiting.
 
 Targets are those of training (training/loss.py): every next token for text, the assistant's
-tokens for chat data. Logits are taken in bf16 as the loop computes them and turned to fp32 per
-row and chunk, so the extra memory is one row's chunk of [tokens, vocab] floats, not the batch's.
+tokens for chat data. No [micro, seq, vocab] logits are made (2.5 GB in bf16 at 4 x 2048 tokens of
+a 151,936-word vocabulary, which the memory plan does not count): a pre-hook on the output layer
+takes its input, the final hidden states, scores them one row's chunk of positions at a time with
+the layer's own weight (gathered by FSDP for the root's forward, bf16 as the loop computes), and
+hands the layer only the last position. The extra memory is one chunk of [tokens, vocab] floats.
 """
 
 from __future__ import annotations
@@ -57,6 +60,35 @@ def _read(blocks: Any, idx: list[int]) -> tuple[torch.Tensor, torch.Tensor, torc
     return ids, labels, positions
 
 
+class _ScoredHead:
+    """The output layer's pre-hook: scores the hidden states against `labels` into `sums` (loss
+    sum, correct, targets) chunk by chunk; the layer itself computes the last position only."""
+
+    def __init__(self, sums: torch.Tensor) -> None:
+        self.sums = sums
+        self.labels: torch.Tensor | None = None
+
+    def __call__(self, head: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        hidden = args[0]
+        assert self.labels is not None
+        weight: Any = head.weight  # the root's, gathered by FSDP for this forward
+        bias: Any = getattr(head, "bias", None)
+        for row in range(hidden.shape[0]):
+            target = self.labels[row, 1:]
+            for at in range(0, target.shape[0], CHUNK):
+                t = target[at : at + CHUNK]
+                keep = t != IGNORE_INDEX
+                if not bool(keep.any()):
+                    continue
+                h = hidden[row, at : at + t.shape[0]][keep]  # position p predicts p + 1
+                lg = torch.nn.functional.linear(h, weight, bias).float()
+                t = t[keep]
+                self.sums[0] += torch.nn.functional.cross_entropy(lg, t, reduction="sum").double()
+                self.sums[1] += (lg.argmax(-1) == t).sum()
+                self.sums[2] += t.numel()
+        return (hidden[:, -1:], *args[1:])
+
+
 @torch.no_grad()
 def evaluate(
     model: Any, blocks: Any, *, rank: int, world: int, micro: int, device: torch.device
@@ -64,28 +96,18 @@ def evaluate(
     """Collective: every rank calls it with the same blocks. Returns eval_loss, eval_perplexity,
     eval_accuracy (share of target tokens whose argmax is right) and eval_tokens."""
     sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, targets
+    scorer = _ScoredHead(sums)
+    hook = model.get_output_embeddings().register_forward_pre_hook(scorer)
     was_training = model.training
     model.eval()
     try:
         for idx in rank_share(len(blocks), rank, world, micro):
             ids, labels, positions = _read(blocks, idx)
-            ids, labels = ids.to(device), labels.to(device)
+            ids, scorer.labels = ids.to(device), labels.to(device)
             pos = positions.to(device) if positions is not None else None
-            logits = model(input_ids=ids, position_ids=pos, use_cache=False).logits
-            for row in range(ids.shape[0]):
-                target = labels[row, 1:]
-                for at in range(0, target.shape[0], CHUNK):
-                    t = target[at : at + CHUNK]
-                    keep = t != IGNORE_INDEX
-                    if not bool(keep.any()):
-                        continue
-                    lg = logits[row, at : at + t.shape[0]][keep].float()  # position p predicts p + 1
-                    t = t[keep]
-                    sums[0] += torch.nn.functional.cross_entropy(lg, t, reduction="sum").double()
-                    sums[1] += (lg.argmax(-1) == t).sum()
-                    sums[2] += t.numel()
-            del logits
+            model(input_ids=ids, position_ids=pos, use_cache=False)
     finally:
+        hook.remove()
         model.train(was_training)
     dist.all_reduce(sums)
     loss_sum, correct, targets = (float(x) for x in sums.tolist())

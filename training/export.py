@@ -34,6 +34,7 @@ from typing import Any
 
 from training import shards
 from training.options import OptionError, location_option
+from training.stop_tokens import stop_token_ids
 
 INDEX_FILE = "model.safetensors.index.json"
 DTYPES = ("bfloat16", "float32")
@@ -146,15 +147,25 @@ def _config_and_tokenizer(state: dict[str, Any], model: str | None, dtype: str, 
         gen = GenerationConfig.from_pretrained(tok_dir)
     except Exception:  # a random-init shape, or a model folder without one
         gen = GenerationConfig.from_model_config(cfg)
-    eos = [e for e in (gen.eos_token_id, tok.eos_token_id) if e is not None]
-    flat = sorted({int(x) for e in eos for x in (e if isinstance(e, list) else [e])})
-    gen.eos_token_id = flat[0] if len(flat) == 1 else (flat or None)
+    # Every token that ends a turn or a text stops generation (training/stop_tokens.py).
+    stops = stop_token_ids(tok, gen.eos_token_id, cfg.eos_token_id)
+    gen.eos_token_id = stops[0] if len(stops) == 1 else (stops or None)
+    _name_architecture(cfg)
     if gen.pad_token_id is None and tok.pad_token_id is not None:
         gen.pad_token_id = tok.pad_token_id
     tok.save_pretrained(out)
     gen.save_pretrained(out)
     cfg.save_pretrained(out)  # written again last by publish(): only its presence makes a model
     return cfg
+
+
+def _name_architecture(cfg: Any) -> None:
+    """config.json's `architectures`, which vLLM reads to pick the model class: a random-init
+    shape's config has none (transformers' causal-LM class of its model_type, then)."""
+    if not getattr(cfg, "architectures", None):
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+        cfg.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[cfg.model_type]]
 
 
 def export(checkpoint: str, out: str, *, model: str | None = None, dtype: str = "bfloat16",
@@ -200,7 +211,8 @@ def export(checkpoint: str, out: str, *, model: str | None = None, dtype: str = 
         if getattr(cfg, "tie_word_embeddings", False):
             tensors.pop("lm_head.weight", None)  # one tensor with the embedding, as save_pretrained writes it
         mapping = plan_files(tensors, int(shard_mb * 2**20), torch.finfo(torch_dtype).bits // 8)
-        log(f"[export] {len(tensors)} tensors in {max(mapping.values())} files ({dtype}) from {checkpoint}")
+        log(f"[export] {len(tensors)} tensors in {max(mapping.values())} files ({dtype}) from {checkpoint} "
+            f"(step {state['step']})")  # fmt: skip
         _write_weights(fs, path, tensors, mapping, dtype=torch_dtype, out=work)
         publish(work, out, replace=replace)
     finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import importlib.util
 import math
 import os
 import resource
@@ -17,7 +18,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from training import checkpoint, emf
+from training import checkpoint, emf, progress
+from training.best_checkpoint import scored  # each checkpoint scored by its held-out loss
 from training.data import Batches, BlockRange
 from training.evaluate import EarlyStop, evaluate, held_out_split
 from training.flops import count_params, flops_per_token, lora_flops_per_token, mfu, peak_tflops
@@ -70,14 +72,10 @@ def lr_at(step: int, opts: TrainOptions) -> float:
 
 
 def _liger_installed() -> bool:
-    import importlib.util
-
     return importlib.util.find_spec("liger_kernel") is not None
 
 
 def _torchao_installed() -> bool:
-    import importlib.util
-
     return importlib.util.find_spec("torchao") is not None
 
 
@@ -93,24 +91,6 @@ def _peak_mem_gib(device: torch.device) -> float:
         return torch.cuda.max_memory_allocated(device) / 2**30
     # CPU: the process's peak resident set (ru_maxrss is KiB on Linux).
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-
-
-def _progress(m: dict[str, Any], steps: int) -> str:
-    parts = [
-        f"step {m['step']}/{steps}",
-        f"loss {m['loss']:.4f}",
-        f"{m['tokens_per_s']:,.0f} tok/s",
-    ]
-    if m.get("mfu") is not None:
-        parts.append(f"MFU {100 * m['mfu']:.1f}%")
-    parts += [f"mem {m['peak_mem_gib']:.2f} GiB", f"data wait {1000 * m['data_wait_s']:.1f} ms"]
-    if m.get("eval_loss") is not None:
-        parts += [
-            f"eval loss {m['eval_loss']:.4f}",
-            f"ppl {m['eval_perplexity']:.2f}",
-            f"acc {100 * m['eval_accuracy']:.1f}%",
-        ]
-    return "[train] " + " | ".join(parts)
 
 
 def emulated_host_id(rank: int, world: int, hosts: int) -> str:
@@ -627,7 +607,7 @@ class _Trainer:
                 position=self.position,
                 extra=self.checkpoint_extra(),
             )
-            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
+            ray.train.report(scored(metrics), checkpoint=ray.train.Checkpoint.from_directory(tmp))
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
@@ -750,7 +730,7 @@ def train_loop(config: dict[str, Any]) -> None:
             if first:
                 metrics = {**metrics, "transport": tr.transport}
             if tr.rank == 0 and (tr.step % opts.log_every == 0 or tr.step == opts.steps):
-                _say(_progress(metrics, opts.steps))
+                _say(progress.line(metrics, opts.steps, tr.history[-tr.steps_here :]))
             _report(tr, metrics, first)
             first = False
             if tr.stopped_early:

@@ -20,6 +20,7 @@ from training.model_options import ModelOptionError
 from training.model_options import add_arguments as add_model_arguments
 from training.model_options import check as check_model_options
 from training.precision import FLOAT8_MIN_TOKENS
+from training.run_flags import add_run_arguments
 from training.shapes import SHAPES as SHAPE_TABLE
 from training.uri import LocationError, check_input, check_output
 
@@ -108,6 +109,9 @@ class TrainOptions:
     def lora(self) -> LoraSpec | None:
         return lora_from_options(self)
 
+    resume: bool = False  # continue --run-name's checkpoints (training/run_state.py)
+    job_id: str | None = None  # the job's name: a retry of the same job resumes without --resume
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -172,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--config", metavar="FILE", help="YAML or JSON file of options; flags override it")
     g = p.add_argument_group("run")
-    g.add_argument("--run-name", default="train", help="Ray Train run name; the same name resumes")
+    add_run_arguments(g)  # --run-name, --resume, --job-id
     g.add_argument(
         "--storage-path",
         help="checkpoint storage: local dir or s3://bucket/prefix (default: OUTPUT_DIR/checkpoints)",
@@ -192,13 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--checkpoint-every", type=pos_int, default=50, metavar="STEPS")
     g.add_argument("--keep-checkpoints", type=int, default=2, help="checkpoints kept (>= 2)")
-    g.add_argument(
-        "--log-every",
-        type=pos_int,
-        default=1,
-        metavar="STEPS",
-        help="progress line on rank 0 every STEPS steps",
-    )
+    g.add_argument("--log-every", type=pos_int, default=1, metavar="STEPS",
+                   help="progress line on rank 0 every STEPS steps")  # fmt: skip
     g.add_argument(
         "--report-every",
         type=pos_int,

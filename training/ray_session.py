@@ -31,4 +31,6 @@ def init_ray_at(address: str | None) -> None:
     # Each ray.train.report waits for the Train controller's poll, every 2 s by default; a local run
     # is short, so poll faster. The controller is started by this Ray instance and inherits it.
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
+    # Nothing preempts a local machine: no watcher actor (Ray Train's spot-preemption watcher).
+    os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
     ray.init()

@@ -288,10 +288,14 @@ class JobSettings(SettingsModel):
     # GPU nodes of the job's Ray cluster: one worker pod per node, one Ray Train worker per GPU.
     # The Cluster Autoscaler starts them when the pods are pending (at most gpu_nodes.max_size).
     nodes: int = Field(default=2, ge=1)
-    # Checkpoints live under <checkpoint prefix>/<run_name>. The name stays the same across
-    # RayJob retries and new RayJobs, so a new job with the same run_name resumes from the
-    # latest checkpoint: change it to start a fresh run.
+    # Checkpoints live under <checkpoint prefix>/<run_name>: one run. A job whose run already has a
+    # checkpoint is refused (no rerun trains nothing in silence) unless `resume` is set; KubeRay's
+    # retries of the same RayJob resume it. A deployed job trains <run_name>-<its RayJob's hash>,
+    # so a deploy that changes the job starts a new run (docs/jobs.md).
     run_name: str = "qwen2.5-1.5b-fsdp2"
+    # Continue run_name's checkpoints: a larger `steps`, and the options that decide what is learned
+    # (model, data, lr, seed, batch, ...) as the run had them; refused otherwise, with the options named.
+    resume: bool = False
     # Hugging Face id, s3:// prefix or absolute path: weights (pretrained) and tokenizer. Its
     # architecture sizes the job at synthesis (config/models.py; docs/models.md).
     model: str = "Qwen/Qwen2.5-1.5B"
@@ -389,8 +393,14 @@ class JobSettings(SettingsModel):
     # and the job submitted within this, or the attempt fails (KubeRay preRunningDeadlineSeconds)
     # instead of waiting for capacity until active_deadline_seconds.
     start_timeout_seconds: int = Field(default=1800, ge=300)
-    # Whole-RayJob retries, each on a new cluster (own mode); in-job failures use max_failures.
-    backoff_limit: int = Field(default=1, ge=0, le=10)
+    # Whole-RayJob retries, each on a new cluster (own mode): another scale-from-zero and image pull.
+    # KubeRay 1.7 retries any failed attempt whatever its exit code (rayjob_controller.go,
+    # checkBackoffLimitAndUpdateStatusIfNeeded: all but DeadlineExceeded), so a retry would repeat an
+    # input error (exit 4), a refused option or resume (2), the transport gate (3) and a start
+    # timeout. Lost workers are Ray Train's to restart inside the job (max_failures); what only a
+    # retry recovers is a lost head pod, and the retry resumes the run (--job-id). Default 0: a
+    # failure ends the job; resubmit with job.resume once its cause is fixed (docs/jobs.md).
+    backoff_limit: int = Field(default=0, ge=0, le=10)
 
     @field_validator("run_name")
     @classmethod

@@ -8,7 +8,7 @@ cluster (clusterSelector) suspend is refused too. Deleting the RayJob is KubeRay
 it: its finalizer `ray.io/rayjob-finalizer` stops the Ray job through the head's job API before
 the RayJob goes (rayjob_controller.go, Reconcile on deletionTimestamp), and its RayCluster (head
 and GPU workers) and submitter Job go with it by owner reference. Checkpoints stay in S3: a new
-job with the same run_name resumes from the latest one.
+job with the same run_name and job.resume continues from the latest one.
 
 A job that already ended holds no GPU worker, except one stopped from Ray (`ray job stop`, the
 dashboard): it ends STOPPED with deployment status Complete, which no KubeRay 1.7 deletion rule can
@@ -65,7 +65,7 @@ def run_stop(args: argparse.Namespace, console: Console | None = None) -> int:
         console.print(
             f"its Ray job is stopped and its cluster deleted; checkpoints stay under the run "
             f"{escape(str((_meta(job, 'labels') or {}).get('ray-train/run-name', '?')))}: a job "
-            "with the same job.run_name resumes from the latest",
+            "with the same job.run_name and job.resume=true continues from the latest",
             highlight=False,
             soft_wrap=True,
         )

@@ -14,8 +14,9 @@ from config.names import ORIGIN_LABEL, RUN_NAME_LABEL
 from config.settings import ClusterMode, Settings
 from raytrain import verify
 from raytrain.job.api import JobApi
-from raytrain.job.common import EXIT_FAILED, EXIT_OK, JOBS_SELECTOR, guarded
+from raytrain.job.common import EXIT_FAILED, EXIT_OK, JOBS_SELECTOR, JobError, guarded
 from raytrain.job.find import Target, _created, _meta, _pod_ready, _restarts, _role, finished, gpu_nodes_held
+from training import progress
 
 # Events that say why a pod waits: the scheduler's, and the Cluster Autoscaler's (it reports on
 # the pod whether it started a node for it, and why not, e.g. "max node group size reached").
@@ -167,6 +168,41 @@ def waiting_lines(target: Target) -> list[str]:
     return lines
 
 
+# Lines of the driver's log read for its progress lines: one per step (--log-every 1), the
+# evaluations and checkpoints between them.
+PROGRESS_TAIL = 400
+
+
+def progress_text(target: Target) -> str | None:
+    """The job's progress as its driver last printed it (training/progress.py), read from the newest
+    submitter pod's log (`ray job submit` follows the driver there): step, percent, loss, the latest
+    held-out loss, tokens/s and the ETA. None before the first step, or without a log to read."""
+    pods = sorted(target.submitter_pods(), key=_created, reverse=True)
+    if not pods:
+        return None
+    containers = (pods[0].get("spec") or {}).get("containers") or [{}]
+    try:
+        chunks = target.api.log_chunks(target.namespace, str(_meta(pods[0], "name")),
+                                       container=containers[0].get("name"), follow=False,
+                                       tail=PROGRESS_TAIL, previous=False)  # fmt: skip
+        text = b"".join(chunks).decode("utf-8", errors="replace")
+    except JobError:  # not started yet: the pods table says so
+        return None
+    p = progress.latest(text.splitlines())
+    if p is None:
+        return None
+    parts = [f"step {p['step']}/{p['steps']} ({p['percent']}%)"]
+    if "loss" in p:
+        parts.append(f"loss {p['loss']:.4f}")
+    if "eval_loss" in p:
+        parts.append(f"held-out loss {p['eval_loss']:.4f} (step {p['eval_step']})")
+    if "tokens_per_s" in p:
+        parts.append(f"{p['tokens_per_s']:,.0f} tokens/s")
+    if "eta" in p and not finished(target.job or {}):
+        parts.append(f"ETA {p['eta']}")
+    return "progress: " + ", ".join(parts)
+
+
 def run_list(args: argparse.Namespace, console: Console | None = None) -> int:
     console = console or Console()
 
@@ -209,6 +245,9 @@ def run_status(args: argparse.Namespace, console: Console | None = None) -> int:
             console.print(table)
         for line in waiting_lines(target):
             console.print(line, highlight=False, soft_wrap=True)
+        shown = progress_text(target)
+        if shown is not None:
+            console.print(escape(shown), highlight=False, soft_wrap=True)
         if target.job is None:
             console.print(
                 f"no RayJob in namespace {target.namespace!r} yet: `raytrain job submit --env "

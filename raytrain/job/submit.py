@@ -4,7 +4,8 @@ seconds, without CloudFormation.
 Order, so that nothing is created half-way: settings and overrides validated (the same model and
 memory plan as synthesis); the environment's jobs read (the Workload stack's jobs anchor must
 exist; the run name must not be in use by an unfinished job: two jobs would write the same
-checkpoints); the code zip built; the RayJob rendered by the chart's own function and validated by
+checkpoints; nor be a finished job's run unless job.resume: the job would refuse it after its GPU
+nodes started); the code zip built; the RayJob rendered by the chart's own function and validated by
 the API server without being stored (dryRun=All: its schema, CEL rules and admission); only then
 the code uploaded (skipped when that content is there) and the RayJob created.
 """
@@ -162,11 +163,20 @@ def check_run_name(jobs: list[dict[str, Any]], settings: Settings, name: str) ->
         if _meta(job, "name") == name:
             raise JobError(f"RayJob {name!r} exists already: choose another --name, or delete it first")
         labels = _meta(job, "labels") or {}
-        if labels.get(RUN_NAME_LABEL) == settings.job.run_name and not finished(job):
+        if labels.get(RUN_NAME_LABEL) != settings.job.run_name:
+            continue
+        if not finished(job):
             raise JobError(
                 f"job.run_name {settings.job.run_name!r} is in use by the unfinished RayJob "
                 f"{_meta(job, 'name')} (both would write {checkpoint_uri(settings)}/"
                 f"{settings.job.run_name}): stop it, or --set job.run_name=ANOTHER"
+            )
+        if not settings.job.resume:
+            # The job itself would refuse the run's checkpoint, but only once GPU nodes had started.
+            raise JobError(
+                f"job.run_name {settings.job.run_name!r} is the run of the finished RayJob "
+                f"{_meta(job, 'name')}: --set job.resume=true (with a larger job.steps) to continue "
+                "it, or --set job.run_name=ANOTHER for a new run"
             )
 
 

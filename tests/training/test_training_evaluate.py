@@ -67,7 +67,11 @@ def _eval_worker(rank: int, world: int, port: int, data: str, out: str) -> None:
              "--eval-fraction", str(FRACTION), "--num-workers", str(world), "--steps", "3"]
         )  # fmt: skip
         tr = _Trainer(opts, data, place=(rank, world, torch.device("cpu")))
+        shapes: list[tuple[int, ...]] = []
+        tr.model.get_output_embeddings().register_forward_hook(lambda m, a, out: shapes.append(out.shape))
         figures = tr.run_eval()
+        # Issue 41: no [micro, seq, vocab] logits, the output layer computes the last position only.
+        assert shapes and all(s[1] == 1 for s in shapes), shapes
         # The training side never reads a held-out block, over a few epochs of positions.
         seen = {tuple(r.tolist()) for p in range(0, 40, 2 * world) for r in tr.batches.micro_batch(p, 0)}
         if rank == 0:

@@ -139,9 +139,10 @@ def test_sigkill_worker_resumes_bitwise(reference: dict[str, Any], ray_session: 
 def test_stopped_run_resumes_under_same_name(
     reference: dict[str, Any], ray_session: str, tmp_path: Path
 ) -> None:
-    """The driver dies (as when a RayJob's submitter is restarted); a new one with the same name
-    picks up the last checkpoint instead of starting over. It reads the shards the reference prepared."""
-    argv = _argv(tmp_path, "stopped", reference["prepared"])
+    """The driver dies (its head pod lost: KubeRay retries the RayJob on a new cluster with the same
+    entry point); the retry of the same job (--job-id) picks up the last checkpoint instead of
+    starting over, without --resume. It reads the shards the reference prepared."""
+    argv = [*_argv(tmp_path, "stopped", reference["prepared"]), "--job-id", "rj-stopped-0123456789"]
     proc = subprocess.Popen(
         [sys.executable, "-m", "training", *argv, "--address", ray_session],
         cwd=ROOT,
@@ -158,6 +159,8 @@ def test_stopped_run_resumes_under_same_name(
     summary = run(parse_args(argv))
     assert len(summary["resumes"]) == 1, summary["resumes"]
     assert committed <= summary["resumes"][0]["from_step"] < STEPS
+    starts = summary["run"]["starts"]
+    assert [s["from_step"] for s in starts] == [0, summary["resumes"][0]["from_step"]]
     _assert_same_run(summary, reference)
     on_disk = json.loads((tmp_path / "stopped" / "summary.json").read_text())
     assert on_disk["resumes"] == summary["resumes"]
@@ -248,7 +251,7 @@ def test_input_error_in_a_worker_stops_the_run_without_retries(
         }
 
     before = workers()
-    assert main([*first[:at], "--steps", "4", *first[at + 2 :]]) == INPUT_ERROR_EXIT
+    assert main([*first[:at], "--steps", "4", *first[at + 2 :], "--resume"]) == INPUT_ERROR_EXIT
     started = workers() - before
     assert len(started) == 2, f"{len(started)} workers started: the run was retried"
     last = capsys.readouterr().err.rstrip("\n").splitlines()[-1]

@@ -35,8 +35,14 @@ def test_chat_run_evaluates_and_exports(
          "--checkpoint-every", "2", "--micro-batch-size", "2", "--num-workers", "2", "--lr", "1e-3",
          "--run-name", "ft", "--output-dir", str(tmp_path / "out"), "--storage-path", str(storage)]
     )  # fmt: skip
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
     assert rc == 0, out
+    # Quiet logs (issue 41): neither Ray Train's report records nor Ray Data's progress blocks nor
+    # torchao's import notes on the console, from the driver or the workers (training/quiet.py).
+    console = out + captured.err
+    for chatter in ("TrainingReport(", "Running Dataset", "Execution plan of Dataset", "Failed to load"):
+        assert chatter not in console, chatter
     assert "[prepare] chat: 48 conversations" in out and "eval loss" in out
     summary = json.loads((tmp_path / "out" / SUMMARY_FILE).read_text())
     assert [h["step"] for h in summary["history"] if "eval_loss" in h] == [2, 4]
