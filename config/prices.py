@@ -15,8 +15,10 @@ Sources and dates:
   Type=TERM_MATCH,Field=instanceType,Value=g6.12xlarge Type=TERM_MATCH,Field=regionCode,Value=us-west-2
   Type=TERM_MATCH,Field=operatingSystem,Value=Linux Type=TERM_MATCH,Field=tenancy,Value=Shared
   Type=TERM_MATCH,Field=preInstalledSw,Value=NA Type=TERM_MATCH,Field=capacitystatus,Value=Used`.
-- EKS: $0.10 per cluster-hour in standard support, $0.60 in extended support
-  (aws.amazon.com/eks/pricing).
+- EKS: $0.10 per cluster-hour in standard support, $0.60 in extended support in total
+  (aws.amazon.com/eks/pricing; "charged a total of $0.60 per cluster per hour … standard support is
+  unchanged — you will continue to pay $0.10", AWS Containers blog, "Amazon EKS extended support for
+  Kubernetes versions pricing").
 - NAT gateway: $0.045 per gateway-hour in these regions (aws.amazon.com/vpc/pricing).
 - Interface VPC endpoints: $0.01 per endpoint per Availability Zone-hour, billed whether or not
   traffic flows (aws.amazon.com/privatelink/pricing).
