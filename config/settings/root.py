@@ -9,7 +9,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from config.catalogue import CATALOGUE
 from config.memory import fit_problem, valid_micro_batches
 from config.names import VerifyBuild, arn_partition
-from config.registries import ImageSource, cache_prefix_problem
+from config.registries import ImageSource, cache_prefix_problem, split_image, split_tag
 from config.settings.base import AZ_RE, FieldError, SettingsModel
 from config.settings.infrastructure import (
     AddonSettings,
@@ -148,6 +148,18 @@ class Settings(SettingsModel):
                 f"its digest (sha256:<64 hex>, as `docker buildx imagetools inspect {work.image}` "
                 "prints it), record it as `digest` in config/image.toml for every environment, or set "
                 "workload.require_image_digest: false",
+            )
+        digest = work.effective_image_digest
+        if (
+            digest
+            and self.image_source.upstream_of(work.image)
+            and split_tag(split_image(work.image)[1])[1] is None
+        ):
+            raise FieldError(
+                ("workload", "image"),
+                f"{work.image} is pinned by digest and pulled through the pull-through cache, so it "
+                "needs its tag too (image:TAG): an image not yet cached is not found by digest "
+                "through the cache (aws/containers-roadmap#2837), so the deploy pulls it by tag first",
             )
         return self
 
