@@ -76,6 +76,10 @@ class RegionPrices:
     interface_endpoint_per_gb: float = 0.01
     ecr_storage_per_gb_month: float = 0.10
     ecr_public_anonymous_gb_per_month: float = 500.0
+    # Set when these prices are not the pinned table's (raytrain/pricing.py): their date, and what
+    # in them is not the region's own.
+    as_of: str | None = None
+    notes: tuple[str, ...] = ()
 
 
 PRICES: dict[str, RegionPrices] = {
@@ -94,8 +98,8 @@ def prices_for(region: str) -> RegionPrices:
     except KeyError:
         raise PriceError(
             f"no pinned prices for region {region!r} (config/prices.py covers "
-            f"{', '.join(sorted(PRICES))}, as of {PRICES_AS_OF}); add the region's rates there "
-            "with their source and date"
+            f"{', '.join(sorted(PRICES))}, as of {PRICES_AS_OF}); with AWS credentials, "
+            "`raytrain cost --live` reads the region's instance prices from the AWS Price List API"
         ) from None
 
 
