@@ -570,3 +570,67 @@ def test_cli_registers_preflight() -> None:
 
     args = build_parser().parse_args(["preflight", "--env", "dev"])
     assert args.func is command.run
+
+
+# --- IAM enforced: moto's server evaluates the policy on every EC2 request ----------------------
+
+
+@pytest.fixture
+def moto_ec2_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    from tests.moto_server import running_moto_server
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "admin")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "admin")
+    with running_moto_server() as endpoint:
+        yield endpoint
+
+
+def _user_with(endpoint: str, actions: list[str]) -> dict[str, str]:
+    iam = boto3.client("iam", region_name=REGION, endpoint_url=endpoint)
+    name = f"preflight-{len(actions)}"
+    iam.create_user(UserName=name)
+    policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": actions, "Resource": "*"}]}
+    iam.put_user_policy(UserName=name, PolicyName="preflight", PolicyDocument=json.dumps(policy))
+    key = iam.create_access_key(UserName=name)["AccessKey"]
+    return {"aws_access_key_id": key["AccessKeyId"], "aws_secret_access_key": key["SecretAccessKey"]}
+
+
+def _enforce(monkeypatch: pytest.MonkeyPatch) -> None:
+    import moto.settings
+    from moto.core.authorization import ActionAuthenticatorMixin
+
+    monkeypatch.setattr(moto.settings, "INITIAL_NO_AUTH_ACTION_COUNT", 0)
+    monkeypatch.setattr(ActionAuthenticatorMixin, "request_count", 0)
+
+
+@pytest.mark.parametrize("denied", [None, "ec2:DescribeInstanceTypeOfferings"])
+def test_the_documented_ec2_permissions_suffice_under_iam(
+    moto_ec2_server: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, denied: str | None
+) -> None:
+    """With exactly the listed EC2 actions the capacity checks pass; without one, that check is a
+    problem line naming the denied call (not a traceback, not a skipped check)."""
+    from config.loader import load_settings
+    from raytrain.preflight import capacity
+    from raytrain.preflight.report import guarded
+
+    actions = [a for a in IAM_ACTIONS if a.startswith("ec2:") and a != denied]
+    creds = _user_with(moto_ec2_server, actions)
+    _enforce(monkeypatch)
+    ec2 = boto3.client("ec2", region_name=REGION, endpoint_url=moto_ec2_server, **creds)
+    quotas = boto3.client("service-quotas", region_name=REGION, **creds)
+    settings = load_settings("dev", _env_dir(tmp_path))
+    with Stubber(quotas) as stub:
+        if denied is None:
+            stub.add_response(
+                "get_service_quota",
+                {"Quota": {"ServiceCode": "ec2", "QuotaCode": "L-DB2E81BA", "Value": 192}},
+            )
+        checks = guarded(
+            "gpu capacity", lambda: capacity.capacity_checks(settings, CapacityApi(REGION, ec2, quotas))
+        )
+    if denied is None:
+        assert [c.status.value for c in checks] == ["ok", "ok"], checks
+    else:
+        (check,) = checks
+        assert check.status.value == "problem"
+        assert "could not check: DescribeInstanceTypeOfferings was denied" in check.detail
