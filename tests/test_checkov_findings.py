@@ -76,8 +76,7 @@ def test_every_suppression_has_a_reason(synthesized) -> None:
 
 def test_only_framework_functions_are_suppressed_wholesale(synthesized) -> None:
     # Our functions (the VPC cleanup, the image-cache warm) say why themselves; the blanket reasons
-    # are for CDK's own
-    # functions (custom-resource providers, kubectl provider, pipeline approval) only.
+    # are for CDK's own functions (custom-resource providers, kubectl provider, pipeline approval) only.
     blanket = set(checkov.FRAMEWORK_FUNCTION_REASONS.values())
     ours = 0
     for env in synthesized.values():
