@@ -19,7 +19,7 @@ import datetime as dt
 from collections.abc import Iterator
 from typing import Any
 
-from config.prices import HOURS_PER_MONTH, PriceError, prices_for
+from config.prices import HOURS_PER_MONTH, PriceError, RegionPrices, prices_for
 from config.settings import Settings
 from raytrain.preflight.report import Check, ok, problem, warn
 
@@ -34,15 +34,13 @@ def _date(value: Any) -> dt.date | None:
 
 
 def extended_support_cost(region: str) -> str:
-    """What extended support adds, in words (config/prices.py)."""
+    """What extended support adds, in words (config/prices.py; its US rates where the table lacks
+    the region)."""
     try:
         prices = prices_for(region)
-        standard, extended = prices.eks_cluster_per_hour, prices.eks_extended_support_per_hour
     except PriceError:
-        from config.prices import RegionPrices
-
-        defaults = RegionPrices(region=region, ec2_per_hour={})
-        standard, extended = defaults.eks_cluster_per_hour, defaults.eks_extended_support_per_hour
+        prices = RegionPrices(region=region, ec2_per_hour={})
+    standard, extended = prices.eks_cluster_per_hour, prices.eks_extended_support_per_hour
     extra = (extended - standard) * HOURS_PER_MONTH
     return (
         f"extended support costs ${extended:.2f} per cluster-hour instead of ${standard:.2f} "
