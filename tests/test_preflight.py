@@ -634,3 +634,27 @@ def test_the_documented_ec2_permissions_suffice_under_iam(
         (check,) = checks
         assert check.status.value == "problem"
         assert "could not check: DescribeInstanceTypeOfferings was denied" in check.detail
+
+
+def test_no_credentials_exit_3_with_the_fix(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: Any
+) -> None:
+    from raytrain.cli import main
+
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    assert main(["preflight", "--env", "dev"]) == command.EXIT_AWS
+    err = capsys.readouterr().err
+    assert "no AWS credentials found" in err and "Traceback" not in err
+
+
+def test_a_role_of_another_account_is_refused(aws_credentials: None, capsys: Any) -> None:
+    from raytrain.cli import main
+
+    with mock_aws():
+        code = main(["preflight", "--env", "dev", "--role-arn", "arn:aws:iam::999999999999:role/cdk-lookup"])
+    assert code == command.EXIT_AWS
+    err = capsys.readouterr().err
+    assert "the credentials are for account 999999999999, but env 'dev' is for account 111122223333" in err
