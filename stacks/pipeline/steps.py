@@ -74,8 +74,9 @@ def bootstrap_lookup_role_arn(settings: Settings) -> str:
 
 def preflight_commands(settings: Settings) -> list[str]:
     """The stage's first step: `raytrain preflight` against the environment's account, as the
-    bootstrap's read-only lookup role (every action it needs is a Describe/Get that ReadOnlyAccess
-    grants). A problem stops the stage before any stack changes."""
+    bootstrap's read-only lookup role (every action it needs is a Describe/Get, which its
+    ReadOnlyAccess policy is expected to grant; a denied call is that check's problem line). A
+    problem stops the stage before any stack changes."""
     return [
         f".venv/bin/raytrain preflight --env {settings.name} --role-arn {bootstrap_lookup_role_arn(settings)}"
     ]
