@@ -123,3 +123,21 @@ def test_a_larger_micro_batch_is_offered_only_as_the_memory_plan_allows() -> Non
     (auto,) = [m for m in prod["moves"] if m["change"].startswith("activation checkpointing on")]
     assert "auto then takes micro-batch 4 x 1" in auto["change"]
     assert auto["tokens_per_s"] == predict(shipped).tokens_per_s
+
+
+def test_plan_says_how_spot_gpu_nodes_are_priced() -> None:
+    from config.loader import load_settings
+    from config.settings import CapacityType
+    from raytrain.plan import speed, speed_table
+
+    dev = load_settings("dev")
+    spot = dev.model_copy(
+        update={"gpu_nodes": dev.gpu_nodes.model_copy(update={"capacity_type": CapacityType.SPOT})}
+    )
+    assert speed(dev)["cost_notes"] == []
+    result = speed(spot)
+    (note,) = result["cost_notes"]
+    assert "priced here at the On-Demand rate" in note
+    console = Console(record=True, width=200)
+    console.print(speed_table(result))
+    assert "cost: GPU nodes are Spot" in " ".join(console.export_text().split())
