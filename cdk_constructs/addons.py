@@ -53,6 +53,15 @@ def chart_image_repository(chart: str, version: str) -> str:
     return repository
 
 
+def chart_image_tag(chart: str, version: str) -> str | None:
+    """`image.tag` of the chart's own values for this version (None: the chart's appVersion,
+    which the copied values file does not carry)."""
+    from ruamel.yaml import YAML
+
+    tag = YAML(typ="safe", pure=True).load(values_file(chart, version))["image"].get("tag")
+    return str(tag) if tag else None
+
+
 # The EFA plugin chart's default image lives in the EKS registry of us-west-2
 # (602401143452.dkr.ecr.us-west-2.amazonaws.com/eks/aws-efa-k8s-device-plugin, chart values): from
 # any other region a cross-region pull, outside the VPC endpoints, through the NAT. AWS publishes the

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from config.network import NodeAddresses
+
 # Memory the kernel, firmware and the NVIDIA driver keep before kubelet sees "capacity". Kubelet's
 # capacity is MemTotal, which on EC2 runs 3-6 % below the nominal size (more on GPU types, whose
 # driver pins memory). A fixed fraction keeps pod sizing on the safe side of what the node reports.
@@ -72,6 +74,10 @@ class Instance:
     gpu_link: str = "PCIe"
     gpu_link_gbytes: float = 32.0
     max_pods: int = 110
+    # ENIs on the default network card and IPv4 addresses per ENI, as the VPC CNI counts them
+    # (config/network.py: amazon-vpc-cni-k8s pkg/vpc/vpc_ip_resource_limit.go, ENILimit/IPv4Limit).
+    enis: int = 0
+    ipv4_per_eni: int = 0
     # CPU architecture: every type here is x86_64, matching the node groups' AL2023 x86_64 AMI types.
     arch: str = "x86_64"
 
@@ -97,6 +103,11 @@ class Instance:
         for card in range(1, self.efa_interfaces):
             layout.append((card, 0, "efa-only") if self.efa_only else (card, 1, "efa"))
         return layout
+
+    def subnet_addresses(self) -> NodeAddresses:
+        """What one node of this type takes from its subnet with the VPC CNI's defaults."""
+        other_cards = sum(1 for card, _, kind in self.efa_interface_layout() if card > 0 and kind == "efa")
+        return NodeAddresses(self.enis, self.ipv4_per_eni, self.max_pods, other_cards)
 
     @property
     def gpu_memory_cuda_gib(self) -> float:
@@ -133,10 +144,12 @@ class Instance:
 
 _TYPES = [
     # CPU types for the system node group.
-    Instance("m7i.large", vcpus=2, memory_gib=8, network_gbps=12.5, max_pods=29),
-    Instance("m7i.xlarge", vcpus=4, memory_gib=16, network_gbps=12.5, max_pods=58),
-    Instance("m7i.2xlarge", vcpus=8, memory_gib=32, network_gbps=12.5, max_pods=58),
-    Instance("m7i.4xlarge", vcpus=16, memory_gib=64, network_gbps=12.5, max_pods=110),
+    Instance("m7i.large", vcpus=2, memory_gib=8, network_gbps=12.5, max_pods=29, enis=3, ipv4_per_eni=10),
+    Instance("m7i.xlarge", vcpus=4, memory_gib=16, network_gbps=12.5, max_pods=58, enis=4, ipv4_per_eni=15),
+    Instance("m7i.2xlarge", vcpus=8, memory_gib=32, network_gbps=12.5, max_pods=58, enis=4, ipv4_per_eni=15),
+    Instance(
+        "m7i.4xlarge", vcpus=16, memory_gib=64, network_gbps=12.5, max_pods=110, enis=8, ipv4_per_eni=30
+    ),
     # GPU types without EFA (single-node experiments; rejected when EFA is on).
     Instance(
         "g6.xlarge",
@@ -147,6 +160,8 @@ _TYPES = [
         gpu_memory_gib=24,
         network_gbps=10,
         max_pods=58,
+        enis=4,
+        ipv4_per_eni=15,
     ),
     Instance(
         "g5.12xlarge",
@@ -157,6 +172,8 @@ _TYPES = [
         gpu_memory_gib=24,
         network_gbps=40,
         max_pods=234,
+        enis=15,
+        ipv4_per_eni=50,
     ),
     # EFA GPU types.
     Instance(
@@ -169,6 +186,8 @@ _TYPES = [
         efa_interfaces=1,
         network_gbps=40,
         max_pods=234,
+        enis=8,
+        ipv4_per_eni=30,
     ),
     Instance(
         "g6.48xlarge",
@@ -180,6 +199,8 @@ _TYPES = [
         efa_interfaces=1,
         network_gbps=100,
         max_pods=250,
+        enis=15,
+        ipv4_per_eni=50,
     ),
     Instance(
         "g6e.12xlarge",
@@ -191,6 +212,8 @@ _TYPES = [
         efa_interfaces=1,
         network_gbps=100,
         max_pods=234,
+        enis=10,
+        ipv4_per_eni=30,
     ),
     Instance(
         "g6e.48xlarge",
@@ -203,6 +226,8 @@ _TYPES = [
         network_cards=4,
         network_gbps=400,
         max_pods=250,
+        enis=10,
+        ipv4_per_eni=50,
     ),
     Instance(
         "g5.48xlarge",
@@ -214,6 +239,8 @@ _TYPES = [
         efa_interfaces=1,
         network_gbps=100,
         max_pods=250,
+        enis=7,
+        ipv4_per_eni=50,
     ),
     Instance(
         "p4d.24xlarge",
@@ -228,6 +255,8 @@ _TYPES = [
         network_cards=4,
         network_gbps=400,
         max_pods=250,
+        enis=15,
+        ipv4_per_eni=50,
     ),
     Instance(
         "p5.48xlarge",
@@ -244,6 +273,8 @@ _TYPES = [
         efa_only=True,
         network_gbps=3200,
         max_pods=100,
+        enis=2,
+        ipv4_per_eni=50,
     ),
 ]
 

@@ -20,7 +20,7 @@ from config.prices import (
     instance_per_hour,
     prices_for,
 )
-from config.settings import Settings
+from config.settings import CapacityType, Settings
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,12 @@ class CostEstimate:
     gpu_min_nodes: int
     # At most how long the job's added GPU nodes stay after it ends (autoscaler scale-down).
     after_job_minutes: int
+    # How the GPU instance-hours are priced: "on-demand", "spot" (a measured Spot price),
+    # "spot-ceiling" (the On-Demand rate: Spot's default maximum price) or "capacity-block" (paid
+    # upfront with the block: no instance-hour charge here).
+    gpu_pricing: str = "on-demand"
+    # What these totals leave out or only bound, in a sentence each.
+    notes: tuple[str, ...] = ()
 
     @property
     def idle_per_hour(self) -> float:
@@ -75,6 +81,8 @@ class CostEstimate:
             "running_per_hour": self.running_per_hour,
             "after_job_minutes": self.after_job_minutes,
             "after_job": self.after_job,
+            "gpu_pricing": self.gpu_pricing,
+            "notes": list(self.notes),
         }
 
 
@@ -90,16 +98,74 @@ def job_nodes(settings: Settings) -> int:
     return settings.job.nodes
 
 
-def estimate(settings: Settings) -> CostEstimate:
+def gpu_instance_rate(
+    settings: Settings, prices: RegionPrices, spot_per_hour: float | None = None
+) -> tuple[float, str, list[str]]:
+    """$/h of one GPU node's instance, how it is priced, and what that leaves out.
+
+    - On-Demand: the table's rate. A targeted On-Demand Capacity Reservation is billed at that rate
+      for every instance it holds, used or not (EC2 User Guide, "Capacity Reservation pricing and
+      billing"): not in these totals, since its size is the reservation's.
+    - Spot: a measured price when given (`raytrain cost --live`); otherwise the On-Demand rate, the
+      most a Spot instance is charged with the default maximum price (EC2 User Guide, "Spot Instance
+      pricing history" / "maximum price": the default is the On-Demand price).
+    - Capacity Block: paid upfront when the block is bought; its instances add no instance-hour
+      charge (EC2 User Guide, "Capacity Blocks for ML", pricing and billing).
+    """
+    gpu = settings.gpu_nodes
+    on_demand = instance_per_hour(prices, gpu.instance_type)
+    if gpu.capacity_type is CapacityType.CAPACITY_BLOCK:
+        return (
+            0.0,
+            "capacity-block",
+            [
+                f"GPU instance-hours are not in these totals: Capacity Block {gpu.capacity_reservation_id} "
+                "was paid upfront when it was bought, for its whole duration, used or not "
+                f"(On-Demand would be ${on_demand:.4f}/h per node)"
+            ],
+        )
+    if gpu.capacity_type is CapacityType.SPOT:
+        if spot_per_hour is not None:
+            return (
+                spot_per_hour,
+                "spot",
+                [
+                    f"GPU nodes at the Spot price seen now in {gpu.availability_zone} "
+                    f"(${spot_per_hour:.4f}/h; On-Demand ${on_demand:.4f}/h); it moves, and a Spot node "
+                    "can be reclaimed mid-job"
+                ],
+            )
+        return (
+            on_demand,
+            "spot-ceiling",
+            [
+                f"GPU nodes are Spot: priced here at the On-Demand rate (${on_demand:.4f}/h), the most Spot "
+                "charges with the default maximum price; the real price is lower and moves "
+                "(`raytrain cost --live` reads the current one)"
+            ],
+        )
+    notes = []
+    if gpu.capacity_reservation_id:
+        notes.append(
+            f"capacity reservation {gpu.capacity_reservation_id} is billed at ${on_demand:.4f}/h for every "
+            "instance it holds, running or not, until it is cancelled; the totals count only running nodes"
+        )
+    return on_demand, "on-demand", notes
+
+
+def estimate(
+    settings: Settings, prices: RegionPrices | None = None, *, spot_per_hour: float | None = None
+) -> CostEstimate:
+    """`prices`: the region's (default: the pinned table, config/prices.py)."""
     # Imported here: they pull in aws_cdk, which `raytrain --help` does not need.
     from cdk_constructs.cluster_autoscaler import empty_gpu_node_minutes
     from cdk_constructs.node_groups import ROOT_THROUGHPUT_MIBPS
     from stacks.network_stack import INTERFACE_ENDPOINTS
 
-    prices = prices_for(settings.region)
+    prices = prices or prices_for(settings.region)
     system, gpu = settings.system_nodes, settings.gpu_nodes
     system_rate = instance_per_hour(prices, system.instance_type)
-    gpu_rate = instance_per_hour(prices, gpu.instance_type)
+    gpu_rate, gpu_pricing, notes = gpu_instance_rate(settings, prices, spot_per_hour)
     system_root = root_volume_per_hour(prices, system.root_volume_gib, ROOT_THROUGHPUT_MIBPS)
     gpu_root = root_volume_per_hour(prices, gpu.root_volume_gib, ROOT_THROUGHPUT_MIBPS)
     azs = len(settings.vpc.availability_zones)
@@ -142,11 +208,13 @@ def estimate(settings: Settings) -> CostEstimate:
     return CostEstimate(
         env=settings.name,
         region=settings.region,
-        prices_as_of=PRICES_AS_OF,
+        prices_as_of=prices.as_of or PRICES_AS_OF,
         idle=idle,
         job=job,
         job_nodes=nodes,
         gpu_node_per_hour=gpu_rate + gpu_root,
         gpu_min_nodes=gpu.min_size,
         after_job_minutes=empty_gpu_node_minutes(),
+        gpu_pricing=gpu_pricing,
+        notes=(*prices.notes, *notes),
     )

@@ -15,8 +15,10 @@ Sources and dates:
   Type=TERM_MATCH,Field=instanceType,Value=g6.12xlarge Type=TERM_MATCH,Field=regionCode,Value=us-west-2
   Type=TERM_MATCH,Field=operatingSystem,Value=Linux Type=TERM_MATCH,Field=tenancy,Value=Shared
   Type=TERM_MATCH,Field=preInstalledSw,Value=NA Type=TERM_MATCH,Field=capacitystatus,Value=Used`.
-- EKS: $0.10 per cluster-hour in standard support, $0.60 in extended support
-  (aws.amazon.com/eks/pricing).
+- EKS: $0.10 per cluster-hour in standard support, $0.60 in extended support in total
+  (aws.amazon.com/eks/pricing; "charged a total of $0.60 per cluster per hour … standard support is
+  unchanged — you will continue to pay $0.10", AWS Containers blog, "Amazon EKS extended support for
+  Kubernetes versions pricing").
 - NAT gateway: $0.045 per gateway-hour in these regions (aws.amazon.com/vpc/pricing).
 - Interface VPC endpoints: $0.01 per endpoint per Availability Zone-hour, billed whether or not
   traffic flows (aws.amazon.com/privatelink/pricing).
@@ -74,6 +76,10 @@ class RegionPrices:
     interface_endpoint_per_gb: float = 0.01
     ecr_storage_per_gb_month: float = 0.10
     ecr_public_anonymous_gb_per_month: float = 500.0
+    # Set when these prices are not the pinned table's (raytrain/pricing.py): their date, and what
+    # in them is not the region's own.
+    as_of: str | None = None
+    notes: tuple[str, ...] = ()
 
 
 PRICES: dict[str, RegionPrices] = {
@@ -92,8 +98,8 @@ def prices_for(region: str) -> RegionPrices:
     except KeyError:
         raise PriceError(
             f"no pinned prices for region {region!r} (config/prices.py covers "
-            f"{', '.join(sorted(PRICES))}, as of {PRICES_AS_OF}); add the region's rates there "
-            "with their source and date"
+            f"{', '.join(sorted(PRICES))}, as of {PRICES_AS_OF}); with AWS credentials, "
+            "`raytrain cost --live` reads the region's instance prices from the AWS Price List API"
         ) from None
 
 

@@ -61,6 +61,15 @@ def split_image(image: str) -> tuple[str, str]:
     return "docker.io", image
 
 
+def split_tag(path: str) -> tuple[str, str | None]:
+    """(repository, tag) of a repository path with an optional tag and no digest
+    (`eks/aws-efa-k8s-device-plugin:v0.5.20`); a ':' before the last '/' is a port, not a tag."""
+    repository, sep, tag = path.rpartition(":")
+    if not sep or "/" in tag:
+        return path, None
+    return repository, tag
+
+
 @dataclass(frozen=True)
 class ImageSource:
     """How the environment's nodes pull a public image: through the cache (prefix set) or not."""
@@ -85,6 +94,15 @@ class ImageSource:
         if self.prefix is None:
             return None
         return UPSTREAMS.get(split_image(image)[0])
+
+    def cache_repository(self, image: str) -> str | None:
+        """The repository the cache creates in this registry for `image` (tag dropped; None: not
+        cached): the rule's prefix followed by the upstream path (ECR User Guide, "Pulling an image
+        with a pull through cache rule")."""
+        upstream = self.upstream_of(image)
+        if upstream is None:
+            return None
+        return f"{self.rule_prefix(upstream)}/{split_tag(split_image(image)[1])[0]}"
 
     def resolve(self, image: str) -> str:
         """The reference the nodes pull: through the cache where its registry is an upstream."""

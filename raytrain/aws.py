@@ -16,7 +16,7 @@ import botocore.exceptions as bce
 from botocore.config import Config
 
 # Standard retry mode backs off on throttling (Describe* calls are rate limited per account).
-_CLIENT_CONFIG = Config(retries={"mode": "standard", "max_attempts": 5})
+CLIENT_CONFIG = Config(retries={"mode": "standard", "max_attempts": 5})
 
 # Error codes that mean "these credentials are not usable", whatever the call.
 _CREDENTIAL_CODES = {
@@ -112,8 +112,8 @@ class CapacityApi:
     def connect(cls, sess: boto3.session.Session, region: str) -> CapacityApi:
         return cls(
             region,
-            sess.client("ec2", region_name=region, config=_CLIENT_CONFIG),
-            sess.client("service-quotas", region_name=region, config=_CLIENT_CONFIG),
+            sess.client("ec2", region_name=region, config=CLIENT_CONFIG),
+            sess.client("service-quotas", region_name=region, config=CLIENT_CONFIG),
         )
 
     def zones(self) -> list[Zone]:

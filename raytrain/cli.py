@@ -18,6 +18,7 @@ os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 # (module) — each registers one or more subcommands.
 COMMAND_MODULES: list[str] = [
     "raytrain.capacity",
+    "raytrain.preflight",
     "raytrain.verify",
     "raytrain.review",
     "raytrain.job",

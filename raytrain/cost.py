@@ -6,11 +6,15 @@ otherwise). Running: idle plus the GPU nodes of one job (`job.nodes`) and their 
 After a job: its GPU workers are deleted when it ends (k8s/job.py), and the Cluster Autoscaler
 removes the empty nodes within minutes; those minutes are billed once per job. The Ray head stays
 `job.ttl_seconds_after_finished` for inspection on a system node, which idle already counts.
-Prices come from the pinned, dated table in config/prices.py (On-Demand; no network needed).
-Given a run's summary.json, the cost per billion training tokens at the run's throughput.
+Prices come from the pinned, dated table in config/prices.py (no network needed); with --live, or
+for a region the table lacks, the instance rates come from the AWS Price List API and a Spot group's
+from the current Spot price (raytrain/pricing.py; needs AWS credentials). Spot nodes without --live
+are priced at the On-Demand rate, their ceiling, and a Capacity Block's instance-hours, paid upfront,
+are left out: the output says so. Given a run's summary.json, the cost per billion training tokens
+at the run's throughput.
 
-Exit status: 0 printed, 2 cannot price (bad environment, region or type not in the table, bad
-summary file).
+Exit status: 0 printed, 2 cannot price (bad environment, region or type not priced and no
+credentials to ask, bad summary file).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from config.costs import CostEstimate, Line, estimate, job_nodes, root_volume_per_hour
-from config.prices import PriceError, prices_for
+from config.prices import PRICES, PriceError, RegionPrices, prices_for
 from config.settings import Settings
 
 __all__ = ["CostEstimate", "Line", "TokenCost", "estimate", "job_nodes", "root_volume_per_hour", "token_cost"]
@@ -60,10 +64,10 @@ class ImagePull:
         return int(self.quota_gb_per_month // self.gb_per_job) if self.gb_per_job else None
 
 
-def image_pull(settings: Settings) -> ImagePull:
+def image_pull(settings: Settings, prices: RegionPrices | None = None) -> ImagePull:
     from config.settings.workload import IMAGE
 
-    prices = prices_for(settings.region)
+    prices = prices or prices_for(settings.region)
     nodes = max(0, settings.job.nodes - settings.gpu_nodes.min_size)
     # The recorded size belongs to config/image.toml's image; another image is priced the same
     # until its own size is recorded (docs/images.md).
@@ -95,7 +99,13 @@ class SummaryError(ValueError):
     """A summary.json that cannot be priced; the message names the file and the field."""
 
 
-def token_cost(settings: Settings, summary: dict[str, Any], *, source: str = "summary.json") -> TokenCost:
+def token_cost(
+    settings: Settings,
+    summary: dict[str, Any],
+    *,
+    source: str = "summary.json",
+    est: CostEstimate | None = None,
+) -> TokenCost:
     """$ per billion tokens of a run: the running cost of the nodes it ran on, over its throughput.
 
     The nodes are the run's own (`nodes` in the summary) when it has them, else the job's."""
@@ -111,7 +121,7 @@ def token_cost(settings: Settings, summary: dict[str, Any], *, source: str = "su
     nodes = summary.get("nodes") or job_nodes(settings)
     if not isinstance(nodes, int) or nodes < 1:
         raise SummaryError(f"{source}: nodes is {nodes!r}; need a positive node count")
-    per_hour = estimate(settings).running_with(nodes)
+    per_hour = (est or estimate(settings)).running_with(nodes)
     per_billion = per_hour / (tps * 3600) * BILLION
     end_to_end = None
     wall, steps = summary.get("wall_time_s"), summary.get("steps")
@@ -138,7 +148,65 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--env", required=True, help="environment name (config/environments/NAME.yaml)")
     parser.add_argument("--summary", type=Path, help="a run's summary.json: also print $ per billion tokens")
     parser.add_argument("--json", action="store_true", help="print the estimate as JSON")
+    parser.add_argument(
+        "--live",
+        action="store_true",
+        help="instance rates from the AWS Price List API and the current Spot price (needs credentials; "
+        "automatic for a region the pinned table lacks)",
+    )
+    parser.add_argument("--profile", help="AWS profile for --live (default: the usual credential chain)")
     parser.set_defaults(func=run)
+
+
+def live_clients(profile: str | None, region: str) -> tuple[Any, Any]:
+    """(pricing, ec2) clients; raises PriceError without usable credentials."""
+    from raytrain.aws import AwsError, session
+    from raytrain.pricing import PRICING_REGION
+
+    try:
+        sess = session(profile)
+    except AwsError as exc:
+        raise PriceError(str(exc)) from None
+    if sess.get_credentials() is None:
+        raise PriceError(
+            "asking AWS for prices needs credentials (`aws sso login --profile NAME`, then --profile NAME)"
+        )
+    return sess.client("pricing", region_name=PRICING_REGION), sess.client("ec2", region_name=region)
+
+
+def _prices(args: argparse.Namespace, settings: Settings) -> tuple[RegionPrices | None, float | None]:
+    """(prices, Spot $/h): None, None for the pinned table."""
+    import datetime as dt
+
+    import botocore.exceptions as bce
+
+    from config.settings import CapacityType
+    from raytrain.aws import credential_problem, permission_problem
+    from raytrain.pricing import live_prices, spot_rate
+
+    live = getattr(args, "live", False)
+    if not live and settings.region in PRICES:
+        return None, None
+    try:
+        pricing, ec2 = live_clients(getattr(args, "profile", None), settings.region)
+    except PriceError:
+        if not live:  # a region the table lacks, and no credentials to ask AWS: say both
+            prices_for(settings.region)
+        raise
+    gpu = settings.gpu_nodes
+    now = dt.datetime.now(dt.UTC)
+    try:
+        prices = live_prices(
+            pricing, settings.region, {settings.system_nodes.instance_type, gpu.instance_type}, now.date()
+        )
+        spot = None
+        if gpu.capacity_type is CapacityType.SPOT:
+            spot = spot_rate(ec2, gpu.instance_type, gpu.availability_zone, now)
+    except (bce.ClientError, bce.BotoCoreError) as exc:
+        raise PriceError(
+            credential_problem(exc) or permission_problem(exc) or f"AWS call failed: {exc}"
+        ) from None
+    return prices, spot
 
 
 def run(args: argparse.Namespace) -> int:
@@ -150,15 +218,16 @@ def run(args: argparse.Namespace) -> int:
     console = Console(width=None if sys.stdout.isatty() else 120)
     try:
         settings = load_settings(args.env)
-        result = estimate(settings)
+        prices, spot = _prices(args, settings)
+        result = estimate(settings, prices, spot_per_hour=spot)
         tokens = None
         if args.summary is not None:
-            tokens = token_cost(settings, _read_summary(args.summary), source=str(args.summary))
+            tokens = token_cost(settings, _read_summary(args.summary), source=str(args.summary), est=result)
     except (SettingsError, PriceError, SummaryError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_UNUSABLE
 
-    pull = image_pull(settings)
+    pull = image_pull(settings, prices)
     if args.json:
         out = result.as_dict()
         out["image_pull"] = {**asdict(pull), "gb_per_job": pull.gb_per_job,
@@ -168,9 +237,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
         return EXIT_OK
 
-    table = Table(
-        title=f"{settings.name}: On-Demand cost in {settings.region} (prices as of {result.prices_as_of})"
-    )
+    table = Table(title=f"{settings.name}: cost in {settings.region} (prices as of {result.prices_as_of})")
     for column in ("", "item", "quantity", "$/h"):
         table.add_column(column, justify="right" if column == "$/h" else "left")
     for line in result.idle:
@@ -191,6 +258,8 @@ def run(args: argparse.Namespace) -> int:
             f"{result.after_job_minutes} min) = [bold]${result.after_job:.2f} per job[/]; the Ray head "
             f"stays {settings.job.ttl_seconds_after_finished} s on a system node, counted in idle"
         )
+    for note in result.notes:
+        console.print(f"note: {note}", markup=False, highlight=False)
     _print_image_pull(console, pull)
     if tokens is not None:
         console.print(

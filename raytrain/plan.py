@@ -120,7 +120,8 @@ def speed(settings: Settings) -> dict[str, Any]:
 
     job = settings.job
     base = predict(settings)
-    per_hour = estimate(settings).running_with(job.nodes)
+    est = estimate(settings)
+    per_hour = est.running_with(job.nodes)
     world = settings.num_workers
     options = base.inputs
     alternatives = {
@@ -154,6 +155,8 @@ def speed(settings: Settings) -> dict[str, Any]:
         "job_cost_usd": job.steps * base.step_s / 3600 * per_hour,
         "running_per_hour_usd": per_hour,
         "usd_per_billion_tokens": per_hour / (base.tokens_per_s * 3600) * 1e9,
+        # How the GPU nodes are priced (Spot at its ceiling, a Capacity Block left out: config/costs.py).
+        "cost_notes": list(est.notes),
         "moves": sorted(moves, key=lambda m: -m["vs_now"]),
         "checked": "the step is the GPU's work and the host's overlapped (the longer of the two, a "
         "little more when they are close), plus the exposed communication; the job time is "
@@ -216,7 +219,7 @@ def speed_table(result: dict[str, Any]) -> Table:
             f"at ${result['running_per_hour_usd']:.2f}/h; "
             f"${result['usd_per_billion_tokens']:,.0f} per billion tokens"
         ),
-        caption=result["checked"],
+        caption="\n".join([result["checked"], *(f"cost: {n}" for n in result.get("cost_notes", []))]),
     )
     table.add_column("term")
     table.add_column("s", justify="right")

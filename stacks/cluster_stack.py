@@ -22,6 +22,7 @@ from cdk_constructs.addons import (
 from cdk_constructs.cluster_autoscaler import ClusterAutoscaler, node_template_resource_tags
 from cdk_constructs.encrypted_logs import encrypted_log_group
 from cdk_constructs.image_cache import PullThroughCache
+from cdk_constructs.image_cache_warmer import ImageCacheWarmer
 from cdk_constructs.node_groups import EfaGpuNodeGroup, SystemNodeGroup
 from cdk_constructs.observability import (
     METRICS_LOG_KIND,
@@ -31,6 +32,7 @@ from cdk_constructs.observability import (
     node_monitoring_agent,
 )
 from config.names import KUBERAY_CHART
+from config.registries import split_image, split_tag
 from config.settings import KUBECTL_LAYERS, EndpointAccess, Settings
 from stacks.common import log_retention, removal_policy
 
@@ -205,6 +207,7 @@ class ClusterStack(cdk.Stack):
                 upstreams=[u for u in map(images.upstream_of, pulled) if u is not None],
                 node_roles=[self.system_nodes.nodegroup.role, self.gpu_nodes.nodegroup.role],
             )
+            self._warm_ray_image(settings)
 
         self.device_plugins = GpuDevicePlugins(
             self,
@@ -273,6 +276,30 @@ class ClusterStack(cdk.Stack):
             value=(f"aws eks update-kubeconfig --region {settings.region} --name {cluster_settings.name}"),
             description="Configure kubectl for this cluster",
         )
+
+    def _warm_ray_image(self, settings: Settings) -> None:
+        """A digest-pinned Ray image is pulled through the cache by tag at deploy, and its digest
+        checked: an uncached digest is not found through the cache (aws/containers-roadmap#2837)."""
+        images, digest = settings.image_source, settings.workload.effective_image_digest
+        repository = images.cache_repository(settings.workload.image)
+        self.image_warmer: ImageCacheWarmer | None = None
+        if digest is None or repository is None or images.prefix is None:
+            return
+        tag = split_tag(split_image(settings.workload.image)[1])[1]
+        assert tag is not None  # settings: a digest-pinned image through the cache names its tag
+        self.image_warmer = ImageCacheWarmer(
+            self,
+            "RayImageWarm",
+            registry=images.registry,
+            repository=repository,
+            tag=tag,
+            digest=digest,
+            repository_prefix=images.prefix,
+            function_name=f"{settings.cluster.name}-image-cache-warm"[:64],
+        )
+        # The cache's rules first: the pull goes through them.
+        assert self.image_cache is not None
+        self.image_warmer.node.add_dependency(self.image_cache)
 
     def _observability(self, settings: Settings, pod_identity: eks.Addon) -> None:
         """Node health agent (auto-repair's eyes), and opt-in Container Insights with a dashboard."""

@@ -10,6 +10,7 @@ from constructs import Construct
 
 from cdk_constructs.encrypted_logs import encrypted_log_group
 from cdk_constructs.vpc_cleanup import VpcCleanup
+from config.network import PRIVATE_SUBNET_MASK, PUBLIC_SUBNET_MASK
 from config.settings import Settings
 from stacks.common import log_retention, removal_policy
 
@@ -36,10 +37,14 @@ class NetworkStack(cdk.Stack):
             subnet_configuration=[
                 # Public subnets hold only the NAT gateways (and nothing EKS may put there: no
                 # public load balancers are created by this app).
-                ec2.SubnetConfiguration(name="Public", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=24),
+                ec2.SubnetConfiguration(
+                    name="Public", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=PUBLIC_SUBNET_MASK
+                ),
                 # The VPC CNI gives every pod a VPC address: /19 leaves room for 8k pods per AZ.
                 ec2.SubnetConfiguration(
-                    name="Private", subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS, cidr_mask=19
+                    name="Private",
+                    subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS,
+                    cidr_mask=PRIVATE_SUBNET_MASK,
                 ),
             ],
             # Removes the default security group's rules (CIS 5.4): nothing may use it by accident.

@@ -162,14 +162,14 @@ def training_cell(settings: Settings) -> str:
 
 
 def cost_cell(settings: Settings) -> str:
-    """Idle and running On-Demand $/h (raytrain cost --env NAME has the breakdown)."""
+    """Idle and running $/h (raytrain cost --env NAME has the breakdown and its notes)."""
     try:
         est = estimate(settings)
     except PriceError as exc:
         return f"not priced: {exc}"
     return (
         f"${est.idle_per_hour:.2f}/h idle, ${est.running_per_hour:.2f}/h with a job's "
-        f"{est.job_nodes} GPU nodes (On-Demand, prices of {est.prices_as_of}; raytrain cost)"
+        f"{est.job_nodes} GPU nodes ({est.gpu_pricing}, prices of {est.prices_as_of}; raytrain cost)"
     )
 
 

@@ -106,8 +106,12 @@ class Synthesized:
         }
 
 
+P5_IMAGE_DIGEST = "sha256:" + "5" * 64
+
+
 def p5_variant(settings):
-    """A second instance type from the catalogue: 8 GPUs, 32 EFA interfaces, targeted reservation."""
+    """A second instance type from the catalogue: 8 GPUs, 32 EFA interfaces, targeted reservation;
+    and a digest-pinned image, which the Cluster stack warms through the pull-through cache."""
     gpu = settings.gpu_nodes.model_copy(
         update={
             "instance_type": "p5.48xlarge",
@@ -115,7 +119,8 @@ def p5_variant(settings):
             "placement_group": False,
         }
     )
-    return settings.model_copy(update={"name": "p5", "gpu_nodes": gpu})
+    workload = settings.workload.model_copy(update={"image_digest": P5_IMAGE_DIGEST})
+    return settings.model_copy(update={"name": "p5", "gpu_nodes": gpu, "workload": workload})
 
 
 @pytest.fixture(scope="session")

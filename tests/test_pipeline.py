@@ -9,6 +9,7 @@ import re
 import pytest
 
 from config.loader import SettingsError, parse_settings
+from stacks.pipeline.steps import bootstrap_lookup_role_arn
 
 HOST = "prod"
 
@@ -87,7 +88,7 @@ def test_verify_step_starts_the_in_vpc_build_and_runs_no_kubectl_itself(synthesi
     assert "kubectl" not in text and "update-kubeconfig" not in text
 
 
-def test_steps_role_may_assume_only_the_starter_roles(synthesized):
+def test_steps_role_may_assume_only_the_starter_and_lookup_roles(synthesized):
     t = synthesized[HOST].template("Pipeline")
     name = f"RayTrain-{HOST}-pipeline-steps"
     (role_id,) = [
@@ -103,7 +104,26 @@ def test_steps_role_may_assume_only_the_starter_roles(synthesized):
         for arn in ([st["Resource"]] if isinstance(st["Resource"], str) else st["Resource"])
     ]
     envs = synthesized[HOST].settings.pipeline.environments
-    assert sorted(assumed) == sorted(synthesized[e].settings.verify_build.starter_role_arn for e in envs)
+    starters = [synthesized[e].settings.verify_build.starter_role_arn for e in envs]
+    lookups = [bootstrap_lookup_role_arn(synthesized[e].settings) for e in envs]
+    # dev and prod share the placeholder account and region, so one lookup role (IAM merges them).
+    assert sorted(assumed) == sorted(set(starters + lookups))
+
+
+@pytest.mark.parametrize("env", ["dev", "prod"])
+def test_preflight_is_each_stages_first_step(synthesized, env):
+    """`raytrain preflight` as the bootstrap's read-only lookup role runs before anything of the
+    stage: before the permission-broadening check, the change sets and the deploys."""
+    actions = _stage(synthesized, f"Deploy-{env}")
+    order = _by_order(actions)
+    preflight = next(a for a in actions if a["Name"] == f"Preflight-{env}")
+    assert [n for n, o in order.items() if o == min(order.values())] == [f"Preflight-{env}"]
+    settings = synthesized[env].settings
+    commands = json.loads(_buildspec(synthesized, preflight))["phases"]["build"]["commands"]
+    role = (
+        f"arn:aws:iam::{settings.account}:role/cdk-hnb659fds-lookup-role-{settings.account}-{settings.region}"
+    )
+    assert commands == [f".venv/bin/raytrain preflight --env {env} --role-arn {role}"]
 
 
 @pytest.mark.parametrize("env", ["dev", "prod"])

@@ -184,3 +184,21 @@ def test_compare_refuses_an_unknown_name(envdir: Path) -> None:
     argv = ["plan", "--env", "prod", "--config-dir", str(envdir), "--compare", "gpt5"]
     assert plan_cmd.run(build_parser().parse_args(argv), console=console) == 2
     assert "--compare: 'gpt5' is neither a Hugging Face id nor a catalogue name" in console.export_text()
+
+
+def test_plan_says_how_spot_gpu_nodes_are_priced() -> None:
+    from config.loader import load_settings
+    from config.settings import CapacityType
+    from raytrain.plan import speed, speed_table
+
+    dev = load_settings("dev")
+    spot = dev.model_copy(
+        update={"gpu_nodes": dev.gpu_nodes.model_copy(update={"capacity_type": CapacityType.SPOT})}
+    )
+    assert speed(dev)["cost_notes"] == []
+    result = speed(spot)
+    (note,) = result["cost_notes"]
+    assert "priced here at the On-Demand rate" in note
+    console = Console(record=True, width=200)
+    console.print(speed_table(result))
+    assert "cost: GPU nodes are Spot" in " ".join(console.export_text().split())

@@ -68,6 +68,8 @@ def test_cdk_nag_acknowledgements_are_scoped_and_explained(synthesized, env):
         stack + "ClusterAutoscaler/Role/DefaultPolicy",
         # Pull-through cache: the nodes may create and fill repositories under the cache prefix only.
         stack + "ImageCache/FillFromNodes",
+        # The digest-pinned image's warm at deploy: GetAuthorizationToken on *, pulls under the prefix.
+        stack + "RayImageWarm/Role/DefaultPolicy",
         # EKS-leftovers cleanup: Describe calls on *, deletes scoped by VPC / ownership-tag conditions.
         f"/RayTrain-{env}-Network/EksLeftoverCleanup/Role/DefaultPolicy",
         # CDK Pipelines' generated roles (prod hosts the pipeline) and the post-deploy steps' role.

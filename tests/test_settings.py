@@ -237,12 +237,24 @@ def test_cidrs_must_be_network_addresses(address, prefix):
     data = dev_data()
     cidr = f"{address}/{prefix}"
     data["cluster"]["public_access_cidrs"] = [cidr]
+    data["cluster"]["public_access_from_anywhere"] = True  # 0.0.0.0/0 is a network address too
+    not_public = (
+        "10.0.0.0/8",
+        "172.16.0.0/12",
+        "192.168.0.0/16",
+        "100.64.0.0/10",
+        "127.0.0.0/8",
+        "169.254.0.0/16",
+    )
     try:
-        ipaddress.ip_network(cidr, strict=True)
+        net = ipaddress.IPv4Network(cidr, strict=True)
     except ValueError:
         assert "cluster.public_access_cidrs.0" in error_of(data)
     else:
-        assert parse(data).cluster.public_access_cidrs == [cidr]
+        if any(net.subnet_of(ipaddress.IPv4Network(n)) for n in not_public):  # test_settings_network.py
+            assert "is a private range" in error_of(data)
+        else:
+            assert parse(data).cluster.public_access_cidrs == [cidr]
 
 
 # ------------------------------------------------------------------ command line

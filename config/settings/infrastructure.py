@@ -11,7 +11,7 @@ from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from config.catalogue import CATALOGUE, Instance
 from config.registries import cache_prefix_problem
-from config.settings.base import AZ_RE, SEMVER_RE, FieldError, SettingsModel
+from config.settings.base import AZ_RE, SEMVER_RE, FieldError, SettingsModel, cluster_name_problem
 
 # Kubernetes versions this app can deploy: EKS standard support (late 2026), the aws_eks_v2
 # KubernetesVersion enum, and a published kubectl Lambda layer package must all exist for it.
@@ -73,6 +73,41 @@ def _eks_addon_version(value: str) -> str:
 EksAddonVersion = Annotated[str, AfterValidator(_eks_addon_version)]
 
 
+# Addresses that never reach the public endpoint as a source: the endpoint sees the public address a
+# request leaves its network with (EKS User Guide, "Cluster API server endpoint": requests from inside
+# the VPC use the private endpoint). RFC 1918, shared address space (RFC 6598), loopback, link-local.
+_NOT_PUBLIC = [
+    ipaddress.IPv4Network(n)
+    for n in (
+        "10.0.0.0/8",
+        "172.16.0.0/12",
+        "192.168.0.0/16",
+        "100.64.0.0/10",
+        "127.0.0.0/8",
+        "169.254.0.0/16",
+    )
+]
+
+
+def _public_cidr_problem(cidr: str, anywhere: bool) -> str | None:
+    net = ipaddress.IPv4Network(cidr)  # Cidr: IPv4 only
+    if net.prefixlen == 0:
+        if anywhere:
+            return None
+        return (
+            f"{cidr} opens the cluster's API endpoint to the whole internet: list your operators' "
+            "public CIDRs instead, use endpoint_access: private, or set "
+            "public_access_from_anywhere: true if that is meant"
+        )
+    if any(net.subnet_of(private) for private in _NOT_PUBLIC):
+        return (
+            f"{cidr} is a private range, which never reaches the public endpoint (it sees the public "
+            "address your network's traffic leaves with; from inside the VPC the private endpoint "
+            "answers): list the public CIDR of your office or VPN instead"
+        )
+    return None
+
+
 class EndpointAccess(StrEnum):
     # Both keep the private endpoint on: requests from inside the VPC (nodes, the pipeline's
     # in-VPC verification build) use it (EKS API reference, VpcConfigRequest endpointPrivateAccess).
@@ -111,12 +146,23 @@ class VpcSettings(SettingsModel):
 
 
 class ClusterSettings(SettingsModel):
-    name: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9-]{0,99}$")
+    name: str
     kubernetes_version: str
     endpoint_access: EndpointAccess = EndpointAccess.PUBLIC_AND_PRIVATE
-    # CIDRs allowed to reach the public endpoint; 0.0.0.0/0 only when written here on purpose.
+    # CIDRs allowed to reach the public endpoint: your operators' public addresses.
     public_access_cidrs: list[Cidr] = Field(default_factory=list)
+    # 0.0.0.0/0 in public_access_cidrs opens the API endpoint to the internet (token auth still
+    # applies); refused unless this says it is meant.
+    public_access_from_anywhere: bool = False
     admin_principal_arns: list[str] = Field(min_length=1)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        problem = cluster_name_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
 
     @field_validator("kubernetes_version")
     @classmethod
@@ -139,6 +185,10 @@ class ClusterSettings(SettingsModel):
     def _endpoint(self) -> ClusterSettings:
         if self.endpoint_access is EndpointAccess.PRIVATE and self.public_access_cidrs:
             raise ValueError("public_access_cidrs must be empty when endpoint_access is 'private'")
+        for cidr in self.public_access_cidrs:
+            problem = _public_cidr_problem(cidr, self.public_access_from_anywhere)
+            if problem:
+                raise FieldError(("public_access_cidrs",), problem)
         if self.endpoint_access is EndpointAccess.PUBLIC_AND_PRIVATE and not self.public_access_cidrs:
             raise ValueError(
                 "public_access_cidrs is required when endpoint_access is 'public_and_private' "

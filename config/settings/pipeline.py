@@ -6,14 +6,13 @@ import re
 
 from pydantic import Field, field_validator, model_validator
 
-from config.settings.base import FieldError, SettingsModel
+from config.settings.base import ENVIRONMENT_NAME_RE, FieldError, SettingsModel
 
 _CONNECTION_ARN_RE = re.compile(
     r"^arn:aws(-cn|-us-gov)?:(codestar-connections|codeconnections):[a-z0-9-]+:\d{12}:connection/[0-9a-f-]{36}$"
 )
 _REPOSITORY_RE = re.compile(r"^[\w.-]+/[\w./-]+$")
 _CODECOMMIT_RE = re.compile(r"^[\w.-]{1,100}$")
-_ENV_NAME_LIST_RE = re.compile(r"^[a-z][a-z0-9-]{0,19}$")
 
 
 class PipelineSettings(SettingsModel):
@@ -64,7 +63,7 @@ class PipelineSettings(SettingsModel):
     @classmethod
     def _environments(cls, names: list[str]) -> list[str]:
         for name in names:
-            if not _ENV_NAME_LIST_RE.match(name):
+            if not ENVIRONMENT_NAME_RE.match(name):
                 raise ValueError(f"{name!r} is not an environment name (a file in config/environments)")
         if len(set(names)) != len(names):
             raise ValueError(f"environments repeat: {names}")

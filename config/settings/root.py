@@ -9,8 +9,17 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from config.catalogue import CATALOGUE
 from config.memory import fit_problem, valid_micro_batches
 from config.names import VerifyBuild, arn_partition
-from config.registries import ImageSource, cache_prefix_problem
-from config.settings.base import AZ_RE, FieldError, SettingsModel
+from config.network import (
+    PRIVATE_SUBNET_MASK,
+    PUBLIC_SUBNET_MASK,
+    SubnetsDoNotFit,
+    private_subnet_capacity,
+    smallest_prefix,
+    subnet_plan,
+    zone_need,
+)
+from config.registries import ImageSource, cache_prefix_problem, split_image, split_tag
+from config.settings.base import AZ_RE, FieldError, SettingsModel, environment_name_problem
 from config.settings.infrastructure import (
     AddonSettings,
     ClusterSettings,
@@ -33,7 +42,7 @@ _TAG_KEY_RE = re.compile(r"^[\w.:/=+\-@ ]{1,128}$")
 class Settings(SettingsModel):
     """One environment. `name` comes from the file name, not from the file."""
 
-    name: str = Field(pattern=r"^[a-z][a-z0-9-]{0,19}$")
+    name: str
     account: str
     region: str
     # The customer-managed KMS key of this account's CDK bootstrap bucket, where the training code
@@ -57,6 +66,14 @@ class Settings(SettingsModel):
     pipeline: PipelineSettings | None = None
     termination_protection: bool = False
     tags: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        problem = environment_name_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
 
     @field_validator("account")
     @classmethod
@@ -135,6 +152,38 @@ class Settings(SettingsModel):
         return self
 
     @model_validator(mode="after")
+    def _network_fits(self) -> Settings:
+        # CDK would fail synthesis tersely on the first; nothing would say the second until pods
+        # stay Pending for want of addresses (config/network.py says where each number comes from).
+        zones = len(self.vpc.availability_zones)
+        try:
+            subnet_plan(self.vpc.cidr, zones)
+        except SubnetsDoNotFit:
+            prefix = smallest_prefix(zones)
+            raise FieldError(
+                ("vpc", "cidr"),
+                f"{self.vpc.cidr} cannot hold the subnets of {zones} zones (each a public "
+                f"/{PUBLIC_SUBNET_MASK} and a private /{PRIVATE_SUBNET_MASK}, which CDK aligns to "
+                f"their size): use a /{prefix} or larger, e.g. 10.0.0.0/16",
+            ) from None
+        gpu, system = self.gpu_nodes, self.system_nodes
+        gpu_node = gpu.instance.subnet_addresses()
+        system_node = CATALOGUE[system.instance_type].subnet_addresses()
+        # Worst case: every system node in the GPU zone too.
+        need = zone_need([(gpu.max_size, gpu_node), (system.max_size, system_node)])
+        capacity = private_subnet_capacity()
+        if need > capacity:
+            room = capacity - zone_need([(system.max_size, system_node)])
+            raise FieldError(
+                ("gpu_nodes", "max_size"),
+                f"{gpu.max_size} {gpu.instance_type} nodes take {gpu_node.per_node} addresses each from "
+                f"the private /{PRIVATE_SUBNET_MASK} of {gpu.availability_zone} (the VPC CNI's ENIs and "
+                f"their IPs), so with up to {system.max_size} system nodes the zone needs {need} of its "
+                f"{capacity}: set max_size to at most {max(room // gpu_node.per_node, 0)}",
+            )
+        return self
+
+    @model_validator(mode="after")
     def _pinned_image(self) -> Settings:
         # A tag can move: a prod-like environment deploys exactly the image CI tested, by digest.
         work = self.workload
@@ -148,6 +197,18 @@ class Settings(SettingsModel):
                 f"its digest (sha256:<64 hex>, as `docker buildx imagetools inspect {work.image}` "
                 "prints it), record it as `digest` in config/image.toml for every environment, or set "
                 "workload.require_image_digest: false",
+            )
+        digest = work.effective_image_digest
+        if (
+            digest
+            and self.image_source.upstream_of(work.image)
+            and split_tag(split_image(work.image)[1])[1] is None
+        ):
+            raise FieldError(
+                ("workload", "image"),
+                f"{work.image} is pinned by digest and pulled through the pull-through cache, so it "
+                "needs its tag too (image:TAG): an image not yet cached is not found by digest "
+                "through the cache (aws/containers-roadmap#2837), so the deploy pulls it by tag first",
             )
         return self
 

@@ -125,7 +125,7 @@ def evaluate(
         try:
             zones = api.zones()
             offered = api.offered_zones(itype)
-            quota = _region_quota(api, qclass)
+            quota = region_quota(api, qclass)
         except bce.ClientError as exc:
             if fatal_problem(exc):
                 raise
@@ -171,7 +171,7 @@ def evaluate(
     return Plan(results, region_zones, requests, notes)
 
 
-def _region_quota(api: CapacityApi, qclass: QuotaClass) -> RegionQuota:
+def region_quota(api: CapacityApi, qclass: QuotaClass) -> RegionQuota:
     running = api.on_demand_instance_types()
     same_class = {t for t in running if quota_class(t) == qclass}
     vcpus = api.vcpus(same_class)
@@ -212,7 +212,7 @@ def _judge(
             r.reason = f"capacity reservation {reservation['CapacityReservationId']} is in {res_zone}"
             r.blocker = _BLOCK_RESERVATION
             return
-        problem = _reservation_problem(reservation, need)
+        problem = reservation_problem(reservation, need)
         if problem:
             r.reason, r.blocker = problem, _BLOCK_RESERVATION
             return
@@ -244,7 +244,7 @@ def _judge(
         r.reason += "; capacity not probed (--probe)"
 
 
-def _reservation_problem(reservation: dict[str, Any], need: Need) -> str | None:
+def reservation_problem(reservation: dict[str, Any], need: Need) -> str | None:
     rid = reservation["CapacityReservationId"]
     if reservation.get("InstanceType") != need.instance.name:
         return f"reservation {rid} is for {reservation.get('InstanceType')}, not {need.instance.name}"

@@ -22,9 +22,12 @@ from stacks.pipeline.nag import acknowledge_pipeline_findings, find
 from stacks.pipeline.stage import EnvironmentStage
 from stacks.pipeline.steps import (
     BUILD_IMAGE,
+    PREFLIGHT_TIMEOUT,
     RUNTIME_VERSIONS,
     SETUP_COMMANDS,
+    bootstrap_lookup_role_arn,
     check_smoke_environment,
+    preflight_commands,
     start_commands,
     start_timeout,
 )
@@ -80,7 +83,10 @@ class PipelineStack(cdk.Stack):
             "StepsRole",
             role_name=pipeline_verify_role_name(settings),
             assumed_by=iam.ServicePrincipal("codebuild.amazonaws.com"),
-            description="Pipeline post-deploy checks: assumes each environment's verification starter role",
+            description=(
+                "Pipeline checks: assumes each environment's CDK lookup role (preflight) and "
+                "verification starter role (post-deploy)"
+            ),
         )
         self.pipeline = pipelines.CodePipeline(
             self,
@@ -113,10 +119,26 @@ class PipelineStack(cdk.Stack):
             )
             self.stages[name] = stage
             approve = name in p.manual_approval
-            pre: list[pipelines.Step] = []
+            # First: what only the account can answer (raytrain preflight), read-only.
+            self.steps_role.add_to_policy(
+                iam.PolicyStatement(
+                    actions=["sts:AssumeRole"], resources=[bootstrap_lookup_role_arn(env_settings)]
+                )
+            )
+            preflight = pipelines.CodeBuildStep(
+                f"Preflight-{name}",
+                input=source,
+                install_commands=SETUP_COMMANDS,
+                commands=preflight_commands(env_settings),
+                role=self.steps_role,
+                timeout=PREFLIGHT_TIMEOUT,
+            )
+            pre: list[pipelines.Step] = [preflight]
             stack_steps: list[pipelines.StackSteps] = []
             if approve:
-                pre.append(pipelines.ConfirmPermissionsBroadening("CheckBroadening", stage=stage))
+                broadening = pipelines.ConfirmPermissionsBroadening("CheckBroadening", stage=stage)
+                broadening.add_step_dependency(preflight)  # pre steps otherwise run side by side
+                pre.append(broadening)
                 stack_steps = [
                     pipelines.StackSteps(
                         stack=stack,

@@ -61,6 +61,30 @@ def smoke_commands(settings: Settings, *, code_hash: str) -> list[str]:
     ]
 
 
+def bootstrap_lookup_role_arn(settings: Settings) -> str:
+    """The CDK bootstrap's lookup role of the environment's account and region: ReadOnlyAccess (less
+    kms:Decrypt), trusted by the accounts given to `cdk bootstrap --trust` (the pipeline's) and
+    `--trust-for-lookup` (aws-cdk lib/api/bootstrap/bootstrap-template.yaml, LookupRole)."""
+    qualifier = cdk.DefaultStackSynthesizer.DEFAULT_QUALIFIER
+    return (
+        f"arn:{settings.verify_build.partition}:iam::{settings.account}:role/"
+        f"cdk-{qualifier}-lookup-role-{settings.account}-{settings.region}"
+    )
+
+
+def preflight_commands(settings: Settings) -> list[str]:
+    """The stage's first step: `raytrain preflight` against the environment's account, as the
+    bootstrap's read-only lookup role (every action it needs is a Describe/Get, which its
+    ReadOnlyAccess policy is expected to grant; a denied call is that check's problem line). A
+    problem stops the stage before any stack changes."""
+    return [
+        f".venv/bin/raytrain preflight --env {settings.name} --role-arn {bootstrap_lookup_role_arn(settings)}"
+    ]
+
+
+PREFLIGHT_TIMEOUT = cdk.Duration.minutes(20)
+
+
 def start_commands(settings: Settings) -> list[str]:
     """The pipeline step's commands (in the pipeline's account, outside any VPC): upload the
     checkout, start the environment's in-VPC build, follow its log, fail unless it succeeded."""

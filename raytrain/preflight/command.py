@@ -1,0 +1,154 @@
+"""The `raytrain preflight` subcommand: arguments, exit codes, the clients, and the run."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import boto3
+import botocore.exceptions as bce
+
+from config.loader import ENVIRONMENTS_DIR, SettingsError, load_settings
+from config.settings import Settings
+from raytrain.aws import CLIENT_CONFIG, AwsError, CapacityApi, credential_problem, session
+from raytrain.preflight import account, capacity, eks, images
+from raytrain.preflight.permissions import IAM_ACTIONS, CallRecorder
+from raytrain.preflight.registry import RegistryClient
+from raytrain.preflight.report import Check, CredentialsRejected, Status, guarded
+
+EXIT_OK = 0
+EXIT_PROBLEM = 1
+EXIT_USAGE = 2
+EXIT_AWS = 3
+
+EXIT_CODES_HELP = f"""\
+exit codes:
+  {EXIT_OK}  every check is ok (warnings, e.g. extended support, do not fail it)
+  {EXIT_PROBLEM}  at least one problem: each names its fix
+  {EXIT_USAGE}  bad arguments or settings
+  {EXIT_AWS}  AWS access: no or rejected credentials, or credentials of another account
+
+IAM permissions (all read-only): {", ".join(IAM_ACTIONS)}; with --role-arn, sts:AssumeRole on it.
+The images are read anonymously from their public registries (HTTPS to public.ecr.aws, quay.io,
+registry.k8s.io).
+"""
+
+
+@dataclass
+class Clients:
+    eks: Any
+    ecr: Any
+    cloudformation: Any
+    capacity: CapacityApi
+
+    @classmethod
+    def connect(cls, sess: boto3.session.Session, region: str, recorder: CallRecorder) -> Clients:
+        def client(name: str) -> Any:
+            return recorder.watch(sess.client(name, region_name=region, config=CLIENT_CONFIG))
+
+        return cls(
+            eks=client("eks"),
+            ecr=client("ecr"),
+            cloudformation=client("cloudformation"),
+            capacity=CapacityApi(region, client("ec2"), client("service-quotas")),
+        )
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "preflight",
+        help="check the account before the first deploy (read-only): versions, images, capacity, ECR",
+        description="\n\n".join((sys.modules["raytrain.preflight"].__doc__ or "").split("\n\n")[:1]),
+        epilog=EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--env", required=True, help="environment name (config/environments/NAME.yaml)")
+    parser.add_argument("--profile", help="AWS profile (default: the usual credential chain)")
+    parser.add_argument(
+        "--role-arn",
+        help="assume this role in the environment's account first (the pipeline uses the CDK "
+        "bootstrap's read-only lookup role)",
+    )
+    parser.add_argument(
+        "--config-dir",
+        type=Path,
+        default=ENVIRONMENTS_DIR,
+        help="directory of the environment files (default: config/environments)",
+    )
+    parser.set_defaults(func=run)
+
+
+def run(
+    args: argparse.Namespace,
+    clients: Clients | None = None,
+    registry: RegistryClient | None = None,
+    today: dt.date | None = None,
+) -> int:
+    try:
+        settings = load_settings(args.env, args.config_dir)
+    except SettingsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        if clients is None:
+            clients = _connect(args, settings)
+        checks = run_checks(settings, clients, registry or RegistryClient(), today or dt.date.today())
+    except (AwsError, CredentialsRejected) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_AWS
+    except (bce.ClientError, bce.BotoCoreError) as exc:
+        print(f"error: {credential_problem(exc) or exc}", file=sys.stderr)
+        return EXIT_AWS
+    for check in checks:
+        print(check.line())
+    counts = {s: sum(c.status is s for c in checks) for s in Status}
+    print(
+        f"{settings.name}: {counts[Status.OK]} ok, {counts[Status.WARN]} warning(s), "
+        f"{counts[Status.PROBLEM]} problem(s)"
+    )
+    return EXIT_PROBLEM if counts[Status.PROBLEM] else EXIT_OK
+
+
+def _connect(args: argparse.Namespace, settings: Settings) -> Clients:
+    sess = session(args.profile)
+    if args.role_arn:
+        creds = sess.client("sts", region_name=settings.region).assume_role(
+            RoleArn=args.role_arn, RoleSessionName="raytrain-preflight"
+        )["Credentials"]
+        sess = boto3.session.Session(
+            aws_access_key_id=creds["AccessKeyId"],
+            aws_secret_access_key=creds["SecretAccessKey"],
+            aws_session_token=creds["SessionToken"],
+        )
+    account_id = sess.client("sts", region_name=settings.region).get_caller_identity()["Account"]
+    if account_id != settings.account:
+        raise AwsError(
+            f"the credentials are for account {account_id}, but env {settings.name!r} is for account "
+            f"{settings.account}: use credentials of that account (--profile or --role-arn)"
+        )
+    return Clients.connect(sess, settings.region, CallRecorder())
+
+
+def run_checks(settings: Settings, clients: Clients, registry: RegistryClient, today: dt.date) -> list[Check]:
+    """Every check, in the order a deploy meets them."""
+    groups = [
+        ("cdk bootstrap", lambda: account.bootstrap(settings, clients.cloudformation)),
+        ("kubernetes version", lambda: eks.version_support(settings, clients.eks, today)),
+        ("add-ons", lambda: eks.addon_versions(settings, clients.eks)),
+        ("gpu capacity", lambda: capacity.capacity_checks(settings, clients.capacity)),
+    ]
+    if settings.image_source.prefix is not None:
+        groups += [
+            ("cache rules", lambda: account.cache_rules(settings, clients.ecr, clients.cloudformation)),
+            ("repository creation templates", lambda: account.creation_templates(settings, clients.ecr)),
+            ("registry policy", lambda: account.registry_policy(settings, clients.ecr)),
+        ]
+    groups.append(("images", lambda: images.image_checks(settings, clients.ecr, registry)))
+    checks: list[Check] = []
+    for name, group in groups:
+        checks += guarded(name, group)
+    return checks
