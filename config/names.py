@@ -73,6 +73,12 @@ DEPLOYED_JOB_PREFIX = "rj-"
 # A ConfigMap of the Workload stack that owns every submitted RayJob (ownerReferences), so that
 # deleting the stack deletes them while the KubeRay operator still runs (k8s/chart.py).
 JOBS_ANCHOR = "ray-train-jobs"
+# Kubernetes groups that EKS access entries of type STANDARD map IAM principals to (EKS API
+# reference, CreateAccessEntry kubernetesGroups: a name may not start with `system:`); Roles in
+# the Ray namespace are bound to them (k8s/rbac.py). Submitters run `raytrain job`; the drainer is
+# the Workload stack's function that deletes submitted jobs on destroy and waits for them.
+JOB_SUBMITTER_GROUP = "ray-train:job-submitters"
+JOB_DRAINER_GROUP = "ray-train:job-drainer"
 
 # --- The pipeline's in-VPC verification -----------------------------------------------------------
 

@@ -39,6 +39,7 @@ from k8s.job import (
     training_args,
 )
 from k8s.network_policy import network_policies
+from k8s.rbac import job_roles
 
 __all__ = [
     "JobOwner",
@@ -90,6 +91,7 @@ def build_workload_chart(
             spec=ray_cluster_spec(settings, service_account_name=service_account_name),
         )
     jobs_anchor(chart, settings)
+    job_roles(chart, settings)
     if include_jobs:
         add_rayjob(
             chart,
