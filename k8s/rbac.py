@@ -66,7 +66,7 @@ SUBMITTER_RULES = (
 )
 
 # The drainer (cdk_constructs/job_drain.py): delete the submitted RayJobs and watch them go.
-DRAINER_RULES = (Rule("ray.io", "rayjobs", ("get", "list", "watch", "delete")),)
+DRAINER_RULES = (Rule("ray.io", "rayjobs", ("list", "delete")),)
 
 
 def _role(chart: cdk8s.Chart, ns: str, name: str, group: str, rules: tuple[Rule, ...]) -> None:

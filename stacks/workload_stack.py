@@ -21,6 +21,7 @@ from aws_cdk import aws_s3_assets as s3_assets
 from constructs import Construct
 
 from cdk_constructs.buckets import kms_bucket_with_access_logs
+from cdk_constructs.job_drain import SubmittedJobDrain
 from config.locations import (
     CHECKPOINT_PREFIX,
     CODE_PREFIX,
@@ -29,10 +30,19 @@ from config.locations import (
     s3_inputs,
 )
 from config.locations import checkpoint_uri as checkpoint_uri_of
-from config.names import JOB_SUBMITTER_GROUP, SERVICE_ACCOUNT
+from config.names import (
+    JOB_DRAINER_GROUP,
+    JOB_SUBMITTER_GROUP,
+    ORIGIN_LABEL,
+    PART_OF,
+    PART_OF_LABEL,
+    SERVICE_ACCOUNT,
+    SUBMITTED,
+)
 from config.settings import Settings
 from k8s.chart import build_workload_chart
 from stacks import code_asset
+from stacks.cluster_stack import kubectl_layer
 from stacks.common import partition, removal_policy
 
 TRAINING_DIR = Path(__file__).resolve().parents[1] / "training"
@@ -309,6 +319,25 @@ class WorkloadStack(cdk.Stack):
         # auto-delete handler listed the bucket leaves it non-empty: DeleteBucket fails and so does
         # the destroy. CDK's handler also denies s3:PutObject to everyone before it empties the
         # bucket (aws-s3 auto-delete-objects-handler), so the pods' last writes after that are refused.
+        # Destroy with submitted jobs present: they are deleted (foreground) and waited for before
+        # the manifests (jobs anchor, Roles) go, while the Cluster stack's KubeRay operator still
+        # runs to clear their finalizers (cdk_constructs/job_drain_handler/handler.py: why the
+        # anchor's own deletion does not wait).
+        self.job_drain = SubmittedJobDrain(
+            self,
+            "SubmittedJobDrain",
+            cluster_name=settings.cluster.name,
+            cluster_arn=cluster_arn(settings),
+            namespace=namespace,
+            selector=f"{PART_OF_LABEL}={PART_OF},{ORIGIN_LABEL}={SUBMITTED}",
+            kubectl_layer=kubectl_layer(self, settings.cluster.kubernetes_version),
+            vpc=cluster.vpc,
+            security_group=cluster.cluster_security_group,
+        )
+        drainer_entry = namespaced_access_entry(
+            self, "JobDrainerAccess", cluster, self.job_drain.role.role_arn, JOB_DRAINER_GROUP
+        )
+        self.job_drain.after(self.manifest, drainer_entry)
         emptying = auto_delete_of(self.bucket)
         if emptying is not None:
             for manifest in (self.manifest, self.job_manifest):

@@ -242,6 +242,27 @@ def test_job_submitters_get_a_namespaced_group_and_can_write_their_kubeconfig(sy
         if "job-submitter" in r["Properties"]["ManagedPolicyName"]
     ]
     (describe,) = [st for st in policy["Statement"] if st["Action"] == "eks:DescribeCluster"]
-    assert describe["Resource"] == (
-        f"arn:aws:eks:{s.region}:{s.account}:cluster/{s.cluster.name}"
-    )
+    assert describe["Resource"] == (f"arn:aws:eks:{s.region}:{s.account}:cluster/{s.cluster.name}")
+
+
+@pytest.mark.parametrize("env", ENVS)
+def test_submitted_jobs_are_drained_before_the_manifests_go(synthesized, env):
+    """The drain resource depends on the chart's manifest (jobs anchor, Roles) and on its own
+    access entry, so a destroy deletes it (deleting the submitted RayJobs and waiting) first; its
+    function runs beside CDK's kubectl provider: in the cluster's VPC, with the kubectl layer."""
+    t = synthesized[env].template("Workload")
+    (drain_id,) = of_type(t, "Custom::RayJobDrain")
+    drain = t["Resources"][drain_id]
+    manifests = of_type(t, "Custom::AWSCDK-EKS-KubernetesResource")
+    (chart_id,) = [
+        k for k, r in manifests.items() if "ray-train-jobs" in json.dumps(r["Properties"]["Manifest"])
+    ]
+    (entry_id,) = [
+        k for k, r in of_type(t, "AWS::EKS::AccessEntry").items()
+        if r["Properties"].get("KubernetesGroups") == ["ray-train:job-drainer"]
+    ]  # fmt: skip
+    assert {chart_id, entry_id} <= set(drain["DependsOn"])
+    assert drain["Properties"]["Selector"] == "app.kubernetes.io/part-of=ray-train,ray-train/origin=submitted"
+    function = t["Resources"][drain["Properties"]["ServiceToken"]["Fn::GetAtt"][0]]["Properties"]
+    assert function["VpcConfig"]["SubnetIds"] and function["VpcConfig"]["SecurityGroupIds"]
+    assert len(function["Layers"]) == 2  # kubectl, AWS CLI
