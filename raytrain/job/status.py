@@ -14,7 +14,7 @@ from config.names import ORIGIN_LABEL, RUN_NAME_LABEL
 from config.settings import ClusterMode, Settings
 from raytrain import verify
 from raytrain.job.api import JobApi
-from raytrain.job.common import EXIT_FAILED, EXIT_OK, JOBS_SELECTOR, guarded
+from raytrain.job.common import EXIT_FAILED, EXIT_OK, JOBS_SELECTOR, consoles, guarded
 from raytrain.job.find import Target, _created, _meta, _pod_ready, _restarts, _role, finished, gpu_nodes_held
 
 # Events that say why a pod waits: the scheduler's, and the Cluster Autoscaler's (it reports on
@@ -168,7 +168,7 @@ def waiting_lines(target: Target) -> list[str]:
 
 
 def run_list(args: argparse.Namespace, console: Console | None = None) -> int:
-    console = console or Console()
+    console, err = consoles(console)
 
     def body(settings: Settings, api: JobApi) -> int:
         ns = settings.workload.namespace
@@ -197,11 +197,11 @@ def run_list(args: argparse.Namespace, console: Console | None = None) -> int:
             )
         return EXIT_OK
 
-    return guarded(args, console, body)
+    return guarded(args, console, body, err=err)
 
 
 def run_status(args: argparse.Namespace, console: Console | None = None) -> int:
-    console = console or Console()
+    console, err = consoles(console)
 
     def body(settings: Settings, api: JobApi) -> int:
         target = Target(api, settings, args.job)
@@ -220,4 +220,4 @@ def run_status(args: argparse.Namespace, console: Console | None = None) -> int:
             return EXIT_FAILED
         return EXIT_OK
 
-    return guarded(args, console, body)
+    return guarded(args, console, body, err=err)
