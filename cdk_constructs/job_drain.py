@@ -35,6 +35,9 @@ DRAIN_CHECKOV_REASONS = {
     "would only take from the account's pool",
     "CKV_AWS_116": "invoked by CloudFormation, which records a failure in the stack events and keeps "
     "the resource so the next destroy retries: a dead-letter queue would hold nothing actionable",
+    "CKV_AWS_173": "its one environment variable is AWS_STS_REGIONAL_ENDPOINTS=regional (as CDK's "
+    "kubectl provider sets, so `aws eks get-token` signs for the VPC's regional STS endpoint): "
+    "nothing secret to encrypt",
 }
 
 
