@@ -50,6 +50,12 @@ NODE_MONITORING_AGENT = "eks-node-monitoring-agent"
 DCGM_SERVER = "dcgm-server"
 DCGM_SERVER_LABELS = {"k8s-app": DCGM_SERVER, "version": "v1"}
 ACCELERATED_HARDWARE_CONDITION = "AcceleratedHardwareReady"
+# The CloudWatch observability add-on's namespace, and the image repository of its DCGM exporter
+# (chart amazon-cloudwatch-observability 6.4.0, values dcgmExporter.image.repository), whose pods
+# run a DCGM host engine of their own unless DCGM_REMOTE_HOSTENGINE_INFO names another (docs/node-health.md).
+CLOUDWATCH_NAMESPACE = "amazon-cloudwatch"
+DCGM_EXPORTER_IMAGE = "dcgm-exporter"
+DCGM_REMOTE_ENGINE_ENV = "DCGM_REMOTE_HOSTENGINE_INFO"
 
 # --- The Ray workload -----------------------------------------------------------------------------
 

@@ -662,3 +662,43 @@ def test_node_health_not_checked_without_node_monitoring(settings: Settings, ser
     checks = verify.verify(api, off)
     assert not [c for c in checks if c.name in ("DCGM host engine", "GPU health")]
     assert all(c.result != verify.FAIL for c in checks), checks
+
+
+def test_a_second_dcgm_engine_beside_dcgm_server_is_shown(settings: Settings, serve_kube_api) -> None:
+    """Container Insights on (prod): the add-on's dcgm-exporter without DCGM_REMOTE_HOSTENGINE_INFO
+    runs its own engine beside dcgm-server (a warning naming both); one that names a remote engine
+    passes; the gate's exit status is unchanged (warnings do not fail it)."""
+    on = settings.model_copy(
+        update={
+            "observability": settings.observability.model_copy(
+                update={"metrics": True, "node_monitoring": True}
+            )
+        }
+    )
+    server = serve_kube_api(FakeApi())
+    routes = healthy_cluster(settings)
+    gpu = [
+        n["metadata"]["name"] for n in routes["/api/v1/nodes"]["items"] if "role" in n["metadata"]["labels"]
+    ]
+    image = "nvcr.io/nvidia/k8s/dcgm-exporter:4.6.0-4.8.3-distroless"
+    exporters = [
+        {"metadata": {"name": "dcgm-exporter-a"},
+         "spec": {"nodeName": gpu[0], "containers": [{"name": "dcgm-exporter", "image": image, "env": []}]},
+         "status": {"phase": "Running"}},
+        {"metadata": {"name": "dcgm-exporter-b"},
+         "spec": {"nodeName": gpu[1], "containers": [{"name": "dcgm-exporter", "image": image, "env": [
+             {"name": "DCGM_REMOTE_HOSTENGINE_INFO", "value": "10.0.3.7:5555"}]}]},
+         "status": {"phase": "Running"}},
+    ]  # fmt: skip
+    routes["/api/v1/namespaces/amazon-cloudwatch/pods"] = {"kind": "PodList", "items": exporters}
+    server.routes = routes
+    api = verify.connect(str(server.kubeconfig), None, on)
+    engines = {c.subject: c for c in verify.verify(api, on) if c.name == "DCGM engines"}
+    assert engines[gpu[0]].result == verify.WARN
+    assert (
+        "dcgm-server" in engines[gpu[0]].detail
+        and "amazon-cloudwatch/dcgm-exporter-a" in engines[gpu[0]].detail
+    )
+    assert engines[gpu[1]].result == verify.PASS and "10.0.3.7:5555" in engines[gpu[1]].detail
+    off = on.model_copy(update={"observability": on.observability.model_copy(update={"metrics": False})})
+    assert not [c for c in verify.verify(api, off) if c.name == "DCGM engines"]

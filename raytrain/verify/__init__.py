@@ -12,6 +12,8 @@ kubeconfig `aws eks update-kubeconfig` writes) whether what Kubernetes reports m
 - with node monitoring on (observability.node_monitoring): a ready `dcgm-server` pod (the agent's
   DCGM host engine) on every GPU node, and every GPU node reports `AcceleratedHardwareReady` True
   (without the engine the agent reports a DCGM error there and auto-repair replaces the node);
+  with Container Insights on too: whether the add-on's dcgm-exporter on each GPU node runs a
+  second, embedded engine beside it (a warning; docs/node-health.md);
 - the KubeRay operator Deployment is available;
 - the RayCluster is ready with the expected workers, GPUs and EFA requests; a RayJob's state.
 
@@ -32,7 +34,12 @@ from config.names import STANDING_CLUSTER_NAME
 from config.settings import Settings
 from raytrain.verify.api import RAY_GROUP, RAY_VERSION, REQUEST_TIMEOUT, Api, VerifyError, connect
 from raytrain.verify.checks import FAIL, INFO, PASS, WARN, Check
-from raytrain.verify.nodes import check_device_plugins, check_node_health, check_nodes
+from raytrain.verify.nodes import (
+    check_dcgm_engines,
+    check_device_plugins,
+    check_node_health,
+    check_nodes,
+)
 from raytrain.verify.ray import check_operator, check_ray, workers_released
 
 __all__ = [
@@ -112,6 +119,8 @@ def verify(api: Api, settings: Settings) -> list[Check]:
     check_device_plugins(api, settings, gpu_nodes, checks)
     if settings.observability.node_monitoring:
         check_node_health(api, gpu_nodes, checks)
+        if settings.observability.metrics:
+            check_dcgm_engines(api, gpu_nodes, checks)
     check_operator(api, checks)
     check_ray(api, settings, checks)
     return checks

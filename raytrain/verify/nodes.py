@@ -7,6 +7,9 @@ from typing import Any
 
 from config.names import (
     ACCELERATED_HARDWARE_CONDITION,
+    CLOUDWATCH_NAMESPACE,
+    DCGM_EXPORTER_IMAGE,
+    DCGM_REMOTE_ENGINE_ENV,
     DCGM_SERVER,
     DCGM_SERVER_LABELS,
     DEVICE_PLUGIN_NAMESPACE,
@@ -27,6 +30,7 @@ from raytrain.verify.checks import (
     INFO,
     INSTANCE_TYPE_LABEL,
     PASS,
+    WARN,
     ZONE_LABEL,
     Check,
     _condition,
@@ -178,3 +182,51 @@ def check_node_health(api: Api, gpu_nodes: list[dict[str, Any]], checks: list[Ch
                 _condition_detail(node, ACCELERATED_HARDWARE_CONDITION),
             )
         )
+
+
+def _image_repository(image: str) -> str:
+    """The last path segment of an image reference, without tag or digest."""
+    return image.split("@", 1)[0].rsplit("/", 1)[-1].split(":", 1)[0]
+
+
+def check_dcgm_engines(api: Api, gpu_nodes: list[dict[str, Any]], checks: list[Check]) -> None:
+    """One DCGM host engine per GPU node: the CloudWatch add-on's dcgm-exporter beside the node
+    monitoring agent's `dcgm-server` runs an embedded engine of its own unless its
+    DCGM_REMOTE_HOSTENGINE_INFO names another (dcgm-exporter's -r flag). NVIDIA: a second engine on
+    the machine fails to initialize some modules, the profiling module cannot be shared
+    (NVIDIA/dcgm-exporter#61, #7). A warning, not a failure: node health itself is unaffected."""
+    exporters: dict[str, tuple[str, str | None]] = {}
+    for pod in api.pods(CLOUDWATCH_NAMESPACE, ""):
+        spec = pod.get("spec") or {}
+        for container in spec.get("containers") or []:
+            if _image_repository(str(container.get("image") or "")) != DCGM_EXPORTER_IMAGE:
+                continue
+            remote = next(
+                (
+                    str(e.get("value"))
+                    for e in container.get("env") or []
+                    if e.get("name") == DCGM_REMOTE_ENGINE_ENV
+                ),
+                None,
+            )
+            exporters[str(spec.get("nodeName"))] = (_name(pod), remote)
+    for node in gpu_nodes:
+        found = exporters.get(_name(node))
+        if found is None:
+            continue  # no exporter on this node: dcgm-server is its only engine
+        exporter, remote = found
+        if remote:
+            detail = f"one engine: {CLOUDWATCH_NAMESPACE}/{exporter} uses the host engine at {remote}"
+            checks.append(Check("DCGM engines", _name(node), PASS, detail))
+        else:
+            checks.append(
+                Check(
+                    "DCGM engines",
+                    _name(node),
+                    WARN,
+                    f"two: {DCGM_SERVER} and the embedded engine of {CLOUDWATCH_NAMESPACE}/{exporter} (no "
+                    f"{DCGM_REMOTE_ENGINE_ENV}); profiling metrics (DCGM_FI_PROF_*) and the agent's "
+                    "active diagnostics may fail while the other holds the profiling module "
+                    "(docs/node-health.md)",
+                )
+            )
