@@ -494,15 +494,15 @@ def test_fewer_nodes_than_the_minimum_fail(api_server: FakeApi, settings: Settin
 
 def test_bad_env_prints_the_settings_message(capsys: pytest.CaptureFixture[str]) -> None:
     rc = cli.main(["verify", "--env", "no-such-env"])
-    out = capsys.readouterr().out
-    assert rc == 2
+    stdout, out = capsys.readouterr()  # the one line on stderr, nothing on stdout
+    assert rc == 2 and stdout == ""
     assert "no such environment file" in out and "known environments" in out
 
 
 def test_no_kubeconfig(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc = cli.main(["verify", "--env", ENV, "--kubeconfig", str(tmp_path / "nope")])
-    out = capsys.readouterr().out
-    assert rc == 2
+    stdout, out = capsys.readouterr()
+    assert rc == 2 and stdout == ""
     assert "no kubeconfig at" in out and "aws eks update-kubeconfig --name" in out
 
 
@@ -510,7 +510,7 @@ def test_unknown_context(kubeconfig: Callable[[str], Path], capsys: pytest.Captu
     kc = kubeconfig("http://127.0.0.1:9")
     rc = cli.main(["verify", "--env", ENV, "--kubeconfig", str(kc), "--context", "prod"])
     assert rc == 2
-    assert "prod" in capsys.readouterr().out
+    assert "prod" in capsys.readouterr().err
 
 
 def test_unreachable_api(kubeconfig: Callable[[str], Path], capsys: pytest.CaptureFixture[str]) -> None:
@@ -519,7 +519,7 @@ def test_unreachable_api(kubeconfig: Callable[[str], Path], capsys: pytest.Captu
         port = s.getsockname()[1]
     kc = kubeconfig(f"http://127.0.0.1:{port}")
     rc = cli.main(["verify", "--env", ENV, "--kubeconfig", str(kc)])
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     assert rc == 2
     assert "cannot reach the Kubernetes API" in out
 

@@ -78,19 +78,19 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace, console: Console | None = None) -> int:
+    # Errors on stderr from the command line; a caller's console (tests) takes both.
+    err = console or Console(stderr=True)
     console = console or Console()
     try:
         settings = load_settings(args.env)
     except SettingsError as exc:
-        console.print(f"[bold red]settings:[/] {exc}", highlight=False, soft_wrap=True)
+        err.print(f"[bold red]settings:[/] {exc}", highlight=False, soft_wrap=True)
         return EXIT_UNUSABLE
     try:
         api = connect(args.kubeconfig, args.context, settings)
         checks = verify(api, settings)
     except VerifyError as exc:
-        console.print(
-            f"[bold red]cannot verify env {settings.name!r}:[/] {exc}", highlight=False, soft_wrap=True
-        )
+        err.print(f"[bold red]cannot verify env {settings.name!r}:[/] {exc}", highlight=False, soft_wrap=True)
         return EXIT_UNUSABLE
     failed = [c for c in checks if c.result == FAIL]
     console.print(render(checks, settings))
