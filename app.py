@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""CDK app entry point: `npx cdk synth|diff|deploy -c env=NAME -o cdk.out/NAME` (default env from cdk.json).
+"""CDK app entry point: `npx cdk synth|diff|deploy -c env=NAME -o cdk.out/NAME` (default env and
+its output folder, cdk.out/dev, from cdk.json: a bare `npx cdk ls` is dev's).
 
 Each environment's cloud assembly lives in cdk.out/<env>/, whether `make synth` or the CDK CLI writes
 it: one layout, and no templates of one environment left beside another's.
@@ -25,8 +26,10 @@ CDK_OUT = Path(__file__).resolve().parent / "cdk.out"
 
 
 def outdir_problem(env_name: str, outdir: str | None) -> str | None:
-    """The CLI's output folder (CDK_OUTDIR) must be cdk.out/<env>, not cdk.out itself or another
-    environment's folder; folders elsewhere (a scratch or CI directory) are the caller's choice."""
+    """The CLI's output folder (CDK_OUTDIR: `-o`, else cdk.json's "output", cdk.out/<default env>)
+    must be cdk.out/<env>, not cdk.out itself or another environment's folder; folders elsewhere
+    (a scratch or CI directory) are the caller's choice. So a bare `npx cdk ls|synth|deploy`
+    works for the default environment, and another environment needs its own `-o`."""
     if not outdir:
         return None  # `python app.py`: CDK writes to a temporary folder
     out = Path(outdir).resolve()
@@ -34,7 +37,10 @@ def outdir_problem(env_name: str, outdir: str | None) -> str | None:
     if out == CDK_OUT:
         return f"env={env_name}'s cloud assembly goes to cdk.out/{env_name}/, as with make synth: {fix}"
     if out.parent == CDK_OUT and out.name != env_name and out.name in environment_names():
-        return f"-o {outdir} is env={out.name}'s folder; env={env_name} goes to cdk.out/{env_name}: {fix}"
+        return (
+            f"output folder {outdir} (-o, or cdk.json's default) is env={out.name}'s; "
+            f"env={env_name} goes to cdk.out/{env_name}: {fix}"
+        )
     return None
 
 

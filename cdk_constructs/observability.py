@@ -47,7 +47,6 @@ from training import emf
 
 NODE_MONITORING_ADDON = NODE_MONITORING_AGENT
 CLOUDWATCH_ADDON = "amazon-cloudwatch-observability"
-CLOUDWATCH_NAMESPACE = "amazon-cloudwatch"
 CLOUDWATCH_SERVICE_ACCOUNT = "cloudwatch-agent"
 CLOUDWATCH_AGENT_POLICY = "CloudWatchAgentServerPolicy"
 CONTAINER_INSIGHTS_NAMESPACE = "ContainerInsights"

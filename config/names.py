@@ -50,6 +50,12 @@ NODE_MONITORING_AGENT = "eks-node-monitoring-agent"
 DCGM_SERVER = "dcgm-server"
 DCGM_SERVER_LABELS = {"k8s-app": DCGM_SERVER, "version": "v1"}
 ACCELERATED_HARDWARE_CONDITION = "AcceleratedHardwareReady"
+# The CloudWatch observability add-on's namespace, and the image repository of its DCGM exporter
+# (chart amazon-cloudwatch-observability 6.4.0, values dcgmExporter.image.repository), whose pods
+# run a DCGM host engine of their own unless DCGM_REMOTE_HOSTENGINE_INFO names another (docs/node-health.md).
+CLOUDWATCH_NAMESPACE = "amazon-cloudwatch"
+DCGM_EXPORTER_IMAGE = "dcgm-exporter"
+DCGM_REMOTE_ENGINE_ENV = "DCGM_REMOTE_HOSTENGINE_INFO"
 
 # --- The Ray workload -----------------------------------------------------------------------------
 
@@ -73,6 +79,12 @@ DEPLOYED_JOB_PREFIX = "rj-"
 # A ConfigMap of the Workload stack that owns every submitted RayJob (ownerReferences), so that
 # deleting the stack deletes them while the KubeRay operator still runs (k8s/chart.py).
 JOBS_ANCHOR = "ray-train-jobs"
+# Kubernetes groups that EKS access entries of type STANDARD map IAM principals to (EKS API
+# reference, CreateAccessEntry kubernetesGroups: a name may not start with `system:`); Roles in
+# the Ray namespace are bound to them (k8s/rbac.py). Submitters run `raytrain job`; the drainer is
+# the Workload stack's function that deletes submitted jobs on destroy and waits for them.
+JOB_SUBMITTER_GROUP = "ray-train:job-submitters"
+JOB_DRAINER_GROUP = "ray-train:job-drainer"
 
 # --- The pipeline's in-VPC verification -----------------------------------------------------------
 

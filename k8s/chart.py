@@ -40,6 +40,7 @@ from k8s.job import (
     training_args,
 )
 from k8s.network_policy import network_policies
+from k8s.rbac import job_roles
 
 __all__ = [
     "JobOwner",
@@ -91,6 +92,7 @@ def build_workload_chart(
             spec=ray_cluster_spec(settings, service_account_name=service_account_name),
         )
     jobs_anchor(chart, settings)
+    job_roles(chart, settings)
     if include_jobs:
         add_rayjob(
             chart,
@@ -143,16 +145,13 @@ class JobOwner:
 def jobs_anchor(chart: cdk8s.Chart, settings: Settings) -> kplus.ConfigMap:
     """The owner of every submitted RayJob, applied with the Workload stack's service account.
 
-    Deleting an owner deletes its dependents (Kubernetes garbage collection). This one carries the
-    `foregroundDeletion` finalizer from the start, so its deletion is foreground: "the owner object
-    first enters a deletion in progress state ... the garbage collector deletes the dependents
-    [with ownerReference.blockOwnerDeletion=true] ... after deleting all the blocking dependents,
-    the controller deletes the owner object" (Kubernetes docs, Garbage Collection, Foreground
-    cascading deletion; the garbage collector acts on any object whose deletion starts with that
-    finalizer present, pkg/controller/garbagecollector). The kubectl handler's `kubectl delete`
-    of the Workload stack's manifest waits for the objects to go, so CloudFormation moves on to the
-    Cluster stack (and the KubeRay operator) only after every submitted RayJob is gone: the
-    operator clears their `ray.io/rayjob-finalizer` (stopping their Ray jobs) while it still runs.
+    Deleting an owner deletes its dependents (Kubernetes garbage collection), so no submitted
+    RayJob outlives the stack. The `foregroundDeletion` finalizer would make that deletion wait
+    for them, but only for a delete that names no propagation policy: CDK's kubectl handler runs
+    `kubectl delete -f`, whose default `--cascade=background` is sent explicitly and overrides the
+    finalizer (apiserver store.go, shouldDeleteDependents). What holds the destroy until the jobs
+    are gone is the Workload stack's drain (cdk_constructs/job_drain.py), which runs first; the
+    finalizer still makes a DELETE that names no policy (a plain API call) foreground.
     """
     return kplus.ConfigMap(
         chart,

@@ -253,8 +253,9 @@ def templates(directory: Path) -> dict[str, dict[str, Any]]:
     return found
 
 
-def compare_assemblies(old_dir: Path, new_dir: Path, region: str) -> list[StackReview]:
-    old, new = templates(old_dir), templates(new_dir)
+def compare_assemblies(old_dir: Path | None, new_dir: Path, region: str) -> list[StackReview]:
+    """`old_dir` None: nothing before (an environment new at the base): every resource is added."""
+    old, new = (templates(old_dir) if old_dir else {}), templates(new_dir)
     if not new:
         raise ReviewError(f"{new_dir}: no CloudFormation templates")
     reviews = []
@@ -274,8 +275,10 @@ def synthesize_current(env: str, out: Path) -> Path:
     return out / env
 
 
-def synthesize_ref(env: str, ref: str, out: Path, *, repo: Path = ROOT) -> Path:
-    """Synthesize `env` as of git `ref`, in a temporary worktree, with this interpreter."""
+def synthesize_ref(env: str, ref: str, out: Path, *, repo: Path | None = None) -> Path | None:
+    """Synthesize `env` as of git `ref`, in a temporary worktree, with this interpreter; None when
+    the environment does not exist there (no config/environments/<env>.yaml at `ref`)."""
+    repo = repo or ROOT
     git = shutil.which("git")
     if git is None:
         raise ReviewError("git is not installed; pass a saved cdk.out folder as --base")
@@ -292,6 +295,8 @@ def synthesize_ref(env: str, ref: str, out: Path, *, repo: Path = ROOT) -> Path:
     if run.returncode:
         raise ReviewError(f"git worktree add {ref}: {run.stderr.strip()}")
     try:
+        if not (worktree / "config" / "environments" / f"{env}.yaml").is_file():
+            return None
         env_vars = {**os.environ, "PYTHONPATH": str(worktree)}
         synth = subprocess.run(  # noqa: S603 (this interpreter, fixed arguments)
             [sys.executable, "-m", "stacks.synth_all", env, "--out", str(out / "base")],
@@ -312,7 +317,7 @@ def synthesize_ref(env: str, ref: str, out: Path, *, repo: Path = ROOT) -> Path:
     return out / "base" / env
 
 
-def resolve_base(env: str, base: str, scratch: Path) -> Path:
+def resolve_base(env: str, base: str, scratch: Path) -> Path | None:
     path = Path(base)
     if path.is_dir():
         # A cdk.out folder holding <env>/, or the environment's assembly itself.
@@ -362,11 +367,13 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace, console: Console | None = None) -> int:
     from config.loader import SettingsError, load_settings
 
+    # Errors on stderr from the command line; a caller's console (tests) takes both.
+    err = console or Console(stderr=True, soft_wrap=True)
     console = console or Console(width=None if sys.stdout.isatty() else 160)
     try:
         settings = load_settings(args.env)
     except SettingsError as exc:
-        console.print(f"[red]error:[/] {exc}")
+        err.print(f"[red]error:[/] {exc}")
         return EXIT_UNUSABLE
     scratch = Path(tempfile.mkdtemp(prefix="raytrain-review-"))
     try:
@@ -374,10 +381,15 @@ def run(args: argparse.Namespace, console: Console | None = None) -> int:
         current = args.current or synthesize_current(args.env, scratch / "current")
         reviews = compare_assemblies(base_dir, current, settings.region)
     except ReviewError as exc:
-        console.print(f"[red]error:[/] {exc}")
+        err.print(f"[red]error:[/] {exc}")
         return EXIT_UNUSABLE
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    if base_dir is None:
+        err.print(
+            f"env={args.env} does not exist at {args.base} (no config/environments/{args.env}.yaml "
+            "there): nothing is deployed from it, every resource below is new"
+        )
     blocking = [c for r in reviews for c in r.critical_replacements]
     if args.json:
         print(

@@ -21,6 +21,7 @@ from aws_cdk import aws_s3_assets as s3_assets
 from constructs import Construct
 
 from cdk_constructs.buckets import kms_bucket_with_access_logs
+from cdk_constructs.job_drain import SubmittedJobDrain
 from config.locations import (
     CHECKPOINT_PREFIX,
     CODE_PREFIX,
@@ -29,10 +30,19 @@ from config.locations import (
     s3_inputs,
 )
 from config.locations import checkpoint_uri as checkpoint_uri_of
-from config.names import SERVICE_ACCOUNT
+from config.names import (
+    JOB_DRAINER_GROUP,
+    JOB_SUBMITTER_GROUP,
+    ORIGIN_LABEL,
+    PART_OF,
+    PART_OF_LABEL,
+    SERVICE_ACCOUNT,
+    SUBMITTED,
+)
 from config.settings import Settings
 from k8s.chart import build_workload_chart
 from stacks import code_asset
+from stacks.cluster_stack import kubectl_layer
 from stacks.common import partition, removal_policy
 
 TRAINING_DIR = Path(__file__).resolve().parents[1] / "training"
@@ -79,6 +89,36 @@ def auto_delete_of(bucket: s3.Bucket) -> cdk.CfnResource | None:
         if isinstance(child, cdk.CfnResource) and child.cfn_resource_type == AUTO_DELETE_TYPE:
             return child
     return None
+
+
+def cluster_arn(settings: Settings) -> str:
+    """The cluster's ARN from its settings (a literal: no cross-stack reference for a name we own)."""
+    return (
+        f"arn:{partition(settings.region)}:eks:{settings.region}:{settings.account}"
+        f":cluster/{settings.cluster.name}"
+    )
+
+
+def namespaced_access_entry(
+    scope: Construct, construct_id: str, cluster: eks.ICluster, principal: str, group: str
+) -> eks.AccessEntry:
+    """An EKS access entry of type STANDARD with no access policy, mapping `principal` to the
+    Kubernetes group `group`: what it may do is only what RBAC binds to that group (the Roles of
+    k8s/rbac.py, in the Ray namespace). aws_eks_v2's AccessEntry has no kubernetesGroups property
+    (AccessEntryProps in aws-cdk-lib 2.275), so it is set on its AWS::EKS::AccessEntry (EKS API
+    reference, CreateAccessEntry kubernetesGroups: STANDARD entries only)."""
+    entry = eks.AccessEntry(
+        scope,
+        construct_id,
+        cluster=cluster,
+        principal=principal,
+        access_entry_type=eks.AccessEntryType.STANDARD,
+        access_policies=[],
+    )
+    cfn = entry.node.default_child
+    assert isinstance(cfn, cdk.CfnResource)
+    cfn.add_property_override("KubernetesGroups", [group])
+    return entry
 
 
 class WorkloadStack(cdk.Stack):
@@ -149,6 +189,10 @@ class WorkloadStack(cdk.Stack):
             iam.PolicyStatement(actions=["kms:Decrypt", "kms:GenerateDataKey"], resources=[self.key.key_arn])
         )
         self.submitter_policy = self._submitter_policy(settings)
+        self.submitter_entries = [
+            namespaced_access_entry(self, f"JobSubmitter{i}", cluster, arn, JOB_SUBMITTER_GROUP)
+            for i, arn in enumerate(settings.cluster.job_submitter_principals)
+        ]
         # No s3:prefix condition: pyarrow's S3 filesystem (Ray Train's storage, training/summary.py)
         # sends HeadBucket when it creates a directory, and S3 authorises HeadBucket with
         # s3:ListBucket (S3 API reference, HeadBucket "Permissions"); that request carries no prefix,
@@ -275,6 +319,25 @@ class WorkloadStack(cdk.Stack):
         # auto-delete handler listed the bucket leaves it non-empty: DeleteBucket fails and so does
         # the destroy. CDK's handler also denies s3:PutObject to everyone before it empties the
         # bucket (aws-s3 auto-delete-objects-handler), so the pods' last writes after that are refused.
+        # Destroy with submitted jobs present: they are deleted (foreground) and waited for before
+        # the manifests (jobs anchor, Roles) go, while the Cluster stack's KubeRay operator still
+        # runs to clear their finalizers (cdk_constructs/job_drain_handler/handler.py: why the
+        # anchor's own deletion does not wait).
+        self.job_drain = SubmittedJobDrain(
+            self,
+            "SubmittedJobDrain",
+            cluster_name=settings.cluster.name,
+            cluster_arn=cluster_arn(settings),
+            namespace=namespace,
+            selector=f"{PART_OF_LABEL}={PART_OF},{ORIGIN_LABEL}={SUBMITTED}",
+            kubectl_layer=kubectl_layer(self, settings.cluster.kubernetes_version),
+            vpc=cluster.vpc,
+            security_group=cluster.cluster_security_group,
+        )
+        drainer_entry = namespaced_access_entry(
+            self, "JobDrainerAccess", cluster, self.job_drain.role.role_arn, JOB_DRAINER_GROUP
+        )
+        self.job_drain.after(self.manifest, drainer_entry)
         emptying = auto_delete_of(self.bucket)
         if emptying is not None:
             for manifest in (self.manifest, self.job_manifest):
@@ -286,7 +349,7 @@ class WorkloadStack(cdk.Stack):
             "JobSubmitterPolicyArn",
             value=self.submitter_policy.managed_policy_arn,
             description=(
-                "Attach to the IAM principals (with an EKS access entry) that run `raytrain job submit`"
+                "Attach to the IAM principals that run `raytrain job` (cluster.job_submitter_principals)"
             ),
         )
 
@@ -300,8 +363,11 @@ class WorkloadStack(cdk.Stack):
         )
 
     def _submitter_policy(self, settings: Settings) -> iam.ManagedPolicy:
-        """What `raytrain job submit` needs in AWS, for the principals that run it (their EKS
-        access entry covers the Kubernetes side): add a code zip under code/ and read it back
+        """What `raytrain job` needs in AWS, for the principals that run it (their EKS access
+        entry covers the Kubernetes side): eks:DescribeCluster on this cluster, which
+        `aws eks update-kubeconfig` calls for the endpoint and CA (aws-cli,
+        awscli/customizations/eks/update_kubeconfig.py, EKSClient.cluster_description; the EKS
+        User Guide, create-kubeconfig, names the permission); add a code zip under code/ and read it back
         (HeadObject is authorised by s3:GetObject; S3 API reference, HeadObject), with the
         bucket's KMS key (SSE-KMS PutObject needs kms:GenerateDataKey, GetObject kms:Decrypt; S3
         User Guide, SSE-KMS). No delete, no list, nothing outside code/: a submitter cannot touch
@@ -313,6 +379,7 @@ class WorkloadStack(cdk.Stack):
             managed_policy_name=f"{settings.stack_prefix}-job-submitter",
             description=f"raytrain job submit for {settings.cluster.name}: upload training code",
             statements=[
+                iam.PolicyStatement(actions=["eks:DescribeCluster"], resources=[cluster_arn(settings)]),
                 iam.PolicyStatement(
                     actions=["s3:PutObject", "s3:GetObject"],
                     resources=[self.bucket.arn_for_objects(f"{CODE_PREFIX}/*")],

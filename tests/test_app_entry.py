@@ -23,7 +23,15 @@ def test_the_bare_cdk_out_is_refused_naming_the_per_environment_folder():
 
 def test_another_environments_folder_is_refused():
     problem = app.outdir_problem("prod", str(ROOT / "cdk.out" / "dev"))
-    assert problem is not None and problem.startswith(f"-o {ROOT / 'cdk.out' / 'dev'} is env=dev's folder")
+    assert problem is not None and problem.startswith(f"output folder {ROOT / 'cdk.out' / 'dev'} ")
+    assert "is env=dev's; env=prod goes to cdk.out/prod" in problem
+
+
+def test_cdk_jsons_output_is_the_default_environments_folder():
+    """A bare `npx cdk ls|synth|bootstrap` runs the default environment into its own folder."""
+    cdk_json = json.loads((ROOT / "cdk.json").read_text())
+    assert cdk_json["output"] == f"cdk.out/{cdk_json['context']['env']}"
+    assert app.outdir_problem(cdk_json["context"]["env"], str(ROOT / cdk_json["output"])) is None
 
 
 def test_the_environments_own_folder_and_folders_elsewhere_are_fine(tmp_path):

@@ -210,7 +210,8 @@ def test_the_crd_check_evaluates_its_cel_rules() -> None:
 def test_core_objects_are_valid_kubernetes(name: str) -> None:
     version = f"{settings_of(name).cluster.kubernetes_version}.0"
     core = [o for o in rendered(name) if not o["apiVersion"].startswith("ray.io/")]
-    assert {o["kind"] for o in core} == {"Namespace", "ServiceAccount", "NetworkPolicy", "ConfigMap"}
+    kinds = {"Namespace", "ServiceAccount", "NetworkPolicy", "ConfigMap", "Role", "RoleBinding"}
+    assert {o["kind"] for o in core} == kinds  # the Roles: k8s/rbac.py
     (anchor,) = [o for o in core if o["kind"] == "ConfigMap"]
     assert anchor["metadata"]["finalizers"] == ["foregroundDeletion"]  # submitted jobs go first
     for obj in core:

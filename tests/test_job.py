@@ -510,8 +510,8 @@ def test_missing_kubeconfig_and_refused_credentials(
     tmp_path: Path, api_server: FakeApi, capsys: pytest.CaptureFixture[str]
 ) -> None:
     rc = cli.main(["job", "status", "--env", ENV, "--kubeconfig", str(tmp_path / "nope")])
-    out = capsys.readouterr().out
-    assert rc == 2 and "no kubeconfig at" in out and "aws eks update-kubeconfig" in out
+    out, err = capsys.readouterr()  # the error on stderr, nothing on stdout
+    assert rc == 2 and out == "" and "no kubeconfig at" in err and "aws eks update-kubeconfig" in err
 
     class Forbidden(_Handler):
         def do_GET(self) -> None:
@@ -550,9 +550,9 @@ def test_exec_credential_plugin_missing(tmp_path: Path, capsys: pytest.CaptureFi
         )
     )
     rc = cli.main(["job", "status", "--env", ENV, "--kubeconfig", str(kc)])
-    out = capsys.readouterr().out
-    assert rc == 2 and "raytrain job status" in out
-    assert "Traceback" not in out
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == "" and "raytrain job status" in err
+    assert "Traceback" not in err
 
 
 def test_cli_help_lists_the_actions() -> None:

@@ -425,3 +425,41 @@ def test_submitted_code_unpacks_like_the_synthesized_asset(synthesized: Any, tmp
         if p.is_file()
     }
     assert ours == theirs
+
+
+def test_dry_run_renders_the_rayjob_offline_when_no_cluster_is_reachable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The RayJob on stdout (valid against the CRD), the one line on stderr; nothing uploaded."""
+    from raytrain.job.submit import OFFLINE_OWNER_UID
+
+    argv = ["job", "submit", "--env", ENV, "--dry-run", "--kubeconfig", str(tmp_path / "absent")]
+    rc = cli.main([*argv, "--set", "job.steps=20", "--set", "job.checkpoint_every=10"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    rayjob = json.loads(out)
+    jsonschema.validate(rayjob, _schema())
+    assert rayjob["metadata"]["ownerReferences"][0]["uid"] == OFFLINE_OWNER_UID
+    assert "rendered offline" in err and "no kubeconfig" in err and len(err.strip().splitlines()) == 1
+
+
+def test_dry_run_with_the_cluster_reads_the_anchor_and_creates_nothing(
+    kube: Kube, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc = cli.main(["job", "submit", "--env", ENV, "--dry-run", "--kubeconfig", str(kube.kubeconfig),  # type: ignore[attr-defined]
+                   "--set", "job.steps=10", "--set", "job.checkpoint_every=5"])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert rc == 0 and err == ""
+    assert json.loads(out)["metadata"]["ownerReferences"][0]["uid"] == ANCHOR_UID
+    assert [r[0] for r in kube.requests] == ["GET", "GET"] and not kube.jobs
+
+
+def test_errors_go_to_stderr(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (
+        ["job", "status", "--env", ENV, "--kubeconfig", str(tmp_path / "absent")],
+        ["job", "submit", "--env", ENV, "--set", "job.steps=nope"],
+        ["job", "submit", "--env", ENV, "--set", "job.deploy=true"],
+    ):
+        rc = cli.main(argv)
+        out, err = capsys.readouterr()
+        assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, (argv, out, err)

@@ -157,3 +157,25 @@ def test_json_output_lists_changes(tmp_path, capsys):
     assert [(c["logical_id"], c["action"], c["critical"]) for c in stack["changes"]] == [
         ("Group", "replaced", True)
     ]
+
+
+def test_a_new_environment_reviews_as_all_new(tmp_path, capsys, monkeypatch):
+    """`make review ENV=new` before the environment file is committed: the base ref has no
+    config/environments/new.yaml, so nothing is deployed from it: every resource is added, exit 0."""
+    import subprocess
+
+    repo = tmp_path / "repo"
+    (repo / "config" / "environments").mkdir(parents=True)
+    (repo / "config" / "environments" / "other.yaml").write_text("name: other\n")
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "base"], check=True)
+    monkeypatch.setattr(review, "ROOT", repo)
+    current = _assembly(tmp_path / "current", {"RayTrain-dev-Cluster": _template()})
+    args = argparse.Namespace(env="dev", base="HEAD", current=current, json=True)
+    assert review.run(args) == review.EXIT_OK
+    out, err = capsys.readouterr()
+    (stack,) = json.loads(out)
+    assert stack["changes"] and {c["action"] for c in stack["changes"]} == {"added"}
+    assert "does not exist at HEAD" in err and "every resource below is new" in err

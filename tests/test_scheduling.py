@@ -28,9 +28,10 @@ import cdk8s
 import pytest
 
 from cdk_constructs.cluster_autoscaler import NODE_TEMPLATE
-from cdk_constructs.observability import CLOUDWATCH_ADDON, CLOUDWATCH_NAMESPACE
+from cdk_constructs.observability import CLOUDWATCH_ADDON
 from config.catalogue import CATALOGUE
 from config.names import (
+    CLOUDWATCH_NAMESPACE,
     DCGM_SERVER,
     EFA_DEVICE_PLUGIN_CHART,
     EFA_RESOURCE,

@@ -72,6 +72,9 @@ def test_cdk_nag_acknowledgements_are_scoped_and_explained(synthesized, env):
         stack + "RayImageWarm/Role/DefaultPolicy",
         # EKS-leftovers cleanup: Describe calls on *, deletes scoped by VPC / ownership-tag conditions.
         f"/RayTrain-{env}-Network/EksLeftoverCleanup/Role/DefaultPolicy",
+        # Submitted-jobs drain: its own log group's streams; the AWS managed VPC-access policy.
+        f"/RayTrain-{env}-Workload/SubmittedJobDrain/Policy",
+        f"/RayTrain-{env}-Workload/SubmittedJobDrain/Role",
         # CDK Pipelines' generated roles (prod hosts the pipeline) and the post-deploy steps' role.
         f"/RayTrain-{env}-Pipeline/Pipeline/Pipeline/Role/DefaultPolicy",
         f"/RayTrain-{env}-Pipeline/Pipeline/Pipeline/Build/Synth/CdkBuildProject/Role/DefaultPolicy",

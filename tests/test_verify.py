@@ -494,15 +494,15 @@ def test_fewer_nodes_than_the_minimum_fail(api_server: FakeApi, settings: Settin
 
 def test_bad_env_prints_the_settings_message(capsys: pytest.CaptureFixture[str]) -> None:
     rc = cli.main(["verify", "--env", "no-such-env"])
-    out = capsys.readouterr().out
-    assert rc == 2
+    stdout, out = capsys.readouterr()  # the one line on stderr, nothing on stdout
+    assert rc == 2 and stdout == ""
     assert "no such environment file" in out and "known environments" in out
 
 
 def test_no_kubeconfig(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc = cli.main(["verify", "--env", ENV, "--kubeconfig", str(tmp_path / "nope")])
-    out = capsys.readouterr().out
-    assert rc == 2
+    stdout, out = capsys.readouterr()
+    assert rc == 2 and stdout == ""
     assert "no kubeconfig at" in out and "aws eks update-kubeconfig --name" in out
 
 
@@ -510,7 +510,7 @@ def test_unknown_context(kubeconfig: Callable[[str], Path], capsys: pytest.Captu
     kc = kubeconfig("http://127.0.0.1:9")
     rc = cli.main(["verify", "--env", ENV, "--kubeconfig", str(kc), "--context", "prod"])
     assert rc == 2
-    assert "prod" in capsys.readouterr().out
+    assert "prod" in capsys.readouterr().err
 
 
 def test_unreachable_api(kubeconfig: Callable[[str], Path], capsys: pytest.CaptureFixture[str]) -> None:
@@ -519,7 +519,7 @@ def test_unreachable_api(kubeconfig: Callable[[str], Path], capsys: pytest.Captu
         port = s.getsockname()[1]
     kc = kubeconfig(f"http://127.0.0.1:{port}")
     rc = cli.main(["verify", "--env", ENV, "--kubeconfig", str(kc)])
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     assert rc == 2
     assert "cannot reach the Kubernetes API" in out
 
@@ -662,3 +662,43 @@ def test_node_health_not_checked_without_node_monitoring(settings: Settings, ser
     checks = verify.verify(api, off)
     assert not [c for c in checks if c.name in ("DCGM host engine", "GPU health")]
     assert all(c.result != verify.FAIL for c in checks), checks
+
+
+def test_a_second_dcgm_engine_beside_dcgm_server_is_shown(settings: Settings, serve_kube_api) -> None:
+    """Container Insights on (prod): the add-on's dcgm-exporter without DCGM_REMOTE_HOSTENGINE_INFO
+    runs its own engine beside dcgm-server (a warning naming both); one that names a remote engine
+    passes; the gate's exit status is unchanged (warnings do not fail it)."""
+    on = settings.model_copy(
+        update={
+            "observability": settings.observability.model_copy(
+                update={"metrics": True, "node_monitoring": True}
+            )
+        }
+    )
+    server = serve_kube_api(FakeApi())
+    routes = healthy_cluster(settings)
+    gpu = [
+        n["metadata"]["name"] for n in routes["/api/v1/nodes"]["items"] if "role" in n["metadata"]["labels"]
+    ]
+    image = "nvcr.io/nvidia/k8s/dcgm-exporter:4.6.0-4.8.3-distroless"
+    exporters = [
+        {"metadata": {"name": "dcgm-exporter-a"},
+         "spec": {"nodeName": gpu[0], "containers": [{"name": "dcgm-exporter", "image": image, "env": []}]},
+         "status": {"phase": "Running"}},
+        {"metadata": {"name": "dcgm-exporter-b"},
+         "spec": {"nodeName": gpu[1], "containers": [{"name": "dcgm-exporter", "image": image, "env": [
+             {"name": "DCGM_REMOTE_HOSTENGINE_INFO", "value": "10.0.3.7:5555"}]}]},
+         "status": {"phase": "Running"}},
+    ]  # fmt: skip
+    routes["/api/v1/namespaces/amazon-cloudwatch/pods"] = {"kind": "PodList", "items": exporters}
+    server.routes = routes
+    api = verify.connect(str(server.kubeconfig), None, on)
+    engines = {c.subject: c for c in verify.verify(api, on) if c.name == "DCGM engines"}
+    assert engines[gpu[0]].result == verify.WARN
+    assert (
+        "dcgm-server" in engines[gpu[0]].detail
+        and "amazon-cloudwatch/dcgm-exporter-a" in engines[gpu[0]].detail
+    )
+    assert engines[gpu[1]].result == verify.PASS and "10.0.3.7:5555" in engines[gpu[1]].detail
+    off = on.model_copy(update={"observability": on.observability.model_copy(update={"metrics": False})})
+    assert not [c for c in verify.verify(api, off) if c.name == "DCGM engines"]

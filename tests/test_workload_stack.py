@@ -7,6 +7,7 @@ import shutil
 
 import pytest
 
+from config.names import JOB_SUBMITTER_GROUP
 from stacks.workload_stack import checkpoint_bucket_name
 
 ENVS = ["dev", "prod", "p5"]
@@ -214,3 +215,54 @@ def test_destroy_removes_rayjobs_while_the_operator_runs(synthesized, env):
     cluster = synthesized[env].template("Cluster")
     charts = {v["Properties"]["Release"] for v in of_type(cluster, "Custom::AWSCDK-EKS-HelmChart").values()}
     assert "kuberay-operator" in charts
+
+
+@pytest.mark.parametrize("env", ENVS)
+def test_job_submitters_get_a_namespaced_group_and_can_write_their_kubeconfig(synthesized, env):
+    """cluster.job_submitter_principals: one STANDARD access entry each, no access policy (no
+    cluster-wide grant), mapped to the group the Ray namespace's Role is bound to (k8s/rbac.py);
+    the submitter policy lets them call eks:DescribeCluster (aws eks update-kubeconfig) on this
+    cluster only."""
+    s = synthesized[env].settings
+    t = synthesized[env].template("Workload")
+    entries = [
+        r["Properties"]
+        for r in of_type(t, "AWS::EKS::AccessEntry").values()
+        if isinstance(r["Properties"]["PrincipalArn"], str)
+    ]
+    assert sorted(e["PrincipalArn"] for e in entries) == sorted(s.cluster.job_submitter_principals)
+    assert s.cluster.job_submitter_principals  # the shipped environments name one
+    for entry in entries:
+        assert entry["Type"] == "STANDARD"
+        assert entry["KubernetesGroups"] == [JOB_SUBMITTER_GROUP]
+        assert not entry.get("AccessPolicies")
+    (policy,) = [
+        r["Properties"]["PolicyDocument"]
+        for r in of_type(t, "AWS::IAM::ManagedPolicy").values()
+        if "job-submitter" in r["Properties"]["ManagedPolicyName"]
+    ]
+    (describe,) = [st for st in policy["Statement"] if st["Action"] == "eks:DescribeCluster"]
+    assert describe["Resource"] == (f"arn:aws:eks:{s.region}:{s.account}:cluster/{s.cluster.name}")
+
+
+@pytest.mark.parametrize("env", ENVS)
+def test_submitted_jobs_are_drained_before_the_manifests_go(synthesized, env):
+    """The drain resource depends on the chart's manifest (jobs anchor, Roles) and on its own
+    access entry, so a destroy deletes it (deleting the submitted RayJobs and waiting) first; its
+    function runs beside CDK's kubectl provider: in the cluster's VPC, with the kubectl layer."""
+    t = synthesized[env].template("Workload")
+    (drain_id,) = of_type(t, "Custom::RayJobDrain")
+    drain = t["Resources"][drain_id]
+    manifests = of_type(t, "Custom::AWSCDK-EKS-KubernetesResource")
+    (chart_id,) = [
+        k for k, r in manifests.items() if "ray-train-jobs" in json.dumps(r["Properties"]["Manifest"])
+    ]
+    (entry_id,) = [
+        k for k, r in of_type(t, "AWS::EKS::AccessEntry").items()
+        if r["Properties"].get("KubernetesGroups") == ["ray-train:job-drainer"]
+    ]  # fmt: skip
+    assert {chart_id, entry_id} <= set(drain["DependsOn"])
+    assert drain["Properties"]["Selector"] == "app.kubernetes.io/part-of=ray-train,ray-train/origin=submitted"
+    function = t["Resources"][drain["Properties"]["ServiceToken"]["Fn::GetAtt"][0]]["Properties"]
+    assert function["VpcConfig"]["SubnetIds"] and function["VpcConfig"]["SecurityGroupIds"]
+    assert len(function["Layers"]) == 2  # kubectl, AWS CLI

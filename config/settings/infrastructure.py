@@ -155,6 +155,9 @@ class ClusterSettings(SettingsModel):
     # applies); refused unless this says it is meant.
     public_access_from_anywhere: bool = False
     admin_principal_arns: list[str] = Field(min_length=1)
+    # IAM roles/users that run `raytrain job` without being cluster admins: a STANDARD access entry
+    # each, in the Kubernetes group a Role in the Ray namespace is bound to (k8s/rbac.py).
+    job_submitter_principals: list[str] = Field(default_factory=list)
 
     @field_validator("name")
     @classmethod
@@ -171,7 +174,7 @@ class ClusterSettings(SettingsModel):
             raise ValueError(f"Kubernetes {value!r} is not supported; valid: {', '.join(KUBECTL_LAYERS)}")
         return value
 
-    @field_validator("admin_principal_arns")
+    @field_validator("admin_principal_arns", "job_submitter_principals")
     @classmethod
     def _arns(cls, arns: list[str]) -> list[str]:
         for arn in arns:
@@ -179,10 +182,19 @@ class ClusterSettings(SettingsModel):
                 raise ValueError(
                     f"{arn!r} is not an IAM role or user ARN like arn:aws:iam::111122223333:role/Admin"
                 )
+        if len(set(arns)) != len(arns):
+            raise ValueError(f"principals repeat: {arns}")
         return arns
 
     @model_validator(mode="after")
     def _endpoint(self) -> ClusterSettings:
+        # EKS takes one access entry per principal (CreateAccessEntry: ResourceInUseException).
+        both = sorted(set(self.admin_principal_arns) & set(self.job_submitter_principals))
+        if both:
+            raise ValueError(
+                f"{', '.join(both)} is in admin_principal_arns and job_submitter_principals: an IAM "
+                "principal has one access entry; admins can already submit jobs, list it once"
+            )
         if self.endpoint_access is EndpointAccess.PRIVATE and self.public_access_cidrs:
             raise ValueError("public_access_cidrs must be empty when endpoint_access is 'private'")
         for cidr in self.public_access_cidrs:

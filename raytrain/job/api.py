@@ -203,7 +203,8 @@ class JobApi:
 def _refused(host: str, what: str, exc: Any) -> str:
     return (
         f"the API server at {host} refused {what} (HTTP {exc.status} {exc.reason}): check your AWS "
-        "credentials and that your IAM principal has an EKS access entry (cluster.admin_principal_arns)"
+        "credentials and that your IAM principal has an EKS access entry "
+        "(cluster.job_submitter_principals or admin_principal_arns)"
     )
 
 

@@ -45,24 +45,34 @@ def connect(args: argparse.Namespace, settings: Settings) -> JobApi:
     return JobApi(verify.connect(args.kubeconfig, args.context, settings))
 
 
+def consoles(console: Console | None) -> tuple[Console, Console]:
+    """(output, errors). On the command line errors go to stderr, so `--dry-run > job.json` or a
+    pipe gets only the output; a caller's own console (tests record one) takes both."""
+    if console is not None:
+        return console, console
+    return Console(), Console(stderr=True)
+
+
 def guarded(
     args: argparse.Namespace,
     console: Console,
     body: Callable[[Settings, JobApi], int],
     *,
     overrides: list[str] | None = None,
+    err: Console | None = None,
 ) -> int:
     """Load the settings (with `--set` overrides), connect, run `body`; every refusal is one line
-    and exit 2."""
+    (on `err`) and exit 2."""
+    err = err or console
     try:
         settings = load_settings(args.env, overrides=overrides)
     except SettingsError as exc:
-        console.print(f"[bold red]settings:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        err.print(f"[bold red]settings:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         return EXIT_UNUSABLE
     try:
         return body(settings, connect(args, settings))
     except (VerifyError, JobError) as exc:
-        console.print(
+        err.print(
             f"[bold red]raytrain job {args.job_command} ({settings.name}):[/] {escape(str(exc))}",
             highlight=False,
             soft_wrap=True,

@@ -29,12 +29,12 @@ from config.names import DEPLOYED, ORIGIN_LABEL
 from config.settings import Settings
 from raytrain import verify
 from raytrain.job.api import JobApi
-from raytrain.job.common import EXIT_OK, JobError, guarded
+from raytrain.job.common import EXIT_OK, JobError, consoles, guarded
 from raytrain.job.find import Target, _meta, finished
 
 
 def run_stop(args: argparse.Namespace, console: Console | None = None) -> int:
-    console = console or Console()
+    console, err = consoles(console)
 
     def body(settings: Settings, api: JobApi) -> int:
         target = Target(api, settings, args.job)
@@ -71,11 +71,11 @@ def run_stop(args: argparse.Namespace, console: Console | None = None) -> int:
         )
         return _maybe_wait(args, api, ns, name, console)
 
-    return guarded(args, console, body)
+    return guarded(args, console, body, err=err)
 
 
 def run_delete(args: argparse.Namespace, console: Console | None = None) -> int:
-    console = console or Console()
+    console, err = consoles(console)
 
     def body(settings: Settings, api: JobApi) -> int:
         target = Target(api, settings, args.job)
@@ -83,7 +83,7 @@ def run_delete(args: argparse.Namespace, console: Console | None = None) -> int:
         _delete(api, target.namespace, job, console, "deleting")
         return _maybe_wait(args, api, target.namespace, str(_meta(job, "name")), console)
 
-    return guarded(args, console, body)
+    return guarded(args, console, body, err=err)
 
 
 def _job(target: Target) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from raytrain.job.common import (
     EXIT_OK,
     TOKEN_COOKIE,
     JobError,
+    consoles,
     guarded,
 )
 from raytrain.job.find import Target, _meta, _pod_ready, kuberay_check_name
@@ -99,7 +100,7 @@ def run_dashboard(
     console: Console | None = None,
     runner: Callable[[list[str]], int] | None = None,
 ) -> int:
-    console = console or Console()
+    console, err = consoles(console)
 
     def body(settings: Settings, api: JobApi) -> int:
         target = Target(api, settings, args.job)
@@ -125,7 +126,7 @@ def run_dashboard(
         rc = (runner or _run)(cmd)
         return EXIT_OK if rc in (0, 130) else EXIT_FAILED
 
-    return guarded(args, console, body)
+    return guarded(args, console, body, err=err)
 
 
 def _run(cmd: list[str]) -> int:

@@ -11,7 +11,7 @@ from rich.markup import escape
 
 from config.settings import Settings
 from raytrain.job.api import JobApi
-from raytrain.job.common import EXIT_OK, JobError, guarded
+from raytrain.job.common import EXIT_OK, JobError, consoles, guarded
 from raytrain.job.find import Target, _created, _meta, _role
 
 
@@ -51,7 +51,7 @@ def pick_pod(target: Target, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_logs(args: argparse.Namespace, console: Console | None = None) -> int:
-    console = console or Console()
+    console, err = consoles(console)
     out = sys.stdout
 
     def body(settings: Settings, api: JobApi) -> int:
@@ -74,7 +74,7 @@ def run_logs(args: argparse.Namespace, console: Console | None = None) -> int:
         out.flush()
         return EXIT_OK
 
-    return guarded(args, console, body)
+    return guarded(args, console, body, err=err)
 
 
 class _Utf8:

@@ -14,7 +14,7 @@ from config.names import ORIGIN_LABEL, RUN_NAME_LABEL
 from config.settings import ClusterMode, Settings
 from raytrain import verify
 from raytrain.job.api import JobApi
-from raytrain.job.common import EXIT_FAILED, EXIT_OK, JOBS_SELECTOR, JobError, guarded
+from raytrain.job.common import EXIT_FAILED, EXIT_OK, JOBS_SELECTOR, JobError, consoles, guarded
 from raytrain.job.find import Target, _created, _meta, _pod_ready, _restarts, _role, finished, gpu_nodes_held
 from training import progress
 
@@ -204,7 +204,7 @@ def progress_text(target: Target) -> str | None:
 
 
 def run_list(args: argparse.Namespace, console: Console | None = None) -> int:
-    console = console or Console()
+    console, err = consoles(console)
 
     def body(settings: Settings, api: JobApi) -> int:
         ns = settings.workload.namespace
@@ -233,11 +233,11 @@ def run_list(args: argparse.Namespace, console: Console | None = None) -> int:
             )
         return EXIT_OK
 
-    return guarded(args, console, body)
+    return guarded(args, console, body, err=err)
 
 
 def run_status(args: argparse.Namespace, console: Console | None = None) -> int:
-    console = console or Console()
+    console, err = consoles(console)
 
     def body(settings: Settings, api: JobApi) -> int:
         target = Target(api, settings, args.job)
@@ -259,4 +259,4 @@ def run_status(args: argparse.Namespace, console: Console | None = None) -> int:
             return EXIT_FAILED
         return EXIT_OK
 
-    return guarded(args, console, body)
+    return guarded(args, console, body, err=err)

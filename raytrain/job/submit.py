@@ -32,8 +32,18 @@ from config.names import DEPLOYED_JOB_PREFIX, JOBS_ANCHOR, RUN_NAME_LABEL
 from config.settings import ClusterMode, Settings
 from raytrain.job import code
 from raytrain.job.api import JobApi
-from raytrain.job.common import EXIT_FAILED, EXIT_OK, JOBS_SELECTOR, JobError, guarded
+from raytrain.job.common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_UNUSABLE,
+    JOBS_SELECTOR,
+    JobError,
+    connect,
+    consoles,
+    guarded,
+)
 from raytrain.job.find import _meta, finished, gpu_nodes_held
+from raytrain.verify import VerifyError
 
 SUBMITTED_PREFIX = "rs-"
 # A DNS-1035 label of at most 47 characters: KubeRay appends 6 to name the job's cluster.
@@ -47,17 +57,19 @@ _DEPLOYED_ONLY = {
 
 
 def run_submit(args: argparse.Namespace, console: Console | None = None) -> int:
-    console = console or Console()
+    console, err = consoles(console)
     for item in args.overrides:
         field = item.partition("=")[0].strip().removeprefix("job.")
         if field in _DEPLOYED_ONLY:
-            console.print(
+            err.print(
                 f"[bold red]--set {escape(item)}:[/] job.{field} {_DEPLOYED_ONLY[field]}: change it "
                 f"in config/environments/{args.env}.yaml and deploy",
                 highlight=False,
                 soft_wrap=True,
             )
             return 2
+    if args.dry_run:
+        return dry_run(args, err)
 
     def body(settings: Settings, api: JobApi) -> int:
         # The chart's code loads cdk8s (a jsii process): only this command pays for it.
@@ -84,9 +96,6 @@ def run_submit(args: argparse.Namespace, console: Console | None = None) -> int:
                 checkpoint_uri=checkpoint_uri(settings),
                 owner=JobOwner(uid=str(_meta(anchor, "uid"))),
             )
-            if args.dry_run:
-                print(json.dumps(manifest, indent=2, sort_keys=True))
-                return EXIT_OK
             api.create_rayjob(ns, manifest, dry_run=True)
             uploaded = code.upload(
                 zipped,
@@ -112,7 +121,69 @@ def run_submit(args: argparse.Namespace, console: Console | None = None) -> int:
             return wait(api, ns, name, console, args.poll_seconds)
         return EXIT_OK
 
-    return guarded(args, console, body, overrides=args.overrides)
+    return guarded(args, console, body, overrides=args.overrides, err=err)
+
+
+# The ownerReference uid of a RayJob rendered without the cluster (the jobs anchor's uid is the
+# cluster's to assign): not a valid uid, so the output cannot be applied as it is by mistake.
+OFFLINE_OWNER_UID = "<uid of ConfigMap ray-train-jobs: read from the cluster at submit>"
+
+
+def dry_run(args: argparse.Namespace, err: Console) -> int:
+    """`--dry-run`: print the RayJob `submit` would create, as JSON on stdout; upload and create
+    nothing. With the cluster reachable, the same reads and refusals as a submit (the jobs anchor,
+    a run name in use); without (no kubeconfig, no credentials, endpoint unreachable), rendered
+    offline from the settings, with one line on stderr saying what was not checked."""
+    from k8s.chart import JobOwner, submitted_rayjob
+
+    try:
+        settings = load_settings(args.env, overrides=args.overrides)
+    except SettingsError as exc:
+        err.print(f"[bold red]settings:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        return EXIT_UNUSABLE
+    where = f"raytrain job submit --dry-run ({settings.name})"
+    try:
+        check_inputs_granted(settings, args.env)
+        name = job_name(args.name, settings)
+    except JobError as exc:
+        err.print(f"[bold red]{where}:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        return EXIT_UNUSABLE
+    ns = settings.workload.namespace
+    uid = OFFLINE_OWNER_UID
+    try:
+        api = connect(args, settings)
+        anchor = api.configmap(ns, JOBS_ANCHOR)
+        check_run_name(api.rayjobs(ns, JOBS_SELECTOR), settings, name)
+        if anchor is None:
+            err.print(
+                f"[yellow]{where}:[/] no ConfigMap {ns}/{JOBS_ANCHOR} (the Workload stack is not "
+                "deployed): its ownerReference uid is a placeholder",
+                highlight=False,
+                soft_wrap=True,
+            )
+        else:
+            uid = str(_meta(anchor, "uid"))
+    except VerifyError as exc:
+        err.print(
+            f"[yellow]{where}: rendered offline[/] (not checked against the cluster: the jobs "
+            f"anchor's uid, a run name in use): {escape(str(exc))}",
+            highlight=False,
+            soft_wrap=True,
+        )
+    except JobError as exc:
+        err.print(f"[bold red]{where}:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        return EXIT_UNUSABLE
+    with tempfile.TemporaryDirectory(prefix="raytrain-submit-") as tmp:
+        zipped = code.build(Path(tmp))
+    manifest = submitted_rayjob(
+        settings,
+        name=name,
+        code_uri=f"s3://{checkpoint_bucket_name(settings)}/{zipped.key}",
+        checkpoint_uri=checkpoint_uri(settings),
+        owner=JobOwner(uid=uid),
+    )
+    print(json.dumps(manifest, indent=2, sort_keys=True))
+    return EXIT_OK
 
 
 def job_name(given: str | None, settings: Settings) -> str:

@@ -1,0 +1,147 @@
+"""Custom resource handler: on delete, delete the RayJobs `raytrain job submit` created, with
+foreground propagation, and wait until they are gone, before CloudFormation deletes the Workload
+stack's manifests (the jobs anchor, the Roles, the network policies) and then the Cluster stack
+(the KubeRay operator that clears their finalizers).
+
+Why the jobs anchor's own deletion does not do it: the kubectl handler of aws-cdk's eks-v2
+(custom-resource-handlers/aws-eks-v2/kubectl-handler/apply, Delete: `kubectl delete -f`) runs
+kubectl with its defaults, and kubectl's `--cascade` defaults to `background`, which it sends as an
+explicit `propagationPolicy: Background` (staging/src/k8s.io/kubectl/pkg/cmd/delete). An explicit
+policy overrides a `foregroundDeletion` finalizer already on the object (apiserver
+registry/generic/registry/store.go, shouldDeleteDependents: options first, then finalizers), so
+the anchor goes at once, the garbage collector deletes the jobs in the background and
+CloudFormation moves on while they still hold KubeRay's finalizer (tests/test_job_drain.py runs
+that kubectl and records it).
+
+Here: `kubectl delete rayjobs -l ray-train/origin=submitted --cascade=foreground --wait=false`,
+then `kubectl get` until none is left. Foreground: each RayJob stays (deletionTimestamp set) until
+its RayCluster and submitter Job are gone (Kubernetes docs, Garbage Collection, foreground
+cascading deletion), and KubeRay's `ray.io/rayjob-finalizer` stops the Ray job first. Not gone
+within the function's time: FAILED, so the resource stays and the next destroy retries.
+
+Create and update do nothing. Runs with the kubectl layer (kubectl) and the AWS CLI layer
+(`aws eks update-kubeconfig`, as CDK's kubectl handler logs in).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import time
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+LOG = logging.getLogger()
+LOG.setLevel(logging.INFO)
+
+# The layers' binaries (the kubectl layer unpacks to /opt/kubectl, the AWS CLI layer to /opt/awscli).
+os.environ["PATH"] = "/opt/kubectl:/opt/awscli:" + os.environ.get("PATH", "")
+KUBECONFIG = "/tmp/kubeconfig"  # noqa: S108 - Lambda's only writable folder
+RESPONSE_MARGIN_SECONDS = 30
+POLL_SECONDS = 10
+
+
+def kubeconfig(cluster_name: str, path: str) -> None:
+    subprocess.run(  # noqa: S603 - argv list
+        ["aws", "eks", "update-kubeconfig", "--name", cluster_name, "--kubeconfig", path],  # noqa: S607 - the layer's
+        check=True,
+        capture_output=True,
+    )
+
+
+def kubectl(path: str, *args: str) -> str:
+    out = subprocess.run(  # noqa: S603 - argv list
+        ["kubectl", "--kubeconfig", path, *args],  # noqa: S607 - the layer's kubectl
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"kubectl {' '.join(args)}: {out.stderr.strip()[-500:]}")
+    return out.stdout
+
+
+def delete_args(namespace: str, selector: str) -> list[str]:
+    return [
+        "delete", "rayjobs.ray.io", "-n", namespace, "-l", selector,
+        "--cascade=foreground", "--wait=false", "--ignore-not-found",
+    ]  # fmt: skip
+
+
+def remaining(path: str, namespace: str, selector: str) -> list[str]:
+    out = kubectl(path, "get", "rayjobs.ray.io", "-n", namespace, "-l", selector, "-o", "name")
+    return [line for line in out.splitlines() if line.strip()]
+
+
+def drain(
+    path: str,
+    namespace: str,
+    selector: str,
+    *,
+    seconds: float,
+    sleep: Callable[[float], None] = time.sleep,
+    poll: float = POLL_SECONDS,
+) -> list[str]:
+    """Delete the selected RayJobs (foreground) and wait up to `seconds`; what is left."""
+    kubectl(path, *delete_args(namespace, selector))
+    deadline = time.monotonic() + seconds
+    while True:
+        left = remaining(path, namespace, selector)
+        if not left or time.monotonic() >= deadline:
+            return left
+        LOG.info("waiting for %s", ", ".join(left))
+        sleep(poll)
+
+
+def on_event(
+    event: dict[str, Any],
+    context: Any,
+    *,
+    send: Callable[..., None] | None = None,
+    login: Callable[[str, str], None] = kubeconfig,
+) -> None:
+    """Lambda entry point (CloudFormation custom resource protocol: always answer the response URL)."""
+    send = send or _send
+    props = event.get("ResourceProperties", {})
+    physical_id = event.get("PhysicalResourceId") or f"ray-job-drain-{props.get('ClusterName', 'unknown')}"
+    status, reason = "SUCCESS", "nothing to do"
+    try:
+        if event["RequestType"] == "Delete":
+            login(props["ClusterName"], KUBECONFIG)
+            seconds = context.get_remaining_time_in_millis() / 1000 - RESPONSE_MARGIN_SECONDS
+            left = drain(KUBECONFIG, props["Namespace"], props["Selector"], seconds=seconds)
+            if left:
+                # FAILED keeps this resource, so a retried destroy deletes and waits again.
+                status = "FAILED"
+                reason = f"still being deleted: {', '.join(left)} (is the KubeRay operator running?)"
+            else:
+                reason = "no submitted RayJob left"
+    except Exception as exc:
+        LOG.exception("drain failed")
+        status, reason = "FAILED", f"{type(exc).__name__}: {exc}"
+    send(event, status, reason[:1000], physical_id)
+
+
+def _send(event: dict[str, Any], status: str, reason: str, physical_id: str) -> None:
+    body = json.dumps(
+        {
+            "Status": status,
+            "Reason": reason,
+            "PhysicalResourceId": physical_id,
+            "StackId": event["StackId"],
+            "RequestId": event["RequestId"],
+            "LogicalResourceId": event["LogicalResourceId"],
+        }
+    ).encode()
+    url = event["ResponseURL"]
+    if not url.startswith("https://"):
+        raise ValueError("the response URL must be https")
+    request = urllib.request.Request(  # noqa: S310 (https checked above)
+        url, data=body, method="PUT", headers={"Content-Type": ""}
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310 (https checked)
+        LOG.info("CloudFormation response: %s", response.status)
