@@ -54,7 +54,7 @@ def pod_packages(monkeypatch: pytest.MonkeyPatch) -> None:
 def s3_chat_records(monkeypatch: pytest.MonkeyPatch) -> None:
     """No S3 here: an s3:// data or eval file stands for one jsonl file of chat records (the
     options read its first record's fields to tell text from chat)."""
-    import training.options as options
+    import training.options_data as options
 
     real_files, real_fields = options.data_files, options.first_record_fields
 

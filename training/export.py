@@ -33,7 +33,7 @@ import tempfile
 from typing import Any
 
 from training import shards
-from training.options import OptionError, location_option
+from training.option_types import OptionError, location_option
 from training.stop_tokens import stop_token_ids
 
 INDEX_FILE = "model.safetensors.index.json"

@@ -29,7 +29,7 @@ from typing import Any
 
 from training import shards
 from training.lora_spec import LoraSpec
-from training.options import OptionError
+from training.option_types import OptionError
 
 INDEX_FILE = "model.safetensors.index.json"
 

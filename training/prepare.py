@@ -36,16 +36,16 @@ import numpy as np
 from training import corpus, sft, shards
 from training.data import ByteTokenizer, load_tokenizer
 from training.errors import INPUT_ERROR_EXIT, DataError, InputError
-from training.options import (
-    OptionError,
+from training.option_types import OptionError, location_option
+from training.options_data import (
     check_data_path,
     check_skipped_fraction,
     check_text_field,
     corpus_listing,
     data_files,
-    location_option,
     resolve_data_format,
 )
+from training.options_model import DEFAULT_MODEL, SHAPES
 
 DEFAULT_SEGMENT_MB = 64
 DOCS_PER_CALL = 512  # documents per tokenizer call: bounds a task's Python objects, not its input
@@ -467,8 +467,6 @@ def _check_skipped(data: str, manifest: dict[str, Any], allowed: float) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from training.options import DEFAULT_MODEL, SHAPES
-
     p = argparse.ArgumentParser(
         prog="python -m training.prepare",
         description="Tokenize and pack a jsonl/parquet corpus into token shards, in parallel on Ray. "

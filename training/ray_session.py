@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from training.options import OptionError
+from training.option_types import OptionError
 
 
 def init_ray_at(address: str | None) -> None:

@@ -1,0 +1,74 @@
+"""The model flags of `python -m training`: which model (--model, --init, --shape, --planned-dims)
+and how it is checked before any worker fetches it; LoRA's flags checked against them."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from training.lora_spec import LoraError
+from training.lora_spec import from_options as lora_from_options
+from training.model_options import add_arguments as add_model_arguments
+from training.option_types import OptionError, location_option
+from training.shapes import SHAPES as SHAPE_TABLE
+
+SHAPES = tuple(SHAPE_TABLE)
+DEFAULT_MODEL = "Qwen/Qwen2.5-1.5B"
+# Hugging Face repo ids: "name" or "org/name" of letters, digits, "-", "_", ".".
+_HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+def add_arguments(g: Any) -> None:
+    """The "model" group's model flags (parallelism and precision follow: options_precision.py)."""
+    g.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help="Hugging Face id, local dir or s3:// prefix (weights with --init pretrained; "
+        "tokenizer of real data: text unless --shape tiny, chat data always with its chat template)",
+    )
+    g.add_argument("--init", choices=("pretrained", "random"), default="pretrained")
+    add_model_arguments(g, shapes=SHAPES)  # --shape, --planned-dims
+
+
+def check_model_ref(model: str, weights: bool = True) -> None:
+    """`weights`: the model itself (config.json); else only its tokenizer is needed."""
+    if "://" in model or ":" in model.split("/", 1)[0]:
+        # A remote prefix: well formed here; its files are checked when the driver fetches its
+        # config (check_model).
+        location_option("--model", model)
+        return
+    if os.path.isdir(model):
+        if not weights and (Path(model) / "tokenizer_config.json").is_file():
+            return
+        if not (Path(model) / "config.json").is_file():
+            raise OptionError(f"--model: {model} has no config.json (not a Hugging Face model dir)")
+        return
+    if model.startswith((".", "/")) or not _HF_ID.match(model):
+        raise OptionError(
+            f"--model: {model!r} is neither an existing dir, an s3:// prefix nor a Hugging Face id"
+        )
+
+
+def check_lora(d: dict[str, Any]) -> None:
+    """LoRA's flags: valid values, a pretrained base, and the kernels LoRA runs with."""
+    try:
+        spec = lora_from_options(argparse.Namespace(**d))
+    except LoraError as exc:
+        raise OptionError(str(exc)) from None
+    if spec is None:
+        if d["export_merged"]:
+            raise OptionError(
+                "--export-merged: only with LoRA (--lora-rank R): a full fine-tune's export is the model"
+            )
+        return
+    if d["init"] == "random":
+        raise OptionError(
+            "--lora-rank: LoRA adapts a pretrained model; with --init random train the whole model "
+            "(drop --lora-rank) or give --init pretrained --model ID|DIR|s3://"
+        )
+    if d["float8"]:
+        raise OptionError("--float8: not with LoRA (its frozen bf16 base is not converted); drop --float8")
+    d["lora_targets"] = ",".join(spec.targets)
