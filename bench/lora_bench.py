@@ -111,9 +111,9 @@ def measure(args: argparse.Namespace, point: tuple[str, int]) -> dict[str, Any]:
 
     method, micro = point
     lora = method.startswith("lora")
-    import training.loop as loop_mod
+    import training.trainer as trainer_mod
 
-    real_build = loop_mod.build_model
+    real_build = trainer_mod.build_model
 
     def build_on_gpu(*a: Any, **k: Any) -> Any:
         # Random weights made on the GPU: initialising 7 B parameters on the host takes minutes and
@@ -121,7 +121,7 @@ def measure(args: argparse.Namespace, point: tuple[str, int]) -> dict[str, Any]:
         with torch.device("cuda", 0):
             return real_build(*a, **k)
 
-    loop_mod.build_model = build_on_gpu
+    trainer_mod.build_model = build_on_gpu
     extra = [*(["--activation-checkpointing"] if method.endswith("-ac") else []), *args.extra.split()]
     t0 = time.time()
     with one_rank_group():

@@ -8,6 +8,7 @@ job's driver log): one format, written and parsed here. Torch-free: the CLI side
 from __future__ import annotations
 
 import re
+import sys
 from typing import Any
 
 PREFIX = "[train] step "
@@ -95,3 +96,10 @@ def latest(lines: list[str]) -> dict[str, Any] | None:
     if evals:
         out["eval_loss"], out["eval_step"] = evals[-1]["eval_loss"], evals[-1]["step"]
     return out
+
+
+def say(line: str) -> None:
+    """One console line from a worker."""
+    # Not print(): Ray Train V2 patches it into a logger that shows each line twice.
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()

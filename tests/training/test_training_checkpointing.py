@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import training.loop as loop
+import training.trainer as trainer
 from tests.training.test_training_loss import _blocks, write_chat_blocks
 from training.model import apply_fsdp
 from training.options import parse_args
@@ -33,7 +34,7 @@ def test_checkpointed_layers_give_the_same_loss_and_gradients(
     def fp32(model: Any, mesh: Any, **kw: Any) -> Any:  # compare to float rounding, not bf16's
         return apply_fsdp(model, mesh, **{**kw, "mixed_precision": False})
 
-    monkeypatch.setattr(loop, "apply_fsdp", fp32)
+    monkeypatch.setattr(trainer, "apply_fsdp", fp32)
     data = write_chat_blocks(tmp_path / "data", *_blocks())
     plain_loss, plain = _step(data, [])
     ac_loss, ac = _step(data, ["--activation-checkpointing"])

@@ -61,13 +61,14 @@ def test_labels_mask_non_targets_and_positions_restart_per_conversation() -> Non
 
 def _grads_worker(rank: int, world: int, port: int, data: str, out: str) -> None:
     import training.loop as loop
+    import training.trainer as trainer
     from training.model import apply_fsdp
     from training.options import parse_args
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
         # fp32 compute: the two layouts must agree to float rounding, not to bf16's.
-        loop.apply_fsdp = lambda model, mesh, **kw: apply_fsdp(
+        trainer.apply_fsdp = lambda model, mesh, **kw: apply_fsdp(
             model, mesh, **{**kw, "mixed_precision": False}
         )
         opts = parse_args(
