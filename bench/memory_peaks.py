@@ -195,7 +195,7 @@ def measure_variant(name: str, args: argparse.Namespace, device: Any) -> list[di
     world = dist.get_world_size()
     t0 = time.time()
     model = tm.build_model("random", args.shape, "", seed=0)
-    # The loop's order (training/loop.py _choose_kernels): Liger, then float8, then fully_shard.
+    # The loop's order (training/trainer.py _choose_kernels): Liger, then float8, then fully_shard.
     if liger:
         tm.apply_liger(model, layers=not opts["compile"])
     if opts["float8"]:

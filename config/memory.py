@@ -54,7 +54,7 @@ def plan_options(job: JobSettings, gpu: Instance, nodes: int, micro: int | None 
 
 
 def accumulation(global_batch: int, micro_batch: int, world: int) -> int:
-    """Micro-batches per optimizer step on each worker (training/loop.py)."""
+    """Micro-batches per optimizer step on each worker (training/trainer.py)."""
     return max(1, global_batch // (micro_batch * world))
 
 
@@ -78,7 +78,7 @@ def reshard_after_forward(
     """Whether the job's workers free each layer's gathered parameters after its forward: the
     RayJob leaves --reshard-after-forward to the worker, which keeps them gathered when the memory
     plan at its micro-batch still leaves AUTO_HEADROOM of the GPU free (training/memory_plan.py
-    auto_reshard_after_forward, applied by training/loop.py). `loss_chunk_tokens`: a worker's
+    auto_reshard_after_forward, applied by training/trainer.py). `loss_chunk_tokens`: a worker's
     --loss-chunk-tokens other than its default (not a job setting)."""
     world = nodes * gpu.gpus
     if not world:

@@ -149,7 +149,7 @@ def _without_data(args: list[str]) -> list[str]:
 
 
 def _workers_reshard(settings: Any, opts: Any, micro: int, accum: int) -> bool:
-    """--reshard-after-forward as a worker of the job would resolve it (training/loop.py), with the
+    """--reshard-after-forward as a worker of the job would resolve it (training/trainer.py), with the
     layers as a rank built them (Liger and torchao are the pods' packages, not this machine's)."""
     gpu, job = settings.gpu_nodes.instance, settings.job
     return planned_reshard(

@@ -2,7 +2,7 @@
 
 Pure Python on purpose: synthesis (config/settings) imports it to refuse a job that would not fit
 its node group's GPU, and `raytrain plan` prints it. The model follows what `python -m training`
-does on a GPU (training/model.py, training/loop.py); every term below says where its size comes
+does on a GPU (training/model.py, training/trainer.py); every term below says where its size comes
 from. Sizes are bytes of one rank; N counts parameters once (a tied lm_head shares the embedding).
 
 Sharding: FSDP2 shards every parameter over the shard group: all ranks (`full`), or the GPUs of a

@@ -79,7 +79,7 @@ class TrainOptions:
     text_field: str
     seq_len: int
     global_batch_size: int | None
-    micro_batch_size: int | None  # None: `auto`, chosen by each worker from the memory plan (loop.py)
+    micro_batch_size: int | None  # None: `auto`, chosen by each worker from the memory plan (trainer.py)
     steps: int
     lr: float
     warmup_steps: int
@@ -93,7 +93,7 @@ class TrainOptions:
     liger_layers: bool | None  # None: only when the layers are not compiled
     float8: bool | None  # None: on for compiled GPU workers with FP8 tensor cores (see --float8)
     float8_all_gather: bool
-    reshard_after_forward: bool | None  # None: by the memory plan on each worker (loop.py)
+    reshard_after_forward: bool | None  # None: by the memory plan on each worker (trainer.py)
     loss_chunk_tokens: int | None  # None: by the GPU's memory (training/loss_chunks.py)
     expect_transport: str
     emulate_hosts: int | None

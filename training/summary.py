@@ -103,7 +103,7 @@ def summarize(meta: dict[str, Any], options: dict[str, Any], wall_s: float) -> d
         "float8": meta.get("float8"),
         "float8_layers": meta.get("float8_layers"),
         "mesh": meta.get("mesh"),
-        # --reshard-after-forward unset: the memory plan's choice (training/loop.py).
+        # --reshard-after-forward unset: the memory plan's choice (training/trainer.py).
         "reshard_after_forward": meta.get("reshard_after_forward"),
         "data_position": meta.get("position"),
         "data_fingerprint": meta.get("data_fingerprint"),

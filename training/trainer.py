@@ -284,7 +284,7 @@ class Trainer(Step, Reporting):
         capability = torch.cuda.get_device_capability(self.device) if self.on_gpu else None
 
         def float8_at(micro: int) -> bool:
-            if opts.lora is not None:  # a frozen bf16 base: float8 is refused with LoRA (options.py)
+            if opts.lora is not None:  # a frozen bf16 base: float8 is refused with LoRA (options_model.py)
                 return False
             if opts.float8 is not None:
                 return opts.float8
