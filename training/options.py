@@ -17,8 +17,6 @@ from training import options_data, options_metrics, options_model, options_preci
 from training.batch import accumulation_steps
 from training.lora_spec import DEFAULT_ALPHA, DEFAULT_TARGETS, LoraSpec
 from training.lora_spec import from_options as lora_from_options
-from training.model_options import ModelOptionError
-from training.model_options import check as check_model_options
 from training.option_types import OptionError, location_option, non_negative_int, positive
 from training.options_data import (
     DATA_SUFFIXES,
@@ -213,10 +211,7 @@ def parse_args(argv: list[str]) -> TrainOptions:
     d = vars(ns)
     d.pop("config", None)
     options_run.check(d)
-    try:
-        check_model_options(d)
-    except ModelOptionError as exc:
-        raise OptionError(str(exc)) from None
+    options_model.check(d)
     manifest = options_data.check_prepared(d)
     _check_training(d)
     if d["data"] != "random" and manifest is None:

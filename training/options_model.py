@@ -1,5 +1,7 @@
-"""The model flags of `python -m training`: which model (--model, --init, --shape, --planned-dims)
-and how it is checked before any worker fetches it; LoRA's flags checked against them."""
+"""The model flags of `python -m training`: which model (--model, --init, --shape) and the
+dimensions synthesis planned the job for (--planned-dims, config/models.py, which the driver checks
+against the model it loads: training/driver.py), checked before any worker fetches it; LoRA's flags
+checked against them."""
 
 from __future__ import annotations
 
@@ -11,7 +13,6 @@ from typing import Any
 
 from training.lora_spec import LoraError
 from training.lora_spec import from_options as lora_from_options
-from training.model_options import add_arguments as add_model_arguments
 from training.option_types import OptionError, location_option
 from training.shapes import SHAPES as SHAPE_TABLE
 
@@ -19,6 +20,7 @@ SHAPES = tuple(SHAPE_TABLE)
 DEFAULT_MODEL = "Qwen/Qwen2.5-1.5B"
 # Hugging Face repo ids: "name" or "org/name" of letters, digits, "-", "_", ".".
 _HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+_SIGNATURE = re.compile(r"^[a-z_]+=\d+(,[a-z_]+=\d+)*$")
 
 
 def add_arguments(g: Any) -> None:
@@ -30,7 +32,26 @@ def add_arguments(g: Any) -> None:
         "tokenizer of real data: text unless --shape tiny, chat data always with its chat template)",
     )
     g.add_argument("--init", choices=("pretrained", "random"), default="pretrained")
-    add_model_arguments(g, shapes=SHAPES)  # --shape, --planned-dims
+    g.add_argument(
+        "--shape",
+        choices=SHAPES,
+        default="qwen2.5-1.5b",
+        help="architecture for --init random (training/model_configs/, or tiny/small)",
+    )
+    g.add_argument(
+        "--planned-dims",
+        default=None,
+        metavar="SIGNATURE",
+        help="the dimensions the job was planned for (training.dims.Dims.signature, set by the chart): "
+        "the job stops, naming the difference, when --model has others",
+    )
+
+
+def check(d: dict[str, Any]) -> None:
+    if d["planned_dims"] is not None and not _SIGNATURE.match(d["planned_dims"]):
+        raise OptionError(
+            f"--planned-dims: {d['planned_dims']!r} is not a signature like layers=28,hidden=3584,..."
+        )
 
 
 def check_model_ref(model: str, weights: bool = True) -> None:

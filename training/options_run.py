@@ -1,20 +1,54 @@
-"""The run group of `python -m training`: where the run's checkpoints and outputs go, the Ray
-cluster and workers, failures, checkpoints and reporting (the start/resume flags: run_flags.py)."""
+"""The run group of `python -m training`: the run's name and whether it starts or continues (rules:
+training/run_state.py), where its checkpoints and outputs go, the Ray cluster and workers, failures,
+checkpoints and reporting."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 from typing import Any
 
 from training.option_types import OptionError, location_option, non_negative_int, positive
-from training.run_flags import add_run_arguments
+
+# A RayJob name (DNS-1035 label) or any id of letters, digits, '.', '_', '-'.
+_JOB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,99}")
+
+
+def _job_id(text: str) -> str:
+    if not _JOB_ID.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: 1-100 letters, digits, '.', '_' or '-', starting with a letter or digit"
+        )
+    return text
+
+
+_job_id.__name__ = "job id"
 
 
 def add_arguments(g: Any) -> None:
     """The "run" group's flags, in their --help order."""
     pos_int = positive(int)
-    add_run_arguments(g)  # --run-name, --resume, --job-id
+    g.add_argument(
+        "--run-name",
+        default="train",
+        help="Ray Train run name under --storage-path: one run, started once (see --resume)",
+    )
+    g.add_argument(
+        "--resume",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="continue the checkpoints of --run-name (with a larger --steps; every option that "
+        "decides what is learned must be as before). Without it a run name that has a checkpoint "
+        "is refused, unless the checkpoint is this same job's (--job-id: a retried job resumes)",
+    )
+    g.add_argument(
+        "--job-id",
+        type=_job_id,
+        metavar="ID",
+        help="the job this run belongs to (the RayJob's name on the cluster): a retry of the same "
+        "job finds its own checkpoints and resumes them without --resume",
+    )
     g.add_argument(
         "--storage-path",
         help="checkpoint storage: local dir or s3://bucket/prefix (default: OUTPUT_DIR/checkpoints)",
