@@ -22,8 +22,8 @@ from raytrain.job.common import (
     EXIT_OK,
     TOKEN_COOKIE,
     JobError,
-    guarded,
 )
+from raytrain.job.entry import guarded
 from raytrain.job.find import Target, _meta, _pod_ready, kuberay_check_name
 
 

@@ -25,13 +25,14 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from config.loader import SettingsError, load_settings
+from config.loader import SettingsError, load_with_overrides
 from config.locations import S3Input, checkpoint_bucket_name, checkpoint_uri, s3_inputs
 from config.names import DEPLOYED_JOB_PREFIX, JOBS_ANCHOR, RUN_NAME_LABEL
 from config.settings import ClusterMode, Settings
 from raytrain.job import code
 from raytrain.job.api import JobApi
-from raytrain.job.common import EXIT_FAILED, EXIT_OK, JOBS_SELECTOR, JobError, guarded
+from raytrain.job.common import EXIT_FAILED, EXIT_OK, JOBS_SELECTOR, JobError
+from raytrain.job.entry import guarded, settings_refused
 from raytrain.job.find import _meta, finished, gpu_nodes_held
 
 SUBMITTED_PREFIX = "rs-"
@@ -58,11 +59,19 @@ def run_submit(args: argparse.Namespace, console: Console | None = None) -> int:
             )
             return 2
 
+    # The file is read once: the job's settings (with --set) and the file's own, whose S3 inputs
+    # are what the deployed role may read.
+    try:
+        loaded, deployed = load_with_overrides(args.env, args.overrides)
+    except SettingsError as exc:
+        return settings_refused(console, exc)
+    deployed_inputs = s3_inputs(deployed) if deployed is not None else []
+
     def body(settings: Settings, api: JobApi) -> int:
         # The chart's code loads cdk8s (a jsii process): only this command pays for it.
         from k8s.chart import JobOwner, submitted_rayjob
 
-        check_inputs_granted(settings, args.env)
+        check_inputs_granted(settings, deployed_inputs, args.env)
         name = job_name(args.name, settings)
         ns = settings.workload.namespace
         anchor = api.configmap(ns, JOBS_ANCHOR)
@@ -111,7 +120,7 @@ def run_submit(args: argparse.Namespace, console: Console | None = None) -> int:
             return wait(api, ns, name, console, args.poll_seconds)
         return EXIT_OK
 
-    return guarded(args, console, body, overrides=args.overrides)
+    return guarded(args, console, body, settings=loaded)
 
 
 def job_name(given: str | None, settings: Settings) -> str:
@@ -133,13 +142,10 @@ def job_name(given: str | None, settings: Settings) -> str:
     return f"{SUBMITTED_PREFIX}{slug}-{stamp}-{suffix}" if slug else f"{SUBMITTED_PREFIX}{stamp}-{suffix}"
 
 
-def check_inputs_granted(settings: Settings, env: str) -> None:
-    """An s3:// data or model set with --set must lie inside what the deployed role may read (the
-    environment file's locations): the grants come with a deploy, not with a job."""
-    try:
-        deployed = s3_inputs(load_settings(env))
-    except SettingsError:  # the file alone fails (e.g. memory plan): the overrides fixed it
-        deployed = []
+def check_inputs_granted(settings: Settings, deployed: list[S3Input], env: str) -> None:
+    """An s3:// data or model set with --set must lie inside what the deployed role may read
+    (`deployed`: the environment file's locations; none where the file alone is refused, e.g. by
+    a memory check the overrides fix): the grants come with a deploy, not with a job."""
 
     def covered(loc: S3Input) -> bool:
         return any(
