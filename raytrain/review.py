@@ -274,8 +274,10 @@ def synthesize_current(env: str, out: Path) -> Path:
     return out / env
 
 
-def synthesize_ref(env: str, ref: str, out: Path, *, repo: Path = ROOT) -> Path:
-    """Synthesize `env` as of git `ref`, in a temporary worktree, with this interpreter."""
+def synthesize_ref(env: str, ref: str, out: Path, *, repo: Path | None = None) -> Path:
+    """Synthesize `env` as of git `ref` of `repo` (default: this checkout), in a temporary
+    worktree, with this interpreter."""
+    repo = repo or ROOT
     git = shutil.which("git")
     if git is None:
         raise ReviewError("git is not installed; pass a saved cdk.out folder as --base")

@@ -223,9 +223,23 @@ def test_largest_micro_batch_is_the_last_that_fits() -> None:
     opts: dict[str, Any] = dict(shape="qwen2.5-1.5b", seq_len=2048, shard=4, communicators=3)
     best = largest_micro_batch(capacity, **opts)
     assert best >= 1
-    assert plan(micro_batch=best, **opts).fits(capacity)
-    assert not plan(micro_batch=best + 1, **opts).fits(capacity)
+    # Judged by the bytes, not by the plan's own `fits`.
+    assert (
+        plan(micro_batch=best, **opts).device_bytes
+        <= capacity
+        < plan(micro_batch=best + 1, **opts).device_bytes
+    )
     assert largest_micro_batch(int(1 * GIB), **opts) == 0
+
+
+def test_fits_counts_every_byte_the_rank_needs() -> None:
+    """`fits` is device_bytes (the allocated peak plus slack, CUDA context and NCCL) against the
+    capacity, inclusive: one byte short does not fit."""
+    p = plan("qwen2.5-1.5b", seq_len=2048, micro_batch=2, shard=4, communicators=3)
+    overhead = sum(t.bytes for t in p.overhead)
+    assert overhead > 0 and p.device_bytes == p.allocated_bytes + overhead
+    assert p.fits(p.device_bytes) and not p.fits(p.device_bytes - 1)
+    assert not p.fits(p.allocated_bytes)
 
 
 def test_bad_inputs_are_named() -> None:

@@ -157,3 +157,75 @@ def test_json_output_lists_changes(tmp_path, capsys):
     assert [(c["logical_id"], c["action"], c["critical"]) for c in stack["changes"]] == [
         ("Group", "replaced", True)
     ]
+
+
+# A repository of its own for the default path (`--base HEAD`, no --current): its stacks.synth_all
+# writes the committed template.json as stack S's assembly, the way the real one writes cdk.out/<env>.
+_FAKE_SYNTH = """
+import argparse, json, pathlib
+p = argparse.ArgumentParser(); p.add_argument("env"); p.add_argument("--out", type=pathlib.Path)
+a = p.parse_args()
+root = pathlib.Path(__file__).resolve().parents[1]
+out = a.out / a.env
+out.mkdir(parents=True)
+(out / "S.template.json").write_text((root / "template.json").read_text())
+(out / "manifest.json").write_text(json.dumps({"artifacts": {"S": {
+    "type": "aws:cloudformation:stack", "properties": {"templateFile": "S.template.json"}}}}))
+"""
+
+
+def test_default_review_against_head_shows_a_removed_critical_resource_in_the_table(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    from rich.console import Console
+
+    repo = tmp_path / "repo"
+    (repo / "stacks").mkdir(parents=True)
+    (repo / "stacks" / "__init__.py").write_text("")
+    (repo / "stacks" / "synth_all.py").write_text(_FAKE_SYNTH)
+    (repo / "template.json").write_text(json.dumps(_template()))
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-q", "-m", "base")
+    # The working tree drops the checkpoint bucket outright (no twin: a removal, not a rename).
+    current = _template()
+    del current["Resources"]["Checkpoints1234"]
+    (repo / "template.json").write_text(json.dumps(current))
+    monkeypatch.setattr(review, "ROOT", repo)
+
+    def synthesize_current(env: str, out: Path) -> Path:
+        # The working tree's synthesis, by the same script the base ran at HEAD.
+        command = [sys.executable, "-m", "stacks.synth_all", env, "--out", str(out)]
+        subprocess.run(command, cwd=repo, check=True)
+        return out / env
+
+    monkeypatch.setattr(review, "synthesize_current", synthesize_current)
+
+    parser = argparse.ArgumentParser()
+    review.register(parser.add_subparsers())
+    args = parser.parse_args(["review", "--env", "dev"])
+    assert (args.base, args.current, args.json) == ("HEAD", None, False)
+    console = Console(record=True, width=200)
+    assert review.run(args, console) == review.EXIT_REPLACES
+    text = console.export_text()
+    row = next(line for line in text.splitlines() if "Checkpoints1234" in line and "│" in line)
+    assert [cell.strip() for cell in row.split("│")[1:-1]] == [
+        "S",
+        "Checkpoints1234",
+        "AWS::S3::Bucket",
+        "removed",
+        "yes",
+        "",
+    ]
+    assert "S: 0 added, 1 removed, 0 modified, 0 replaced" in text
+    assert "1 critical resource(s) would be replaced or removed: Checkpoints1234" in text
+    # Nothing of the temporary worktree is left registered in the repository.
+    listed = subprocess.run(
+        ["git", "-C", str(repo), "worktree", "list"], capture_output=True, text=True, check=True
+    )
+    assert len(listed.stdout.splitlines()) == 1
