@@ -65,8 +65,8 @@ diff: setup-cdk ## npx cdk diff for ENV against the deployed stacks (needs AWS c
 review: setup-cdk ## offline review of ENV against BASE (git ref, default HEAD, or a saved cdk.out/<env>); exit 1 if a critical resource would be replaced
 	$(VENV)/bin/raytrain review --env $(ENV) --base $(BASE)
 
-# PYTEST_ARGS: extra pytest arguments. CI passes -m "not ray": it runs the Ray-marked tests (Ray Train
-# end to end, Ray Data preparation; all under tests/training) once, in test-image, on the versions the
+# PYTEST_ARGS: extra pytest arguments. CI passes -m "not image": it runs the training package's tests
+# (tests/training, Ray Train and Ray Data end to end included) once, in test-image, on the versions the
 # Ray pods run, instead of once here and again there. Without it, `make test` runs every test.
 PYTEST_ARGS ?=
 test: setup ## lint, type-check and run the whole test suite
@@ -87,10 +87,11 @@ $(IMAGE_VENV)/.installed: requirements-image.lock config/image.toml | $(VENV)/.i
 
 # Ray's dashboard gives each of its modules 30 s to start; on a busy 2-core CI machine that is not enough.
 test-image: export RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT := 300
-# tests/training whole, the Ray-marked tests included: CI runs those here only (see PYTEST_ARGS).
+# tests/training but the few that need a package the image lacks (marker dev_packages, run by
+# `make test`): CI runs these here only (see PYTEST_ARGS).
 test-image: $(IMAGE_VENV)/.installed ## tests/training and a short training run on the image's Python and package versions
 	$(IPY) -m config.image check
-	$(IPY) -m pytest tests/training -p no:cacheprovider
+	$(IPY) -m pytest tests/training -m image -p no:cacheprovider
 	rm -rf runs/image-smoke
 	HF_HUB_OFFLINE=1 RAY_AUTH_MODE=disabled $(IPY) -m training --init random --shape tiny \
 	  --data training/sample/sample.jsonl --num-workers 2 --micro-batch-size 2 --global-batch-size 8 \
