@@ -288,3 +288,21 @@ def test_parameters_stay_gathered_only_where_the_plan_leaves_the_headroom() -> N
     assert auto_reshard_after_forward(edge + 2, {**one, "micro_batch": 8}) is False
     # An explicit reshard_after_forward among the options changes nothing: the kept plan is asked.
     assert auto_reshard_after_forward(edge, {**one, "micro_batch": 8, "reshard_after_forward": False}) is True
+
+
+@pytest.mark.parametrize(
+    ("compile_", "liger", "elements"),
+    [
+        # Qwen2.5-1.5B: hidden 1536, kv 256 (2 KV heads x 128), ffn 8960, 12 heads; the counts of
+        # saved_per_token's docstring, written out: compiled 4d + 2kv + 2ffn (= 16 d, as measured
+        # on a compiled layer), Liger 6d + 2kv + 3ffn, eager 10d + 2kv + 4ffn; each + 2 x 12 + 4.
+        (True, False, 16 * 1536 + 28),
+        (True, True, 6 * 1536 + 2 * 256 + 3 * 8960 + 28),
+        (False, True, 6 * 1536 + 2 * 256 + 3 * 8960 + 28),
+        (False, False, 10 * 1536 + 2 * 256 + 4 * 8960 + 28),
+    ],
+)
+def test_saved_elements_per_token_of_each_layer_kind(compile_: bool, liger: bool, elements: int) -> None:
+    dims = Dims.of("qwen2.5-1.5b")
+    assert (dims.hidden, dims.kv_dim, dims.ffn, dims.heads) == (1536, 256, 8960, 12)
+    assert saved_per_token(dims, compile=compile_, liger_layers=liger) == elements
