@@ -14,7 +14,7 @@ IPY := $(IMAGE_VENV)/bin/python
 # jsii (under aws-cdk-lib) prints a large banner on Node 20; the CDK CLI itself is pinned in package.json.
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 
-.PHONY: help setup setup-cdk synth test test-fast test-image iac-scan wheels lint format typecheck diff review ls lock lock-image imports train-local train-local-data clean
+.PHONY: help setup setup-cdk synth test test-suite test-fast test-image iac-scan wheels lint format typecheck diff review ls lock lock-image imports train-local train-local-data clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-17s %s\n", $$1, $$2}'
@@ -69,8 +69,11 @@ review: setup-cdk ## offline review of ENV against BASE (git ref, default HEAD, 
 # (tests/training, Ray Train and Ray Data end to end included) once, in test-image, on the versions the
 # Ray pods run, instead of once here and again there. Without it, `make test` runs every test.
 PYTEST_ARGS ?=
+# Lint and the type check (one core, ~2 min from a cold cache) run beside the tests (the other core).
 test: setup ## lint, type-check and run the whole test suite
-	$(MAKE) --no-print-directory lint typecheck
+	$(MAKE) --no-print-directory -j2 lint typecheck test-suite
+
+test-suite: setup ## the test suite alone (with PYTEST_ARGS), no lint or type check
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: setup ## tests without the slow Ray integration tests
