@@ -99,6 +99,20 @@ def test_replacement_propagates_through_create_only_references():
     assert {k for k, c in changes.items() if c.action == "replaced"} == {"Vpc", "Subnet", "Group"}
 
 
+def test_replacement_propagates_through_a_get_att_reference():
+    """A create-only property that takes another resource's attribute (Fn::GetAtt) is replaced with
+    it: a node group whose node role is replaced is replaced too."""
+    old, new = _template(), _template()
+    for t in (old, new):
+        t["Resources"]["NodeRole"] = {"Type": "AWS::IAM::Role", "Properties": {"RoleName": "nodes"}}
+        t["Resources"]["Group"]["Properties"]["NodeRole"] = {"Fn::GetAtt": ["NodeRole", "Arn"]}
+    new["Resources"]["NodeRole"]["Properties"]["RoleName"] = "nodes-2"
+    changes = _changes(old, new)
+    assert changes["NodeRole"].action == "replaced"
+    assert changes["Group"].action == "replaced" and changes["Group"].critical
+    assert changes["Group"].details == ["NodeRole references a replaced resource"]
+
+
 def test_logical_id_change_of_a_critical_resource_is_a_replacement():
     old, new = _template(), _template()
     new["Resources"]["GroupRenamed"] = new["Resources"].pop("Group")

@@ -172,6 +172,12 @@ def test_shipped_environments_are_valid():
             "addons.cloudwatch_observability",
             "not a pinned EKS add-on version",
         ),
+        (
+            lambda d: d["job"].update(data="s3:/bucket/corpus"),
+            "job.data",
+            "looks like a URI but is not scheme://",
+        ),
+        (lambda d: d["job"].update(data="s3://Bad_Bucket/x"), "job.data", "is not an S3 bucket name"),
         (lambda d: d["tags"].update(team="x" * 257), "tags", "tag 'team': value longer than 256"),
         (lambda d: d["tags"].update({"aws:owner": "me"}), "tags", "not a valid AWS tag key"),
         (
