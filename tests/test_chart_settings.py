@@ -207,3 +207,16 @@ def test_checkpoint_settings_property(keep: int, every: int, steps: int, failure
             SettingsError, match=r"job\.(keep_checkpoints|checkpoint_every|steps|max_failures): "
         ):
             parse_settings(json.dumps(data), name="dev", source=DEV)
+
+
+@pytest.mark.parametrize(("expect", "seen"), [("any", "any"), ("efa", "efa"), ("auto", "efa")])
+def test_the_transport_the_job_expects_reaches_the_workers(expect: str, seen: str) -> None:
+    """job.expect_transport as written (auto: EFA on EFA nodes) is what the gate in each worker
+    reads (RAYTRAIN_EXPECT_TRANSPORT): an explicit value is passed through, not only `auto`."""
+    from tests.test_chart import render, variant
+
+    s = variant("dev", job={"expect_transport": expect})
+    job = next(o for o in render(s) if o["kind"] == "RayJob")
+    (group,) = job["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    env = {e["name"]: e.get("value") for e in group["template"]["spec"]["containers"][0]["env"]}
+    assert env["RAYTRAIN_EXPECT_TRANSPORT"] == seen

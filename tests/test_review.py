@@ -188,16 +188,14 @@ out.mkdir(parents=True)
 """
 
 
-def test_default_review_against_head_shows_a_removed_critical_resource_in_the_table(tmp_path, monkeypatch):
+def _repo(root: Path, synth: str) -> Path:
+    """A git repository whose HEAD has stacks.synth_all (`synth`) and template.json."""
     import subprocess
-    import sys
 
-    from rich.console import Console
-
-    repo = tmp_path / "repo"
+    repo = root / "repo"
     (repo / "stacks").mkdir(parents=True)
     (repo / "stacks" / "__init__.py").write_text("")
-    (repo / "stacks" / "synth_all.py").write_text(_FAKE_SYNTH)
+    (repo / "stacks" / "synth_all.py").write_text(synth)
     (repo / "template.json").write_text(json.dumps(_template()))
 
     def git(*args: str) -> None:
@@ -206,6 +204,28 @@ def test_default_review_against_head_shows_a_removed_critical_resource_in_the_ta
     git("init", "-q")
     git("add", ".")
     git("-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-q", "-m", "base")
+    return repo
+
+
+def test_a_base_that_does_not_synthesize_is_one_message_and_exit_2(tmp_path, monkeypatch, capsys):
+    from rich.console import Console
+
+    repo = _repo(tmp_path, "import sys\nsys.exit('stack Network: bad setting')\n")
+    monkeypatch.setattr(review, "ROOT", repo)
+    args = argparse.Namespace(env="dev", base="HEAD", current=tmp_path / "unused", json=False)
+    console = Console(record=True, width=200)
+    assert review.run(args, console) == review.EXIT_UNUSABLE
+    text = console.export_text()
+    assert "error: synthesis of env=dev at HEAD failed:" in text and "stack Network: bad setting" in text
+
+
+def test_default_review_against_head_shows_a_removed_critical_resource_in_the_table(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    from rich.console import Console
+
+    repo = _repo(tmp_path, _FAKE_SYNTH)
     # The working tree drops the checkpoint bucket outright (no twin: a removal, not a rename).
     current = _template()
     del current["Resources"]["Checkpoints1234"]
