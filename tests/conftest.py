@@ -34,8 +34,8 @@ os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
 # must pass there; the pure-logic ones (options, URIs, the transport gate's log reading, EMF,
 # batch rule) depend on no package version, so once is enough wherever they run, and the image's
 # Python is the one the code runs on. A test that needs a package the image lacks (matplotlib,
-# the settings side) is marked `dev_packages` and runs in `make test`. `make test` without
-# PYTEST_ARGS still runs every test.
+# the settings side, torchao outside the code asset) is marked `dev_packages` and runs in
+# `make test`. `make test` without PYTEST_ARGS still runs every test.
 
 TRAINING_TESTS_DIR = ROOT / "tests" / "training"
 
