@@ -14,7 +14,7 @@ IPY := $(IMAGE_VENV)/bin/python
 # jsii (under aws-cdk-lib) prints a large banner on Node 20; the CDK CLI itself is pinned in package.json.
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 
-.PHONY: help setup setup-cdk synth test test-fast test-image iac-scan wheels lint format typecheck diff review ls lock lock-image imports train-local train-local-data clean
+.PHONY: help setup setup-cdk synth test test-suite test-fast test-image iac-scan wheels lint format typecheck diff review ls lock lock-image imports train-local train-local-data clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-17s %s\n", $$1, $$2}'
@@ -65,12 +65,15 @@ diff: setup-cdk ## npx cdk diff for ENV against the deployed stacks (needs AWS c
 review: setup-cdk ## offline review of ENV against BASE (git ref, default HEAD, or a saved cdk.out/<env>); exit 1 if a critical resource would be replaced
 	$(VENV)/bin/raytrain review --env $(ENV) --base $(BASE)
 
-# PYTEST_ARGS: extra pytest arguments. CI passes -m "not ray": it runs the Ray-marked tests (Ray Train
-# end to end, Ray Data preparation; all under tests/training) once, in test-image, on the versions the
+# PYTEST_ARGS: extra pytest arguments. CI passes -m "not image": it runs the training package's tests
+# (tests/training, Ray Train and Ray Data end to end included) once, in test-image, on the versions the
 # Ray pods run, instead of once here and again there. Without it, `make test` runs every test.
 PYTEST_ARGS ?=
+# Lint and the type check (one core, ~2 min from a cold cache) run beside the tests (the other core).
 test: setup ## lint, type-check and run the whole test suite
-	$(MAKE) --no-print-directory lint typecheck
+	$(MAKE) --no-print-directory -j2 lint typecheck test-suite
+
+test-suite: setup ## the test suite alone (with PYTEST_ARGS), no lint or type check
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: setup ## tests without the slow Ray integration tests
@@ -87,10 +90,11 @@ $(IMAGE_VENV)/.installed: requirements-image.lock config/image.toml | $(VENV)/.i
 
 # Ray's dashboard gives each of its modules 30 s to start; on a busy 2-core CI machine that is not enough.
 test-image: export RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT := 300
-# tests/training whole, the Ray-marked tests included: CI runs those here only (see PYTEST_ARGS).
+# tests/training but the few that need a package the image lacks (marker dev_packages, run by
+# `make test`): CI runs these here only (see PYTEST_ARGS).
 test-image: $(IMAGE_VENV)/.installed ## tests/training and a short training run on the image's Python and package versions
 	$(IPY) -m config.image check
-	$(IPY) -m pytest tests/training -p no:cacheprovider
+	$(IPY) -m pytest tests/training -m image -p no:cacheprovider
 	rm -rf runs/image-smoke
 	HF_HUB_OFFLINE=1 RAY_AUTH_MODE=disabled $(IPY) -m training --init random --shape tiny \
 	  --data training/sample/sample.jsonl --num-workers 2 --micro-batch-size 2 --global-batch-size 8 \

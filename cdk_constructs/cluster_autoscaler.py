@@ -54,6 +54,9 @@ from cdk_constructs.nag import acknowledge
 from config.catalogue import Instance
 from config.names import EFA_RESOURCE, GPU_RESOURCE, SYSTEM_NODE_LABELS
 
+# Scale-down timing: config/provisioned.py (the cost estimate counts it too).
+from config.provisioned import SCALE_DOWN_DELAY_AFTER_ADD, SCALE_DOWN_UNNEEDED
+
 REPOSITORY = "https://kubernetes.github.io/autoscaler"
 CHART = "cluster-autoscaler"
 NAMESPACE = "kube-system"
@@ -75,21 +78,6 @@ IMAGE_TAGS: dict[str, str] = {
 }
 
 NODE_TEMPLATE = "k8s.io/cluster-autoscaler/node-template"
-# Scale-down timing. A GPU node without GPU pods is "unneeded"; it is removed after
-# scale-down-unneeded-time (default 10m), but no sooner than scale-down-delay-after-add (default
-# 10m) after the last scale-up. 5m each keeps the removal well inside 15 minutes of the job's Ray
-# cluster going away (5m + drain + EC2 shutdown), and a short job does not hold its nodes for 10m.
-SCALE_DOWN_UNNEEDED = "5m"
-SCALE_DOWN_DELAY_AFTER_ADD = "5m"
-# Allowance for the drain and the EC2 shutdown once a node is found unneeded (an estimate, not a
-# setting): with it, how long a GPU node stays after its worker pod went (raytrain cost).
-DRAIN_AND_SHUTDOWN_MINUTES = 5
-
-
-def empty_gpu_node_minutes() -> int:
-    """At most how long a GPU node is billed after its last GPU pod is deleted."""
-    assert SCALE_DOWN_UNNEEDED.endswith("m")
-    return int(SCALE_DOWN_UNNEEDED[:-1]) + DRAIN_AND_SHUTDOWN_MINUTES
 
 
 def node_template_resource_tags(instance: Instance, *, efa: bool) -> dict[str, str]:

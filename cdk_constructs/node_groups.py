@@ -21,6 +21,9 @@ from config.names import (
     SYSTEM_NODE_LABELS,
     SYSTEM_NODE_ROLE,
 )
+
+# Root volume IOPS and throughput: config/provisioned.py (the cost estimate counts them too).
+from config.provisioned import ROOT_IOPS, ROOT_THROUGHPUT_MIBPS
 from config.settings import CapacityType, GpuNodeSettings, SystemNodeSettings
 
 # Label the autoscaler reads to know a node is a GPU node whose GPUs are not advertised yet (the
@@ -42,10 +45,6 @@ def gpu_node_labels(instance: Instance) -> dict[str, str]:
 
 
 ROOT_DEVICE = "/dev/xvda"  # AL2023 EKS AMIs boot from /dev/xvda
-# gp3 baseline is 3000 IOPS / 125 MiB/s; image layers of the DLC (~20 GB) unpack faster with more
-# throughput, which shortens node start. (Billed above 125 MiB/s: config/costs.py.)
-ROOT_IOPS = 3000
-ROOT_THROUGHPUT_MIBPS = 250
 
 _METADATA_OPTIONS = ec2.CfnLaunchTemplate.MetadataOptionsProperty(
     http_endpoint="enabled",

@@ -4,9 +4,10 @@ Kubernetes (resource requests), Ray (num-gpus), EC2 (launch template network int
 settings validation all read these numbers from here; nothing else re-types them.
 
 Sources: the EC2 instance-type documentation (accelerated computing, network specifications,
-EFA-supported types) and the VPC CNI max-pods table (ENIs x (IPv4 per ENI - 1) + 2, capped by EKS
-at 110 below 30 vCPU and 250 above). Kubelet reservations follow what the EKS AL2023 AMI
-(nodeadm) configures; see `Instance.allocatable_*`.
+EFA-supported types) and the VPC CNI max-pods table (ENIs of the default network card x (IPv4 per
+ENI - 1) + 2, capped by EKS at 110 below 30 vCPU and 250 above); tests/test_catalogue_ec2.py checks
+every type against EC2's own DescribeInstanceTypes data (the copy moto serves). Kubelet reservations
+follow what the EKS AL2023 AMI (nodeadm) configures; see `Instance.allocatable_*`.
 """
 
 from __future__ import annotations
@@ -163,6 +164,7 @@ _TYPES = [
         enis=4,
         ipv4_per_eni=15,
     ),
+    # EFA GPU types.
     Instance(
         "g5.12xlarge",
         vcpus=48,
@@ -170,12 +172,12 @@ _TYPES = [
         gpus=4,
         gpu_model="A10G",
         gpu_memory_gib=24,
+        efa_interfaces=1,
         network_gbps=40,
-        max_pods=234,
+        max_pods=250,
         enis=15,
         ipv4_per_eni=50,
     ),
-    # EFA GPU types.
     Instance(
         "g6.12xlarge",
         vcpus=48,
@@ -211,7 +213,7 @@ _TYPES = [
         gpu_memory_gib=48,
         efa_interfaces=1,
         network_gbps=100,
-        max_pods=234,
+        max_pods=250,
         enis=10,
         ipv4_per_eni=30,
     ),

@@ -3,9 +3,9 @@
 
 Idle: what runs between jobs (EKS control plane, system nodes and their root volumes, NAT
 gateways, interface endpoints, and the GPU group at its minimum size). Running: idle plus the GPU
-nodes of one job (`job.nodes`) and their root volumes. Three facts come from the infrastructure
-code that defines them (root volume throughput, the interface endpoints, the autoscaler's
-scale-down delay), read where they are written so they are never typed twice.
+nodes of one job (`job.nodes`) and their root volumes. Three facts the infrastructure code
+provisions with (root volume throughput, the interface endpoints, the autoscaler's scale-down
+delay) are written once in config/provisioned.py, which both read.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from config.prices import (
     instance_per_hour,
     prices_for,
 )
+from config.provisioned import INTERFACE_ENDPOINTS, ROOT_THROUGHPUT_MIBPS, empty_gpu_node_minutes
 from config.settings import CapacityType, Settings
 
 
@@ -157,11 +158,6 @@ def estimate(
     settings: Settings, prices: RegionPrices | None = None, *, spot_per_hour: float | None = None
 ) -> CostEstimate:
     """`prices`: the region's (default: the pinned table, config/prices.py)."""
-    # Imported here: they pull in aws_cdk, which `raytrain --help` does not need.
-    from cdk_constructs.cluster_autoscaler import empty_gpu_node_minutes
-    from cdk_constructs.node_groups import ROOT_THROUGHPUT_MIBPS
-    from stacks.network_stack import INTERFACE_ENDPOINTS
-
     prices = prices or prices_for(settings.region)
     system, gpu = settings.system_nodes, settings.gpu_nodes
     system_rate = instance_per_hour(prices, system.instance_type)

@@ -40,6 +40,31 @@ def load_settings(
 ) -> Settings:
     """`overrides`: `job.FIELD=VALUE` items (`raytrain job submit --set`), applied on top of the
     file and validated with it by the same model, memory plan included."""
+    path, text = _read(name, directory)
+    settings = parse_settings(text, name=name, source=path, check_memory=check_memory, overrides=overrides)
+    _check_cluster_name_unique(settings, path, directory)
+    return settings
+
+
+def load_with_overrides(
+    name: str, overrides: list[str], directory: Path = ENVIRONMENTS_DIR
+) -> tuple[Settings, Settings | None]:
+    """The environment with `job.FIELD=VALUE` overrides (as `load_settings`), and from the same
+    read of the file the file alone, as deployed: None when the file alone is refused (e.g. a
+    memory check the overrides fix). Without overrides both are the same object."""
+    path, text = _read(name, directory)
+    settings = parse_settings(text, name=name, source=path, overrides=overrides)
+    _check_cluster_name_unique(settings, path, directory)
+    if not overrides:
+        return settings, settings
+    try:
+        deployed: Settings | None = parse_settings(text, name=name, source=path)
+    except SettingsError:
+        deployed = None
+    return settings, deployed
+
+
+def _read(name: str, directory: Path) -> tuple[Path, str]:
     if not directory.is_dir():
         raise SettingsError(f"{_show(directory)}: no such directory of environment files")
     path = environment_file(name, directory)
@@ -48,15 +73,7 @@ def load_settings(
         raise SettingsError(
             f"{_show(path)}: no such environment file for env={name!r}; known environments: {known}"
         )
-    settings = parse_settings(
-        path.read_text(encoding="utf-8"),
-        name=name,
-        source=path,
-        check_memory=check_memory,
-        overrides=overrides,
-    )
-    _check_cluster_name_unique(settings, path, directory)
-    return settings
+    return path, path.read_text(encoding="utf-8")
 
 
 def _check_cluster_name_unique(settings: Settings, path: Path, directory: Path) -> None:

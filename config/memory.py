@@ -26,9 +26,11 @@ from training.memory_plan import (
 )
 from training.sharding import mesh_shape
 
-if TYPE_CHECKING:  # config.settings imports this module: no cycle at run time
+if TYPE_CHECKING:
     from config.catalogue import Instance
-    from config.settings import JobSettings
+
+    # config.settings imports this module, so the job is typed by the fields the plan reads.
+    from config.memory_job import PlannedJob as JobSettings
 
 
 def plan_options(job: JobSettings, gpu: Instance, nodes: int, micro: int | None = None) -> dict[str, Any]:

@@ -33,7 +33,7 @@ def model_id(name: str) -> str:
 
 def rows(env: str, config_dir: Path, models: list[str]) -> list[dict[str, Any]]:
     from raytrain.cost import estimate
-    from raytrain.plan import predict
+    from raytrain.prediction import predict
 
     # LoRA as the environment sets it, else LoRA's defaults (rank 16 on every linear layer).
     base = load_settings(env, config_dir, check_memory=False).job.lora

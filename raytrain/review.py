@@ -276,8 +276,9 @@ def synthesize_current(env: str, out: Path) -> Path:
 
 
 def synthesize_ref(env: str, ref: str, out: Path, *, repo: Path | None = None) -> Path | None:
-    """Synthesize `env` as of git `ref`, in a temporary worktree, with this interpreter; None when
-    the environment does not exist there (no config/environments/<env>.yaml at `ref`)."""
+    """Synthesize `env` as of git `ref` of `repo` (default: this checkout), in a temporary
+    worktree, with this interpreter; None when the environment does not exist there (no
+    config/environments/<env>.yaml at `ref`)."""
     repo = repo or ROOT
     git = shutil.which("git")
     if git is None:

@@ -11,16 +11,9 @@ from constructs import Construct
 from cdk_constructs.encrypted_logs import encrypted_log_group
 from cdk_constructs.vpc_cleanup import VpcCleanup
 from config.network import PRIVATE_SUBNET_MASK, PUBLIC_SUBNET_MASK
+from config.provisioned import INTERFACE_ENDPOINTS
 from config.settings import Settings
 from stacks.common import log_retention, removal_policy
-
-# Interface endpoints, one ENI in each AZ's private subnet (and billed per AZ-hour: config/cost.py
-# counts them from here). Image pulls and Pod Identity credentials stay off the NAT gateway.
-INTERFACE_ENDPOINTS: dict[str, ec2.InterfaceVpcEndpointAwsService] = {
-    "EcrApi": ec2.InterfaceVpcEndpointAwsService.ECR,
-    "EcrDocker": ec2.InterfaceVpcEndpointAwsService.ECR_DOCKER,
-    "Sts": ec2.InterfaceVpcEndpointAwsService.STS,
-}
 
 
 class NetworkStack(cdk.Stack):
@@ -80,10 +73,11 @@ class NetworkStack(cdk.Stack):
         endpoint_sg.add_ingress_rule(
             ec2.Peer.ipv4(vpc_settings.cidr), ec2.Port.tcp(443), "HTTPS from the VPC"
         )
-        for name, service in INTERFACE_ENDPOINTS.items():
+        # Which endpoints: config/provisioned.py (the cost estimate counts them per AZ).
+        for name, member in INTERFACE_ENDPOINTS.items():
             self.vpc.add_interface_endpoint(
                 name,
-                service=service,
+                service=getattr(ec2.InterfaceVpcEndpointAwsService, member),
                 private_dns_enabled=True,
                 # The group above already admits HTTPS from the VPC; no second, token-built rule.
                 open=False,

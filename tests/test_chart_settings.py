@@ -217,3 +217,16 @@ def test_a_failed_job_is_not_retried_on_a_new_cluster_by_default() -> None:
     assert JobSettings().backoff_limit == 0
     for name in ("dev", "prod"):
         assert load_settings(name).job.backoff_limit == 0
+
+
+@pytest.mark.parametrize(("expect", "seen"), [("any", "any"), ("efa", "efa"), ("auto", "efa")])
+def test_the_transport_the_job_expects_reaches_the_workers(expect: str, seen: str) -> None:
+    """job.expect_transport as written (auto: EFA on EFA nodes) is what the gate in each worker
+    reads (RAYTRAIN_EXPECT_TRANSPORT): an explicit value is passed through, not only `auto`."""
+    from tests.test_chart import render, variant
+
+    s = variant("dev", job={"expect_transport": expect})
+    job = next(o for o in render(s) if o["kind"] == "RayJob")
+    (group,) = job["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    env = {e["name"]: e.get("value") for e in group["template"]["spec"]["containers"][0]["env"]}
+    assert env["RAYTRAIN_EXPECT_TRANSPORT"] == seen

@@ -16,6 +16,7 @@ from ruamel.yaml import YAML
 
 from cdk_constructs import cluster_autoscaler as ca
 from cdk_constructs.addons import values_file
+from config import provisioned
 from config.catalogue import CATALOGUE
 from config.loader import environment_names, load_settings
 from config.settings import KUBECTL_LAYERS
@@ -355,6 +356,9 @@ def test_scale_down_within_fifteen_minutes():
         assert text.endswith("m")
         return int(text[:-1])
 
-    assert ca.empty_gpu_node_minutes() == minutes(ca.SCALE_DOWN_UNNEEDED) + ca.DRAIN_AND_SHUTDOWN_MINUTES
-    assert ca.empty_gpu_node_minutes() <= 15
+    assert (
+        provisioned.empty_gpu_node_minutes()
+        == minutes(ca.SCALE_DOWN_UNNEEDED) + provisioned.DRAIN_AND_SHUTDOWN_MINUTES
+    )
+    assert provisioned.empty_gpu_node_minutes() <= 15
     assert minutes(ca.SCALE_DOWN_DELAY_AFTER_ADD) <= minutes(ca.SCALE_DOWN_UNNEEDED)

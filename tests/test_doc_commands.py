@@ -251,7 +251,7 @@ def check_make(command: Command) -> None:
 
 
 # The AWS CLI's own commands (awscli/customizations), which botocore's models do not describe.
-AWS_CUSTOMIZATIONS = {("eks", "update-kubeconfig"), ("s3", "sync"), ("sso", "login")}
+AWS_CUSTOMIZATIONS = {("eks", "update-kubeconfig"), ("s3", "sync"), ("s3", "cp"), ("sso", "login")}
 
 
 def check_aws(command: Command) -> None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
+import json
 import shlex
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,22 +53,42 @@ def pod_packages(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def s3_chat_records(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No S3 here: an s3:// data or eval file stands for one jsonl file of chat records (the
-    options read its first record's fields to tell text from chat)."""
-    import training.options_data as options
+def s3_chat_records(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The environments' s3:// data and eval files, served by moto's S3 server: one jsonl file of
+    chat records each (a key without a file suffix is a folder holding one). The options read the
+    first record through pyarrow, as in the pod, to tell text from chat."""
+    import boto3
 
-    real_files, real_fields = options.data_files, options.first_record_fields
+    from tests.moto_server import running_moto_server
 
-    def data_files(data: str) -> list[str]:
-        return [data] if data.startswith("s3://") else real_files(data)
-
-    def first_record_fields(files: str | list[str]) -> tuple[str, list[str]]:
-        first = files if isinstance(files, str) else files[0]
-        return (first, ["messages"]) if first.startswith("s3://") else real_fields(files)
-
-    monkeypatch.setattr(options, "data_files", data_files)
-    monkeypatch.setattr(options, "first_record_fields", first_record_fields)
+    record = json.dumps(
+        {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+    )
+    with running_moto_server() as endpoint:
+        # Where pyarrow's FileSystem.from_uri (the options' way in) and boto3 take them from.
+        for name, value in {
+            "AWS_ENDPOINT_URL_S3": endpoint,
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_REGION": "us-west-2",
+            "AWS_DEFAULT_REGION": "us-west-2",
+        }.items():
+            monkeypatch.setenv(name, value)
+        s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-west-2")
+        for env in environment_names():
+            job = load_settings(env).job
+            for uri in (job.data, job.eval_data):
+                if not (uri and uri.startswith("s3://")):
+                    continue
+                bucket, _, key = uri.removeprefix("s3://").partition("/")
+                if bucket not in {b["Name"] for b in s3.list_buckets()["Buckets"]}:
+                    s3.create_bucket(
+                        Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": "us-west-2"}
+                    )
+                if not key.endswith((".jsonl", ".parquet")):
+                    key = f"{key.rstrip('/')}/part-0.jsonl"
+                s3.put_object(Bucket=bucket, Key=key, Body=f"{record}\n".encode())
+        yield
 
 
 @pytest.mark.parametrize("env", environment_names())

@@ -58,6 +58,41 @@ def test_bad_cache_prefix_is_refused_naming_the_field(prefix: str, says: str) ->
     assert "registry.cache_prefix:" in message and says in message, message
 
 
+def test_an_environment_name_that_is_no_prefix_needs_cache_prefix() -> None:
+    """With the cache on and no cache_prefix, the environment's name is the prefix: a name ECR
+    refuses as one is refused, naming registry.cache_prefix."""
+    import json as json_
+
+    from config.loader import SettingsError, parse_settings
+
+    data = dev_data()
+    data.pop("registry", None)
+    with pytest.raises(SettingsError) as info:
+        parse_settings(json_.dumps(data), name="dev-", source="dev-.yaml")
+    assert "registry.cache_prefix: unset, so the environment's name would be the prefix" in str(info.value)
+    data["registry"] = {"cache_prefix": "dev-team"}
+    assert parse_settings(json_.dumps(data), name="dev-", source="x").image_source.prefix == "dev-team"
+
+
+@pytest.mark.parametrize("region", ["us-west-2", "cn-north-1", "cn-northwest-1", "us-gov-west-1"])
+def test_the_registry_host_is_the_partitions(region: str) -> None:
+    """The private registry's host ends in the region's partition's DNS suffix (botocore's
+    endpoint data: amazonaws.com.cn in China), not a hand-written rule's."""
+    import boto3
+    import botocore.loaders
+
+    from config.registries import ImageSource
+
+    partition = boto3.session.Session().get_partition_for_region(region)
+    partitions = botocore.loaders.create_loader().load_data("endpoints")["partitions"]
+    suffix = next(p["dnsSuffix"] for p in partitions if p["partition"] == partition)
+    source = ImageSource(account="111122223333", region=region, prefix="dev")
+    assert source.registry == f"111122223333.dkr.ecr.{region}.{suffix}"
+    assert source.resolve("quay.io/kuberay/operator:v1.7.0") == (
+        f"111122223333.dkr.ecr.{region}.{suffix}/dev/quay/kuberay/operator:v1.7.0"
+    )
+
+
 def test_cache_on_by_default_with_the_environments_name_and_off_on_request() -> None:
     dev = load_settings("dev")
     assert dev.registry.pull_through_cache and dev.image_source.prefix == "dev"
@@ -94,9 +129,10 @@ def test_rules_for_every_upstream_the_cluster_pulls_from(synthesized, env) -> No
     rules = _resources(synthesized[env].template("Cluster"), "AWS::ECR::PullThroughCacheRule")
     props = sorted((r["Properties"] for r in rules.values()), key=lambda p: p["UpstreamRegistry"])
     prefix = s.image_source.prefix
+    # Written out, not built from UPSTREAMS (the code under test): ECR's upstream names and hosts.
     assert props == [
         {"EcrRepositoryPrefix": f"{prefix}/{name}", "UpstreamRegistry": name, "UpstreamRegistryUrl": host}
-        for name, host in sorted(((n, h) for h, n in UPSTREAMS.items()))
+        for name, host in [("ecr-public", "public.ecr.aws"), ("k8s", "registry.k8s.io"), ("quay", "quay.io")]
     ]
     assert all("CredentialArn" not in p for p in props)
 

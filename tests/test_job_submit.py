@@ -463,3 +463,29 @@ def test_errors_go_to_stderr(tmp_path: Path, capsys: pytest.CaptureFixture[str])
         rc = cli.main(argv)
         out, err = capsys.readouterr()
         assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, (argv, out, err)
+
+
+def test_submit_reads_the_environment_file_once(
+    kube: Kube, s3: Any, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job's settings (with --set) and the file's own (the deployed grants) come from one read
+    of the environment file, handed down; the refusal still names the deployed grants."""
+    import config.loader as loader
+
+    reads: list[str] = []
+    real = loader._read
+    monkeypatch.setattr(loader, "_read", lambda name, directory: reads.append(name) or real(name, directory))
+    rc, text = job(kube, "submit", "--set", "job.data=s3://someone-elses-bucket/corpus")
+    assert rc == 2 and "is not readable by the Ray pods' role" in " ".join(text.split()), text
+    assert reads == [ENV]
+    assert _code_objects(s3, settings) == [] and not kube.jobs
+
+
+def test_load_with_overrides_gives_the_files_own_settings_beside() -> None:
+    from config.loader import load_with_overrides
+
+    with_set, own = load_with_overrides(ENV, ["job.steps=70"])
+    assert own is not None and with_set.job.steps == 70 and own.job.steps != 70
+    assert own == load_settings(ENV)
+    alone, same = load_with_overrides(ENV, [])
+    assert alone is same

@@ -223,9 +223,23 @@ def test_largest_micro_batch_is_the_last_that_fits() -> None:
     opts: dict[str, Any] = dict(shape="qwen2.5-1.5b", seq_len=2048, shard=4, communicators=3)
     best = largest_micro_batch(capacity, **opts)
     assert best >= 1
-    assert plan(micro_batch=best, **opts).fits(capacity)
-    assert not plan(micro_batch=best + 1, **opts).fits(capacity)
+    # Judged by the bytes, not by the plan's own `fits`.
+    assert (
+        plan(micro_batch=best, **opts).device_bytes
+        <= capacity
+        < plan(micro_batch=best + 1, **opts).device_bytes
+    )
     assert largest_micro_batch(int(1 * GIB), **opts) == 0
+
+
+def test_fits_counts_every_byte_the_rank_needs() -> None:
+    """`fits` is device_bytes (the allocated peak plus slack, CUDA context and NCCL) against the
+    capacity, inclusive: one byte short does not fit."""
+    p = plan("qwen2.5-1.5b", seq_len=2048, micro_batch=2, shard=4, communicators=3)
+    overhead = sum(t.bytes for t in p.overhead)
+    assert overhead > 0 and p.device_bytes == p.allocated_bytes + overhead
+    assert p.fits(p.device_bytes) and not p.fits(p.device_bytes - 1)
+    assert not p.fits(p.allocated_bytes)
 
 
 def test_bad_inputs_are_named() -> None:
@@ -274,3 +288,21 @@ def test_parameters_stay_gathered_only_where_the_plan_leaves_the_headroom() -> N
     assert auto_reshard_after_forward(edge + 2, {**one, "micro_batch": 8}) is False
     # An explicit reshard_after_forward among the options changes nothing: the kept plan is asked.
     assert auto_reshard_after_forward(edge, {**one, "micro_batch": 8, "reshard_after_forward": False}) is True
+
+
+@pytest.mark.parametrize(
+    ("compile_", "liger", "elements"),
+    [
+        # Qwen2.5-1.5B: hidden 1536, kv 256 (2 KV heads x 128), ffn 8960, 12 heads; the counts of
+        # saved_per_token's docstring, written out: compiled 4d + 2kv + 2ffn (= 16 d, as measured
+        # on a compiled layer), Liger 6d + 2kv + 3ffn, eager 10d + 2kv + 4ffn; each + 2 x 12 + 4.
+        (True, False, 16 * 1536 + 28),
+        (True, True, 6 * 1536 + 2 * 256 + 3 * 8960 + 28),
+        (False, True, 6 * 1536 + 2 * 256 + 3 * 8960 + 28),
+        (False, False, 10 * 1536 + 2 * 256 + 4 * 8960 + 28),
+    ],
+)
+def test_saved_elements_per_token_of_each_layer_kind(compile_: bool, liger: bool, elements: int) -> None:
+    dims = Dims.of("qwen2.5-1.5b")
+    assert (dims.hidden, dims.kv_dim, dims.ffn, dims.heads) == (1536, 256, 8960, 12)
+    assert saved_per_token(dims, compile=compile_, liger_layers=liger) == elements

@@ -99,6 +99,20 @@ def test_replacement_propagates_through_create_only_references():
     assert {k for k, c in changes.items() if c.action == "replaced"} == {"Vpc", "Subnet", "Group"}
 
 
+def test_replacement_propagates_through_a_get_att_reference():
+    """A create-only property that takes another resource's attribute (Fn::GetAtt) is replaced with
+    it: a node group whose node role is replaced is replaced too."""
+    old, new = _template(), _template()
+    for t in (old, new):
+        t["Resources"]["NodeRole"] = {"Type": "AWS::IAM::Role", "Properties": {"RoleName": "nodes"}}
+        t["Resources"]["Group"]["Properties"]["NodeRole"] = {"Fn::GetAtt": ["NodeRole", "Arn"]}
+    new["Resources"]["NodeRole"]["Properties"]["RoleName"] = "nodes-2"
+    changes = _changes(old, new)
+    assert changes["NodeRole"].action == "replaced"
+    assert changes["Group"].action == "replaced" and changes["Group"].critical
+    assert changes["Group"].details == ["NodeRole references a replaced resource"]
+
+
 def test_logical_id_change_of_a_critical_resource_is_a_replacement():
     old, new = _template(), _template()
     new["Resources"]["GroupRenamed"] = new["Resources"].pop("Group")
@@ -179,3 +193,97 @@ def test_a_new_environment_reviews_as_all_new(tmp_path, capsys, monkeypatch):
     (stack,) = json.loads(out)
     assert stack["changes"] and {c["action"] for c in stack["changes"]} == {"added"}
     assert "does not exist at HEAD" in err and "every resource below is new" in err
+
+
+# A repository of its own for the default path (`--base HEAD`, no --current): its stacks.synth_all
+# writes the committed template.json as stack S's assembly, the way the real one writes cdk.out/<env>.
+_FAKE_SYNTH = """
+import argparse, json, pathlib
+p = argparse.ArgumentParser(); p.add_argument("env"); p.add_argument("--out", type=pathlib.Path)
+a = p.parse_args()
+root = pathlib.Path(__file__).resolve().parents[1]
+out = a.out / a.env
+out.mkdir(parents=True)
+(out / "S.template.json").write_text((root / "template.json").read_text())
+(out / "manifest.json").write_text(json.dumps({"artifacts": {"S": {
+    "type": "aws:cloudformation:stack", "properties": {"templateFile": "S.template.json"}}}}))
+"""
+
+
+def _repo(root: Path, synth: str) -> Path:
+    """A git repository whose HEAD has stacks.synth_all (`synth`) and template.json."""
+    import subprocess
+
+    repo = root / "repo"
+    (repo / "stacks").mkdir(parents=True)
+    (repo / "config" / "environments").mkdir(parents=True)
+    (repo / "config" / "environments" / "dev.yaml").write_text("name: dev\n")  # dev exists at HEAD
+    (repo / "stacks" / "__init__.py").write_text("")
+    (repo / "stacks" / "synth_all.py").write_text(synth)
+    (repo / "template.json").write_text(json.dumps(_template()))
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-q", "-m", "base")
+    return repo
+
+
+def test_a_base_that_does_not_synthesize_is_one_message_and_exit_2(tmp_path, monkeypatch, capsys):
+    from rich.console import Console
+
+    repo = _repo(tmp_path, "import sys\nsys.exit('stack Network: bad setting')\n")
+    monkeypatch.setattr(review, "ROOT", repo)
+    args = argparse.Namespace(env="dev", base="HEAD", current=tmp_path / "unused", json=False)
+    console = Console(record=True, width=200)
+    assert review.run(args, console) == review.EXIT_UNUSABLE
+    text = console.export_text()
+    assert "error: synthesis of env=dev at HEAD failed:" in text and "stack Network: bad setting" in text
+
+
+def test_default_review_against_head_shows_a_removed_critical_resource_in_the_table(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    from rich.console import Console
+
+    repo = _repo(tmp_path, _FAKE_SYNTH)
+    # The working tree drops the checkpoint bucket outright (no twin: a removal, not a rename).
+    current = _template()
+    del current["Resources"]["Checkpoints1234"]
+    (repo / "template.json").write_text(json.dumps(current))
+    monkeypatch.setattr(review, "ROOT", repo)
+
+    def synthesize_current(env: str, out: Path) -> Path:
+        # The working tree's synthesis, by the same script the base ran at HEAD.
+        command = [sys.executable, "-m", "stacks.synth_all", env, "--out", str(out)]
+        subprocess.run(command, cwd=repo, check=True)
+        return out / env
+
+    monkeypatch.setattr(review, "synthesize_current", synthesize_current)
+
+    parser = argparse.ArgumentParser()
+    review.register(parser.add_subparsers())
+    args = parser.parse_args(["review", "--env", "dev"])
+    assert (args.base, args.current, args.json) == ("HEAD", None, False)
+    console = Console(record=True, width=200)
+    assert review.run(args, console) == review.EXIT_REPLACES
+    text = console.export_text()
+    row = next(line for line in text.splitlines() if "Checkpoints1234" in line and "│" in line)
+    assert [cell.strip() for cell in row.split("│")[1:-1]] == [
+        "S",
+        "Checkpoints1234",
+        "AWS::S3::Bucket",
+        "removed",
+        "yes",
+        "",
+    ]
+    assert "S: 0 added, 1 removed, 0 modified, 0 replaced" in text
+    assert "1 critical resource(s) would be replaced or removed: Checkpoints1234" in text
+    # Nothing of the temporary worktree is left registered in the repository.
+    listed = subprocess.run(
+        ["git", "-C", str(repo), "worktree", "list"], capture_output=True, text=True, check=True
+    )
+    assert len(listed.stdout.splitlines()) == 1

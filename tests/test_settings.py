@@ -144,6 +144,52 @@ def test_shipped_environments_are_valid():
             "addons.kuberay_operator",
             "pinned chart version",
         ),
+        (
+            lambda d: d["gpu_nodes"].update(
+                capacity_type="SPOT", capacity_reservation_id="cr-0123456789abcdef0", placement_group=False
+            ),
+            "gpu_nodes.capacity_reservation_id",
+            "cannot be used with capacity_type SPOT",
+        ),
+        (
+            lambda d: d["vpc"].update(availability_zones=["us-west-2a", "us-west-2b", "us-west-2a"]),
+            "vpc.availability_zones",
+            "availability zones repeat",
+        ),
+        (lambda d: d["vpc"].update(cidr="fd00:10::/56"), "vpc.cidr", "only IPv4 CIDR blocks"),
+        (
+            lambda d: d["cluster"].update(public_access_cidrs=["2001:db8::/32"]),
+            "cluster.public_access_cidrs.0",
+            "only IPv4 CIDR blocks",
+        ),
+        (
+            lambda d: d.setdefault("addons", {}).update(node_monitoring_agent="1.7.0"),
+            "addons.node_monitoring_agent",
+            "not a pinned EKS add-on version like v1.7.0-eksbuild.1",
+        ),
+        (
+            lambda d: d.setdefault("addons", {}).update(cloudwatch_observability="v6.4.0"),
+            "addons.cloudwatch_observability",
+            "not a pinned EKS add-on version",
+        ),
+        (
+            lambda d: d["job"].update(data="s3:/bucket/corpus"),
+            "job.data",
+            "looks like a URI but is not scheme://",
+        ),
+        (lambda d: d["job"].update(data="s3://Bad_Bucket/x"), "job.data", "is not an S3 bucket name"),
+        (lambda d: d["tags"].update(team="x" * 257), "tags", "tag 'team': value longer than 256"),
+        (lambda d: d["tags"].update({"aws:owner": "me"}), "tags", "not a valid AWS tag key"),
+        (
+            lambda d: d.setdefault("registry", {}).update(cache_prefix="Team_A"),
+            "registry.cache_prefix",
+            "is not an ECR repository prefix",
+        ),
+        (
+            lambda d: d.setdefault("registry", {}).update(cache_prefix="a" * 25),
+            "registry.cache_prefix",
+            "characters; at most",
+        ),
     ],
 )
 def test_bad_values_name_the_field_and_what_is_valid(mutate, field, hint):

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from aws_cdk.assertions import Match, Template
+from aws_cdk.assertions import Template
+from ruamel.yaml import YAML
 
 from config.catalogue import CATALOGUE
+from config.loader import environment_file
 
 ENVS = ["dev", "prod", "p5"]
 
@@ -299,7 +301,18 @@ def test_dev_removes_state(synthesized):
 
 @pytest.mark.parametrize("env", ["dev", "prod"])
 def test_tags_from_settings(synthesized, env):
+    """Every tag of the environment file, and `environment`, on every resource that takes a tag
+    list, in every stack (cdk.Tags on the app: stacks/environment.py)."""
     s = synthesized[env].settings
-    template = Template.from_json(synthesized[env].template("Network"))
-    expected = [{"Key": k, "Value": v} for k, v in {"environment": s.name, **s.tags}.items()]
-    template.has_resource_properties("AWS::EC2::VPC", {"Tags": Match.array_with(expected[:1])})
+    from_file = YAML(typ="safe", pure=True).load(environment_file(env).read_text())["tags"]
+    assert from_file and s.tags == from_file
+    expected = {"environment": s.name, **from_file}
+    tagged = 0
+    for stack, template in synthesized[env].templates().items():
+        for logical_id, resource in template["Resources"].items():
+            tags = resource.get("Properties", {}).get("Tags")
+            if isinstance(tags, list) and all(isinstance(t, dict) and "Key" in t for t in tags):
+                have = {t["Key"]: t["Value"] for t in tags}
+                assert expected.items() <= have.items(), f"{stack}/{logical_id} ({resource['Type']})"
+                tagged += 1
+    assert tagged >= 10

@@ -184,6 +184,20 @@ class Skipped:
         return {"records": self.records, "reasons": dict(sorted(self.reasons.items())), "first": self.first}
 
 
+def line_start_at_or_after(f: Any, pos: int, size: int) -> int:
+    """The first offset >= pos where a line starts (0, or just after a newline); size if none."""
+    if pos <= 0:
+        return 0
+    at, chunk = pos - 1, 1 << 16
+    while at < size:
+        buf = f.read_at(min(chunk, size - at), at)
+        hit = bytes(buf).find(b"\n")
+        if hit >= 0:
+            return at + hit + 1
+        at += len(buf)
+    return size
+
+
 def line_number(uri: str, offset: int) -> int:
     """1-based line of the byte at `offset`: counts the newlines before it (only on the error path)."""
     from training import shards

@@ -198,7 +198,7 @@ def export_lora(
     """The adapter folder (or with `merged`, the merged model folder) of a LoRA checkpoint at `out`."""
     import torch
 
-    from training.export import _config_and_tokenizer, _open_checkpoint, model_tensors, publish
+    from training.export_files import _config_and_tokenizer, _open_checkpoint, model_tensors, publish
     from training.model import local_model_dir
 
     model = model or (state.get("model_ref") or {}).get("model")

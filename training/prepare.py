@@ -135,20 +135,6 @@ def plan_segments(inputs: list[dict[str, Any]], segment_bytes: int) -> list[Segm
     return segments
 
 
-def _line_start_at_or_after(f: Any, pos: int, size: int) -> int:
-    """The first offset >= pos where a line starts (0, or just after a newline); size if none."""
-    if pos <= 0:
-        return 0
-    at, chunk = pos - 1, 1 << 16
-    while at < size:
-        buf = f.read_at(min(chunk, size - at), at)
-        hit = bytes(buf).find(b"\n")
-        if hit >= 0:
-            return at + hit + 1
-        at += len(buf)
-    return size
-
-
 def _segment_texts(seg: Segment, field: str, skipped: corpus.Skipped | None = None) -> Iterator[list[str]]:
     """The segment's strings in `field`, in order, DOCS_PER_CALL at a time. Records without one
     are counted in `skipped` (training.corpus), with the first one's position."""
@@ -181,8 +167,8 @@ def _segment_texts(seg: Segment, field: str, skipped: corpus.Skipped | None = No
             problem = corpus.kind_problem(seg.uri, bytes(f.read_at(min(corpus.HEAD_BYTES, size), 0)), size)
             if problem:
                 raise DataError(f"{seg.uri} {problem}")
-        begin = _line_start_at_or_after(f, seg.start, size)
-        stop = _line_start_at_or_after(f, seg.end, size) if seg.end < size else size
+        begin = corpus.line_start_at_or_after(f, seg.start, size)
+        stop = corpus.line_start_at_or_after(f, seg.end, size) if seg.end < size else size
         if stop <= begin:
             return
         raw = bytes(f.read_at(stop - begin, begin))

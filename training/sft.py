@@ -125,8 +125,6 @@ def segment_records(seg: Any) -> Iterator[tuple[str, dict[str, Any]]]:
     """(where, record) of a segment in order; `where` names the file and the record."""
     import pyarrow.parquet as pq
 
-    from training.prepare import _line_start_at_or_after
-
     fs, path = shards.filesystem(seg.uri)
     with fs.open_input_file(path) as f:
         if seg.parquet:
@@ -139,8 +137,8 @@ def segment_records(seg: Any) -> Iterator[tuple[str, dict[str, Any]]]:
                     row += 1
             return
         size = f.size()
-        begin = _line_start_at_or_after(f, seg.start, size)
-        stop = _line_start_at_or_after(f, seg.end, size) if seg.end < size else size
+        begin = corpus.line_start_at_or_after(f, seg.start, size)
+        stop = corpus.line_start_at_or_after(f, seg.end, size) if seg.end < size else size
         raw = bytes(f.read_at(stop - begin, begin)) if stop > begin else b""
     at = 0
     while at < len(raw):

@@ -11,6 +11,7 @@ from pydantic import Field, field_validator, model_validator
 
 from config.catalogue import Instance
 from config.image import load as load_image
+from config.memory import micro_batch as planned_micro_batch
 from config.models import ModelError, ModelPlan, resolve
 from config.names import KUBERAY_NAMESPACE, RAY_NAMESPACE
 from config.settings.base import SEMVER_RE, FieldError, SettingsModel
@@ -571,9 +572,7 @@ class JobSettings(SettingsModel):
 
     def micro_batch(self, gpu: Instance) -> int:
         """The micro-batch the job runs on `gpu`'s nodes (`auto` resolved: config/memory.py)."""
-        from config.memory import micro_batch  # config.memory types against this module
-
-        return micro_batch(self, gpu, self.nodes)
+        return planned_micro_batch(self, gpu, self.nodes)
 
     def float8_on(self, gpu: Instance, micro: int | None = None) -> bool:
         """Whether the job trains with float8 linears on `gpu`'s node type at micro-batch `micro`

@@ -29,7 +29,8 @@ from config.names import DEPLOYED, ORIGIN_LABEL
 from config.settings import Settings
 from raytrain import verify
 from raytrain.job.api import JobApi
-from raytrain.job.common import EXIT_OK, JobError, consoles, guarded
+from raytrain.job.common import EXIT_OK, JobError, consoles
+from raytrain.job.entry import guarded
 from raytrain.job.find import Target, _meta, finished
 
 

@@ -23,8 +23,8 @@ from raytrain.job.common import (
     TOKEN_COOKIE,
     JobError,
     consoles,
-    guarded,
 )
+from raytrain.job.entry import guarded
 from raytrain.job.find import Target, _meta, _pod_ready, kuberay_check_name
 
 

@@ -11,7 +11,8 @@ from rich.markup import escape
 
 from config.settings import Settings
 from raytrain.job.api import JobApi
-from raytrain.job.common import EXIT_OK, JobError, consoles, guarded
+from raytrain.job.common import EXIT_OK, JobError, consoles
+from raytrain.job.entry import guarded
 from raytrain.job.find import Target, _created, _meta, _role
 
 

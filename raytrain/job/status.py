@@ -14,7 +14,8 @@ from config.names import ORIGIN_LABEL, RUN_NAME_LABEL
 from config.settings import ClusterMode, Settings
 from raytrain import verify
 from raytrain.job.api import JobApi
-from raytrain.job.common import EXIT_FAILED, EXIT_OK, JOBS_SELECTOR, JobError, consoles, guarded
+from raytrain.job.common import EXIT_FAILED, EXIT_OK, JOBS_SELECTOR, JobError, consoles
+from raytrain.job.entry import guarded
 from raytrain.job.find import Target, _created, _meta, _pod_ready, _restarts, _role, finished, gpu_nodes_held
 from training import progress
 

@@ -26,22 +26,14 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from config.loader import SettingsError, load_settings
+from config.loader import SettingsError, load_with_overrides
 from config.locations import S3Input, checkpoint_bucket_name, checkpoint_uri, s3_inputs
 from config.names import DEPLOYED_JOB_PREFIX, JOBS_ANCHOR, RUN_NAME_LABEL
 from config.settings import ClusterMode, Settings
 from raytrain.job import code
 from raytrain.job.api import JobApi
-from raytrain.job.common import (
-    EXIT_FAILED,
-    EXIT_OK,
-    EXIT_UNUSABLE,
-    JOBS_SELECTOR,
-    JobError,
-    connect,
-    consoles,
-    guarded,
-)
+from raytrain.job.common import EXIT_FAILED, EXIT_OK, EXIT_UNUSABLE, JOBS_SELECTOR, JobError, consoles
+from raytrain.job.entry import connect, guarded, settings_refused
 from raytrain.job.find import _meta, finished, gpu_nodes_held
 from raytrain.verify import VerifyError
 
@@ -68,14 +60,19 @@ def run_submit(args: argparse.Namespace, console: Console | None = None) -> int:
                 soft_wrap=True,
             )
             return 2
+    # One read of the environment file: the job's settings (with --set) and the file's own.
+    try:
+        loaded, own = load_with_overrides(args.env, args.overrides)
+    except SettingsError as exc:
+        return settings_refused(err, exc)
     if args.dry_run:
-        return dry_run(args, err)
+        return dry_run(args, err, loaded, own)
 
     def body(settings: Settings, api: JobApi) -> int:
         # The chart's code loads cdk8s (a jsii process): only this command pays for it.
         from k8s.chart import JobOwner, submitted_rayjob
 
-        check_inputs_granted(settings, args.env)
+        check_inputs_granted(settings, own, args.env)
         name = job_name(args.name, settings)
         ns = settings.workload.namespace
         anchor = api.configmap(ns, JOBS_ANCHOR)
@@ -121,7 +118,7 @@ def run_submit(args: argparse.Namespace, console: Console | None = None) -> int:
             return wait(api, ns, name, console, args.poll_seconds)
         return EXIT_OK
 
-    return guarded(args, console, body, overrides=args.overrides, err=err)
+    return guarded(args, console, body, err=err, settings=loaded)
 
 
 # The ownerReference uid of a RayJob rendered without the cluster (the jobs anchor's uid is the
@@ -129,21 +126,16 @@ def run_submit(args: argparse.Namespace, console: Console | None = None) -> int:
 OFFLINE_OWNER_UID = "<uid of ConfigMap ray-train-jobs: read from the cluster at submit>"
 
 
-def dry_run(args: argparse.Namespace, err: Console) -> int:
+def dry_run(args: argparse.Namespace, err: Console, settings: Settings, own: Settings | None) -> int:
     """`--dry-run`: print the RayJob `submit` would create, as JSON on stdout; upload and create
     nothing. With the cluster reachable, the same reads and refusals as a submit (the jobs anchor,
     a run name in use); without (no kubeconfig, no credentials, endpoint unreachable), rendered
     offline from the settings, with one line on stderr saying what was not checked."""
     from k8s.chart import JobOwner, submitted_rayjob
 
-    try:
-        settings = load_settings(args.env, overrides=args.overrides)
-    except SettingsError as exc:
-        err.print(f"[bold red]settings:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
-        return EXIT_UNUSABLE
     where = f"raytrain job submit --dry-run ({settings.name})"
     try:
-        check_inputs_granted(settings, args.env)
+        check_inputs_granted(settings, own, args.env)
         name = job_name(args.name, settings)
     except JobError as exc:
         err.print(f"[bold red]{where}:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
@@ -205,13 +197,12 @@ def job_name(given: str | None, settings: Settings) -> str:
     return f"{SUBMITTED_PREFIX}{slug}-{stamp}-{suffix}" if slug else f"{SUBMITTED_PREFIX}{stamp}-{suffix}"
 
 
-def check_inputs_granted(settings: Settings, env: str) -> None:
+def check_inputs_granted(settings: Settings, own: Settings | None, env: str) -> None:
     """An s3:// data or model set with --set must lie inside what the deployed role may read (the
-    environment file's locations): the grants come with a deploy, not with a job."""
-    try:
-        deployed = s3_inputs(load_settings(env))
-    except SettingsError:  # the file alone fails (e.g. memory plan): the overrides fixed it
-        deployed = []
+    environment file's own locations, `own`: the file without the overrides, from the same read;
+    None when the file alone is refused, e.g. a memory plan the overrides fixed): the grants come
+    with a deploy, not with a job."""
+    deployed = s3_inputs(own) if own is not None else []
 
     def covered(loc: S3Input) -> bool:
         return any(

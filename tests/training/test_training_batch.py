@@ -37,10 +37,10 @@ def test_options_follow_the_rule(global_batch: int, micro: int, workers: int) ->
         assert parse_args(argv).global_batch_size == global_batch
 
 
+@pytest.mark.dev_packages  # the settings side (config/) is not in the image: CI runs this in make test
 @settings(max_examples=20, deadline=None)
 @given(global_batch=st.integers(1, 64), micro=st.integers(1, 8))
 def test_settings_follow_the_rule(global_batch: int, micro: int) -> None:
-    # The settings side (config/) is not in the image: CI's image stage runs the rest of this file.
     pytest.importorskip("ruamel.yaml", reason="the settings side (config/) is not installed here")
     from ruamel.yaml import YAML
 

@@ -20,6 +20,11 @@ from training import checkpoint
 from training.export import main as export_main
 from training.lora_spec import LoraSpec
 
+# peft (and accelerate) reach the job through the code asset (wheels/, config/image.toml
+# [job_packages]), not the image's virtualenv that `make test-image` builds: CI runs these in
+# `make test` (tests/conftest.py).
+pytestmark = pytest.mark.dev_packages
+
 IDS = torch.tensor([[1, 70, 71, 72, 2, 201, 1, 80, 81, 90, 91, 92]])
 RANK = 4
 

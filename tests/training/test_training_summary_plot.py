@@ -30,6 +30,7 @@ def test_chance_level_only_for_random_data():
     assert summary.chance_loss(_summary("s3://bucket/prepared", [5.6])) is None
 
 
+@pytest.mark.dev_packages  # matplotlib is not in the image (the run skips its plot there)
 def test_plot_draws_chance_level_smoothed_curve_and_final_values(tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
     import matplotlib.axes

@@ -198,6 +198,29 @@ def test_efa_direct_fabric_counts_as_efa() -> None:
     assert v.ok and v.transport == "efa"
 
 
+@pytest.mark.parametrize(
+    ("networks", "expect_ok", "transport"),
+    [
+        # The plugin was picked first, then NCCL fell back: the rank's traffic is on sockets.
+        (["Libfabric", "Socket"], False, "socket"),
+        # A second selection of the plugin after a socket line: the last one is what NCCL uses.
+        (["Socket", "Libfabric"], True, "efa"),
+    ],
+)
+def test_a_ranks_last_using_network_line_decides(
+    networks: list[str], expect_ok: bool, transport: str
+) -> None:
+    """Without channel lines (the log ends before NCCL set them up) the gate judges each rank by
+    the network NCCL selected last (NCCL prints 'Using network' again when it falls back)."""
+    lines = []
+    for host in ("h1:1:1", "h2:5:5"):
+        lines.append(f"{host} [0] NCCL INFO NET/OFI Selected provider is efa, fabric is efa (found 1 nics)")
+        lines += [f"{host} [0] NCCL INFO Using network {net}" for net in networks]
+    v = classify(list(parse_lines(lines).values()), "efa")
+    assert (v.ok, v.transport) == (expect_ok, transport), v.reasons
+    assert [r["network"] for r in v.ranks] == [networks[-1]] * 2
+
+
 def test_bad_expectation_is_rejected() -> None:
     with pytest.raises(ValueError, match="expect must be one of"):
         classify([], "tcp")

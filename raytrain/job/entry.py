@@ -1,0 +1,58 @@
+"""The entry every `raytrain job` action shares: the environment's settings loaded once, the API
+connected, the action run; every refusal is one line and exit 2.
+
+Apart from common.py (names and the error), which api.py imports: this module imports api.py, so
+neither imports the other back.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+from rich.console import Console
+from rich.markup import escape
+
+from config.loader import SettingsError, load_settings
+from config.settings import Settings
+from raytrain import verify
+from raytrain.job.api import JobApi
+from raytrain.job.common import EXIT_UNUSABLE, JobError
+from raytrain.verify import VerifyError
+
+
+def connect(args: argparse.Namespace, settings: Settings) -> JobApi:
+    return JobApi(verify.connect(args.kubeconfig, args.context, settings))
+
+
+def settings_refused(console: Console, exc: SettingsError) -> int:
+    console.print(f"[bold red]settings:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+    return EXIT_UNUSABLE
+
+
+def guarded(
+    args: argparse.Namespace,
+    console: Console,
+    body: Callable[[Settings, JobApi], int],
+    *,
+    overrides: list[str] | None = None,
+    err: Console | None = None,
+    settings: Settings | None = None,
+) -> int:
+    """Load the settings (with `--set` overrides; unless the action loaded them: `settings`),
+    connect, run `body`; every refusal is one line (on `err`) and exit 2."""
+    err = err or console
+    if settings is None:
+        try:
+            settings = load_settings(args.env, overrides=overrides)
+        except SettingsError as exc:
+            return settings_refused(err, exc)
+    try:
+        return body(settings, connect(args, settings))
+    except (VerifyError, JobError) as exc:
+        err.print(
+            f"[bold red]raytrain job {args.job_command} ({settings.name}):[/] {escape(str(exc))}",
+            highlight=False,
+            soft_wrap=True,
+        )
+        return EXIT_UNUSABLE
