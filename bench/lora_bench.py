@@ -118,7 +118,7 @@ def measure(args: argparse.Namespace, point: tuple[str, int]) -> dict[str, Any]:
     def build_on_gpu(*a: Any, **k: Any) -> Any:
         # Random weights made on the GPU: initialising 7 B parameters on the host takes minutes and
         # measures nothing (the job loads its weights from files); FSDP2 shards them where they are.
-        with torch.device("cuda", 0):
+        with torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu"):
             return real_build(*a, **k)
 
     trainer_mod.build_model = build_on_gpu
