@@ -321,3 +321,15 @@ def test_lora_terms() -> None:
     assert lora.comm_s[hsdp] == pytest.approx(full.comm_s[hsdp] * n_lora / dims.params)
     assert lora.tokens_per_s > full.tokens_per_s
     assert lora.mfu == pytest.approx(lora.tokens_per_s * f_lora / (8 * 121e12))
+
+
+def test_lora_step_at_7b_on_one_h200_within_ten_percent() -> None:
+    """The first measured LoRA step (BENCHMARKS.md "LoRA at 7B on one H200"): Qwen2.5-7B, r=16,
+    seq 4096, micro-batch 4, parameters kept gathered, 0.967 s (16,948 tokens/s). The LoRA terms
+    were predictions before it; the model predicts 1.027 s here (6 % slow), inside a lease's spread."""
+    from training.lora_spec import LoraSpec
+
+    got = step_time(
+        Dims.of("qwen2.5-7b"), H200, seq_len=4096, micro_batch=4, lora=LoraSpec(), reshard_after_forward=False
+    )
+    assert got.step_s == pytest.approx(0.967, rel=0.10)
