@@ -94,7 +94,3 @@ def adapter_key(name: str) -> str | None:
     if ".lora_" not in name:
         return None
     return "base_model.model." + name.replace(f".{ADAPTER_NAME}.", ".")
-
-
-def count_trainable(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
