@@ -173,6 +173,23 @@ def _kubectl_patch(kubectl: Path, obj: dict[str, Any], patch: str, work: Path) -
     return dict(json.loads(out.stdout))
 
 
+# The operator release whose container.go operator_container() follows.
+OPERATOR_RULE_VERSION = "3.6.0"
+
+
+def test_the_operator_rule_is_the_pinned_add_ons() -> None:
+    """The add-on's chart runs the operator release whose rule is transcribed below: a bump of
+    the add-on to another operator fails here until container.go is read again."""
+    settings = load_settings("prod")
+    values = YAML(typ="safe", pure=True).load(
+        chart_values_yaml(
+            "amazon-cloudwatch-observability", settings.addons.cloudwatch_observability_chart
+        ).read_text()
+    )
+    assert values["manager"]["image"]["repository"] == "cloudwatch-agent-operator"
+    assert values["manager"]["image"]["tag"] == OPERATOR_RULE_VERSION
+
+
 def operator_container(spec: dict[str, Any]) -> dict[str, Any]:
     """The exporter container the add-on's operator builds from a DcgmExporter spec: `spec.args`
     as sorted `--key=value`, web-config-file added when tlsConfig is set, `spec.env` plus the
