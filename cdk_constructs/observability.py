@@ -144,7 +144,8 @@ def metrics_fluent_bit_conf(ray_namespace: str, log_group: str) -> str:
 
 def cloudwatch_addon_configuration(ray_namespace: str, metrics_log_group: str) -> dict[str, Any]:
     """The add-on's advanced configuration: only an extra Fluent Bit file; the agent, DCGM exporter,
-    tolerations (all taints, so GPU nodes too) and default log files stay the add-on's own."""
+    tolerations (all taints, so GPU nodes too) and default log files stay the add-on's own (which
+    DCGM engine the exporter uses: cdk_constructs/dcgm_engine.py)."""
     return {
         "containerLogs": {
             "fluentBit": {

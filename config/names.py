@@ -50,12 +50,25 @@ NODE_MONITORING_AGENT = "eks-node-monitoring-agent"
 DCGM_SERVER = "dcgm-server"
 DCGM_SERVER_LABELS = {"k8s-app": DCGM_SERVER, "version": "v1"}
 ACCELERATED_HARDWARE_CONDITION = "AcceleratedHardwareReady"
+# dcgm-server's nv-hostengine listens here (`-b ALL`, containerPort and hostPort 5555).
+DCGM_ENGINE_PORT = 5555
+# Our ClusterIP Service in front of dcgm-server with internalTrafficPolicy Local: a client pod
+# reaches the engine of its own node only (cdk_constructs/dcgm_engine.py, docs/node-health.md).
+DCGM_ENGINE_SERVICE = "dcgm-hostengine"
 # The CloudWatch observability add-on's namespace, and the image repository of its DCGM exporter
 # (chart amazon-cloudwatch-observability 6.4.0, values dcgmExporter.image.repository), whose pods
-# run a DCGM host engine of their own unless DCGM_REMOTE_HOSTENGINE_INFO names another (docs/node-health.md).
+# run a DCGM host engine of their own unless told to use another: the flag
+# --remote-hostengine-info (-r) or its environment variable (NVIDIA/dcgm-exporter pkg/cmd/app.go).
 CLOUDWATCH_NAMESPACE = "amazon-cloudwatch"
 DCGM_EXPORTER_IMAGE = "dcgm-exporter"
 DCGM_REMOTE_ENGINE_ENV = "DCGM_REMOTE_HOSTENGINE_INFO"
+DCGM_REMOTE_ENGINE_FLAG = "remote-hostengine-info"
+
+
+def dcgm_engine_address() -> str:
+    """host:port of the node-local DCGM host engine, as a pod in another namespace names it."""
+    return f"{DCGM_ENGINE_SERVICE}.{NODE_MONITORING_NAMESPACE}.svc:{DCGM_ENGINE_PORT}"
+
 
 # --- The Ray workload -----------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from cdk_constructs.addons import (
     chart_image_repository,
 )
 from cdk_constructs.cluster_autoscaler import ClusterAutoscaler, node_template_resource_tags
+from cdk_constructs.dcgm_engine import SharedDcgmEngine
 from cdk_constructs.encrypted_logs import encrypted_log_group
 from cdk_constructs.image_cache import PullThroughCache
 from cdk_constructs.image_cache_warmer import ImageCacheWarmer
@@ -332,4 +333,14 @@ class ClusterStack(cdk.Stack):
                 dashboard_name=settings.stack_prefix,
                 cluster_name=settings.cluster.name,
                 metrics_log_group=container_insights_log_group(settings.cluster.name, METRICS_LOG_KIND),
+            )
+        self.dcgm_engine: SharedDcgmEngine | None = None
+        if self.node_monitoring is not None and self.container_insights is not None:
+            # Both add-ons bring a DCGM engine to GPU nodes: the exporter uses dcgm-server's.
+            self.dcgm_engine = SharedDcgmEngine(
+                self,
+                "SharedDcgmEngine",
+                cluster=self.cluster_ref,
+                engine_addon=self.node_monitoring,
+                exporter_addon=self.container_insights.addon,
             )

@@ -26,7 +26,9 @@ from typing import Any
 from ruamel.yaml import YAML
 
 from cdk_constructs.addons import CHART_VALUES_DIR
-from config.settings import KUBECTL_LAYERS
+from cdk_constructs.observability import CLOUDWATCH_ADDON
+from config.names import CLOUDWATCH_NAMESPACE, NODE_MONITORING_AGENT, NODE_MONITORING_NAMESPACE
+from config.settings import KUBECTL_LAYERS, Settings
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "charts"
 
@@ -152,3 +154,37 @@ def render(
     )
     assert out.returncode == 0, f"helm template {release.chart} {release.version}: {out.stderr}"
     return [d for d in YAML(typ="safe", pure=True).load_all(out.stdout) if d]
+
+
+def nma_release(
+    template: dict[str, Any], settings: Settings, config: dict[str, Any] | None = None
+) -> Release:
+    """The node monitoring add-on as a chart release: the pinned add-on version's chart, with the
+    configuration values the template gives EKS (or `config`)."""
+    found = addon_configuration(template, NODE_MONITORING_AGENT)
+    assert found is not None
+    version, values = found
+    assert version == settings.addons.node_monitoring_agent
+    return Release(
+        NODE_MONITORING_AGENT,
+        settings.addons.node_monitoring_agent_chart,
+        NODE_MONITORING_AGENT,
+        NODE_MONITORING_NAMESPACE,
+        values if config is None else config,
+    )
+
+
+def cloudwatch_release(template: dict[str, Any], settings: Settings) -> Release:
+    """The CloudWatch observability add-on as a chart release: our configuration values, plus the
+    cluster's name and region, which EKS supplies to the chart itself."""
+    found = addon_configuration(template, CLOUDWATCH_ADDON)
+    assert found is not None
+    version, values = found
+    assert version == settings.addons.cloudwatch_observability
+    return Release(
+        CLOUDWATCH_ADDON,
+        settings.addons.cloudwatch_observability_chart,
+        CLOUDWATCH_ADDON,
+        CLOUDWATCH_NAMESPACE,
+        {**values, "clusterName": settings.cluster.name, "region": settings.region},
+    )

@@ -28,10 +28,8 @@ import cdk8s
 import pytest
 
 from cdk_constructs.cluster_autoscaler import NODE_TEMPLATE
-from cdk_constructs.observability import CLOUDWATCH_ADDON
 from config.catalogue import CATALOGUE
 from config.names import (
-    CLOUDWATCH_NAMESPACE,
     DCGM_SERVER,
     EFA_DEVICE_PLUGIN_CHART,
     EFA_RESOURCE,
@@ -48,7 +46,7 @@ from config.names import (
 from config.settings import Settings
 from k8s import chart as workload_chart
 from tests import scheduling as sch
-from tests.helm_charts import Release, addon_configuration, helm_releases, layer_helm, render
+from tests.helm_charts import cloudwatch_release, helm_releases, layer_helm, nma_release, render
 
 ENVS = ["dev", "prod", "p5"]
 CODE_URI = "s3://cdk-assets-111122223333-us-west-2/0123abcd.zip"
@@ -92,40 +90,6 @@ def _node_groups(template: dict[str, Any], settings: Settings) -> dict[str, sch.
             efa=settings.gpu_nodes.efa,
         )
     return out
-
-
-def nma_release(
-    template: dict[str, Any], settings: Settings, config: dict[str, Any] | None = None
-) -> Release:
-    """The node monitoring add-on as a chart release: the pinned add-on version's chart, with the
-    configuration values the template gives EKS (or `config`)."""
-    found = addon_configuration(template, NODE_MONITORING_AGENT)
-    assert found is not None
-    version, values = found
-    assert version == settings.addons.node_monitoring_agent
-    return Release(
-        NODE_MONITORING_AGENT,
-        settings.addons.node_monitoring_agent_chart,
-        NODE_MONITORING_AGENT,
-        NODE_MONITORING_NAMESPACE,
-        values if config is None else config,
-    )
-
-
-def cloudwatch_release(template: dict[str, Any], settings: Settings) -> Release:
-    """The CloudWatch observability add-on as a chart release: our configuration values, plus the
-    cluster's name and region, which EKS supplies to the chart itself."""
-    found = addon_configuration(template, CLOUDWATCH_ADDON)
-    assert found is not None
-    version, values = found
-    assert version == settings.addons.cloudwatch_observability
-    return Release(
-        CLOUDWATCH_ADDON,
-        settings.addons.cloudwatch_observability_chart,
-        CLOUDWATCH_ADDON,
-        CLOUDWATCH_NAMESPACE,
-        {**values, "clusterName": settings.cluster.name, "region": settings.region},
-    )
 
 
 def ray_pods(settings: Settings) -> list[sch.PodTemplate]:

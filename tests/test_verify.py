@@ -664,10 +664,11 @@ def test_node_health_not_checked_without_node_monitoring(settings: Settings, ser
     assert all(c.result != verify.FAIL for c in checks), checks
 
 
-def test_a_second_dcgm_engine_beside_dcgm_server_is_shown(settings: Settings, serve_kube_api) -> None:
-    """Container Insights on (prod): the add-on's dcgm-exporter without DCGM_REMOTE_HOSTENGINE_INFO
-    runs its own engine beside dcgm-server (a warning naming both); one that names a remote engine
-    passes; the gate's exit status is unchanged (warnings do not fail it)."""
+def test_dcgm_engines_one_when_the_exporter_uses_dcgm_server(settings: Settings, serve_kube_api) -> None:
+    """Container Insights on (prod): an exporter told to use dcgm-server's engine (the flag the
+    stack's patch makes the operator pass) and ready passes; one without it runs its own engine
+    beside dcgm-server (a warning naming both); one pointed there but not ready warns that the
+    node's GPU metrics are missing. Warnings do not fail the gate."""
     on = settings.model_copy(
         update={
             "observability": settings.observability.model_copy(
@@ -681,14 +682,16 @@ def test_a_second_dcgm_engine_beside_dcgm_server_is_shown(settings: Settings, se
         n["metadata"]["name"] for n in routes["/api/v1/nodes"]["items"] if "role" in n["metadata"]["labels"]
     ]
     image = "nvcr.io/nvidia/k8s/dcgm-exporter:4.6.0-4.8.3-distroless"
+    ready = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
     exporters = [
         {"metadata": {"name": "dcgm-exporter-a"},
          "spec": {"nodeName": gpu[0], "containers": [{"name": "dcgm-exporter", "image": image, "env": []}]},
-         "status": {"phase": "Running"}},
+         "status": ready},
         {"metadata": {"name": "dcgm-exporter-b"},
-         "spec": {"nodeName": gpu[1], "containers": [{"name": "dcgm-exporter", "image": image, "env": [
-             {"name": "DCGM_REMOTE_HOSTENGINE_INFO", "value": "10.0.3.7:5555"}]}]},
-         "status": {"phase": "Running"}},
+         "spec": {"nodeName": gpu[1], "containers": [{"name": "dcgm-exporter", "image": image, "args": [
+             "--remote-hostengine-info=dcgm-hostengine.kube-system.svc:5555",
+             "--web-config-file=/etc/dcgm-exporter/web-config.yaml"]}]},
+         "status": ready},
     ]  # fmt: skip
     routes["/api/v1/namespaces/amazon-cloudwatch/pods"] = {"kind": "PodList", "items": exporters}
     server.routes = routes
@@ -696,9 +699,36 @@ def test_a_second_dcgm_engine_beside_dcgm_server_is_shown(settings: Settings, se
     engines = {c.subject: c for c in verify.verify(api, on) if c.name == "DCGM engines"}
     assert engines[gpu[0]].result == verify.WARN
     assert (
-        "dcgm-server" in engines[gpu[0]].detail
+        "two: dcgm-server" in engines[gpu[0]].detail
         and "amazon-cloudwatch/dcgm-exporter-a" in engines[gpu[0]].detail
     )
-    assert engines[gpu[1]].result == verify.PASS and "10.0.3.7:5555" in engines[gpu[1]].detail
+    assert engines[gpu[1]].result == verify.PASS
+    assert "one: dcgm-server" in engines[gpu[1]].detail
+    assert "dcgm-hostengine.kube-system.svc:5555" in engines[gpu[1]].detail
+
+    exporters[1]["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "False"}]}
+    engines = {c.subject: c for c in verify.verify(api, on) if c.name == "DCGM engines"}
+    assert engines[gpu[1]].result == verify.WARN and "not ready" in engines[gpu[1]].detail
+    assert all(c.result != verify.FAIL for c in verify.verify(api, on))
     off = on.model_copy(update={"observability": on.observability.model_copy(update={"metrics": False})})
     assert not [c for c in verify.verify(api, off) if c.name == "DCGM engines"]
+
+
+@pytest.mark.parametrize(
+    ("container", "engine"),
+    [
+        ({"args": ["--remote-hostengine-info=10.0.3.7:5555"]}, "10.0.3.7:5555"),
+        ({"args": ["-r", "h:5555"]}, "h:5555"),
+        ({"args": ["-r=h:5555"]}, "h:5555"),
+        ({"command": ["dcgm-exporter", "--remote-hostengine-info", "h:5555"]}, "h:5555"),
+        ({"env": [{"name": "DCGM_REMOTE_HOSTENGINE_INFO", "value": "10.0.3.7:5555"}]}, "10.0.3.7:5555"),
+        ({"args": ["--web-config-file=/etc/dcgm-exporter/web-config.yaml"], "env": []}, None),
+        ({"args": ["--remote-hostengine-info"]}, None),
+    ],
+)
+def test_remote_engine_reads_the_flag_its_forms_and_the_env(
+    container: dict[str, Any], engine: str | None
+) -> None:
+    from raytrain.verify.nodes import remote_engine
+
+    assert remote_engine(container) == engine

@@ -10,6 +10,7 @@ from config.names import (
     CLOUDWATCH_NAMESPACE,
     DCGM_EXPORTER_IMAGE,
     DCGM_REMOTE_ENGINE_ENV,
+    DCGM_REMOTE_ENGINE_FLAG,
     DCGM_SERVER,
     DCGM_SERVER_LABELS,
     DEVICE_PLUGIN_NAMESPACE,
@@ -189,44 +190,67 @@ def _image_repository(image: str) -> str:
     return image.split("@", 1)[0].rsplit("/", 1)[-1].split(":", 1)[0]
 
 
+def remote_engine(container: dict[str, Any]) -> str | None:
+    """The host engine a dcgm-exporter container is told to use, if any: its
+    --remote-hostengine-info / -r flag (`--flag=value` or `--flag value`, urfave/cli) or that
+    flag's environment variable (NVIDIA/dcgm-exporter pkg/cmd/app.go). None: an embedded engine."""
+    flags = (f"--{DCGM_REMOTE_ENGINE_FLAG}", "-r")
+    args = [str(a) for a in [*(container.get("command") or []), *(container.get("args") or [])]]
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if name in flags:
+            if eq:
+                return value
+            if i + 1 < len(args):
+                return args[i + 1]
+    for env in container.get("env") or []:
+        if env.get("name") == DCGM_REMOTE_ENGINE_ENV and env.get("value"):
+            return str(env["value"])
+    return None
+
+
 def check_dcgm_engines(api: Api, gpu_nodes: list[dict[str, Any]], checks: list[Check]) -> None:
-    """One DCGM host engine per GPU node: the CloudWatch add-on's dcgm-exporter beside the node
-    monitoring agent's `dcgm-server` runs an embedded engine of its own unless its
-    DCGM_REMOTE_HOSTENGINE_INFO names another (dcgm-exporter's -r flag). NVIDIA: a second engine on
-    the machine fails to initialize some modules, the profiling module cannot be shared
-    (NVIDIA/dcgm-exporter#61, #7). A warning, not a failure: node health itself is unaffected."""
-    exporters: dict[str, tuple[str, str | None]] = {}
+    """One DCGM host engine per GPU node: the CloudWatch add-on's dcgm-exporter must be a client of
+    the node monitoring agent's `dcgm-server` (the stack points it there:
+    cdk_constructs/dcgm_engine.py); without a remote engine it runs an embedded one beside
+    dcgm-server, which NVIDIA does not support (NVIDIA/DCGM#108, NVIDIA/dcgm-exporter#7). A warning,
+    not a failure: auto-repair's health checks use dcgm-server either way."""
+    exporters: dict[str, tuple[str, str | None, bool]] = {}
     for pod in api.pods(CLOUDWATCH_NAMESPACE, ""):
         spec = pod.get("spec") or {}
         for container in spec.get("containers") or []:
             if _image_repository(str(container.get("image") or "")) != DCGM_EXPORTER_IMAGE:
                 continue
-            remote = next(
-                (
-                    str(e.get("value"))
-                    for e in container.get("env") or []
-                    if e.get("name") == DCGM_REMOTE_ENGINE_ENV
-                ),
-                None,
-            )
-            exporters[str(spec.get("nodeName"))] = (_name(pod), remote)
+            exporters[str(spec.get("nodeName"))] = (_name(pod), remote_engine(container), _pod_ready(pod))
     for node in gpu_nodes:
         found = exporters.get(_name(node))
         if found is None:
             continue  # no exporter on this node: dcgm-server is its only engine
-        exporter, remote = found
-        if remote:
-            detail = f"one engine: {CLOUDWATCH_NAMESPACE}/{exporter} uses the host engine at {remote}"
+        exporter, remote, ready = found
+        subject = f"{CLOUDWATCH_NAMESPACE}/{exporter}"
+        if remote and ready:
+            detail = f"one: {DCGM_SERVER}; {subject} is its client at {remote}"
             checks.append(Check("DCGM engines", _name(node), PASS, detail))
+        elif remote:
+            checks.append(
+                Check(
+                    "DCGM engines",
+                    _name(node),
+                    WARN,
+                    f"{subject} (client of the engine at {remote}) is not ready: no GPU metrics from "
+                    f"this node; it exits when it cannot reach {DCGM_SERVER} there "
+                    "(kubectl logs; docs/node-health.md)",
+                )
+            )
         else:
             checks.append(
                 Check(
                     "DCGM engines",
                     _name(node),
                     WARN,
-                    f"two: {DCGM_SERVER} and the embedded engine of {CLOUDWATCH_NAMESPACE}/{exporter} (no "
-                    f"{DCGM_REMOTE_ENGINE_ENV}); profiling metrics (DCGM_FI_PROF_*) and the agent's "
-                    "active diagnostics may fail while the other holds the profiling module "
-                    "(docs/node-health.md)",
+                    f"two: {DCGM_SERVER} and the embedded engine of {subject} (no "
+                    f"--{DCGM_REMOTE_ENGINE_FLAG}; NVIDIA does not support two engines on one "
+                    "machine, and only one can hold the profiling module); point it at dcgm-server "
+                    "again with the patch in docs/node-health.md",
                 )
             )
