@@ -77,7 +77,7 @@ def table(env: str, settings_line: str, result: list[dict[str, Any]]) -> Table:
     t = Table(
         title=f"raytrain plan --compare: env {env} ({settings_line})",
         caption="GiB: one GPU's need (memory plan) against its usable memory; tokens/s and $ per billion "
-        "tokens: the step-time model (LoRA's terms: one H200 point measured, none on an L4); the job's "
+        "tokens: the step-time model (LoRA's terms: measured on one H200 at 7B, not on an L4); the job's "
         "other "
         "settings (seq_len, global batch, checkpointing, LoRA's if it has them) as the environment's",
     )

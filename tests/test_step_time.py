@@ -333,3 +333,24 @@ def test_lora_step_at_7b_on_one_h200_within_ten_percent() -> None:
         Dims.of("qwen2.5-7b"), H200, seq_len=4096, micro_batch=4, lora=LoraSpec(), reshard_after_forward=False
     )
     assert got.step_s == pytest.approx(0.967, rel=0.10)
+
+
+@pytest.mark.parametrize(
+    ("options", "measured_s"),
+    [
+        ({"micro_batch": 8, "lora": True}, 1.988),
+        ({"micro_batch": 1, "activation_checkpointing": True}, 0.576),
+    ],
+    ids=["lora-8x4096", "full-checkpointed-1x4096"],
+)
+def test_7b_steps_of_the_second_lease_within_ten_percent(options: dict, measured_s: float) -> None:
+    """Qwen2.5-7B at seq 4096 on one H200, parameters freed after the forward (BENCHMARKS.md "The
+    full fine-tune and a larger LoRA micro-batch at 7B"): the model predicts 2.046 s (3 % slow) and
+    0.625 s (9 % slow)."""
+    from training.lora_spec import LoraSpec
+
+    options = dict(options)
+    if options.pop("lora", False):
+        options["lora"] = LoraSpec()
+    got = step_time(Dims.of("qwen2.5-7b"), H200, seq_len=4096, reshard_after_forward=True, **options)
+    assert got.step_s == pytest.approx(measured_s, rel=0.10)

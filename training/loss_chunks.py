@@ -14,6 +14,10 @@ small next to the chunk's GEMMs (one pass over the weight per 4,096 tokens: 1.87
 H200 (BENCHMARKS.md, 2026-12-02): 1 x 2048 x 2 steps 311 against ~400 ms, 16 x 2048 float8 532
 against 544 ms, at the same peak memory. Smaller GPUs default to 512-token chunks (below);
 `--loss-chunk-tokens 0` keeps Liger's own chunks.
+
+The chunks' shares of the lm_head gradient are summed in the weight's dtype (bf16; Liger's
+`accum_dtype` left None): summing in fp32 measured no more accurate at the L4's 512-token chunks and
+a tenth less error at the H200's 4,096 for 0.4-1.9 GiB more (bench/liger_accum.py, BENCHMARKS.md).
 """
 
 from __future__ import annotations
