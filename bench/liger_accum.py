@@ -93,7 +93,7 @@ def measure(shape: str, point: tuple[int, int, int], *, repeats: int, seed: int)
     del h32, w32, logits, ref_loss
     torch.cuda.empty_cache()
 
-    rows = []
+    rows: list[dict[str, Any]] = []
     for accum in (None, torch.float32):
         hh, ww = h.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
 
