@@ -25,9 +25,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from training.errors import InputError
 from training.lora_spec import LoraSpec
 
 ADAPTER_NAME = "default"
+# An embedding row that training never touched, by the field's test (Unsloth's and axolotl's
+# fix_untrained_tokens: the row's largest value <= 1e-16; "1e-23 for bfloat16"). Llama 3 base
+# releases ship their chat tokens so (<|eot_id|>, the header tokens): meta-pytorch/torchtune#2429,
+# unslothai/unsloth#915.
+UNTRAINED_MAX = 1e-16
 # peft's own file names (peft.utils.constants: CONFIG_NAME, SAFETENSORS_WEIGHTS_NAME).
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -85,6 +91,29 @@ def apply_lora(model: nn.Module, spec: LoraSpec, *, base_model: str | None = Non
         else:
             param.requires_grad_(False)
     return model
+
+
+def untrained_tokens(model: nn.Module, token_ids: list[int]) -> list[int]:
+    """The ids among `token_ids` whose input-embedding row is untrained (UNTRAINED_MAX)."""
+    weight: Any = model.get_input_embeddings().weight  # type: ignore[operator]
+    return [t for t in token_ids if float(weight[t].detach().max()) <= UNTRAINED_MAX]
+
+
+def check_end_of_turn_trained(model: nn.Module, tokenizer: Any, model_name: str) -> None:
+    """Refuse LoRA on chat data when a token that ends the answers has an untrained embedding: the
+    adapters train no embedding, so the model could never learn to end its answers (BENCHMARKS.md,
+    "A LoRA fine-tune that learns": a LoRA run whose answers need untrained rows does not learn)."""
+    from training.chat_template import end_of_turn_tokens
+
+    bad = untrained_tokens(model, end_of_turn_tokens(tokenizer))
+    if bad:
+        names = ", ".join(repr(tokenizer.convert_ids_to_tokens(t)) for t in bad)
+        raise InputError(
+            f"--model: {model_name}'s embedding of {names}, which ends every answer of its chat "
+            f"template, is untrained (all values <= {UNTRAINED_MAX:g}, as base releases ship their chat "
+            "tokens): LoRA trains no embedding, so the model would never learn to stop; LoRA-tune the "
+            "instruct release of this model, or fine-tune it fully (no --lora-rank)"
+        )
 
 
 def adapter_key(name: str) -> str | None:

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from training.data import Batches, BlockRange
 from training.evaluate import held_out_split
 from training.flops import count_params, flops_per_token, lora_flops_per_token, peak_tflops
-from training.lora import apply_lora
+from training.lora import apply_lora, check_end_of_turn_trained
 from training.loss_chunks import chunk_mem_const, default_chunk_tokens
 from training.memory_plan import Dims, auto_micro_batch, auto_reshard_after_forward
 from training.model import (
@@ -32,6 +32,7 @@ from training.options import TrainOptions
 from training.precision import float8_by_default
 from training.progress import say
 from training.reporting import Reporting
+from training.sft import load_chat_tokenizer
 from training.sharding import mesh_shape
 from training.shards import TokenBlocks
 from training.step import Step
@@ -250,6 +251,8 @@ class Trainer(Step, Reporting):
             self.n_params, mcfg.num_hidden_layers, Dims.from_config(mcfg.to_dict()).q_dim, opts.seq_len
         )
         if opts.lora is not None:  # after Liger's patches, which replace modules by class
+            if opts.init == "pretrained" and opts.data_format == "chat":
+                check_end_of_turn_trained(model, load_chat_tokenizer(opts.model), opts.model)
             apply_lora(model, opts.lora, base_model=opts.model)
             self.flops_tok = lora_flops_per_token(Dims.from_config(mcfg.to_dict()), opts.lora, opts.seq_len)
         return model
