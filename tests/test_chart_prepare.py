@@ -9,10 +9,10 @@ import shlex
 from typing import Any
 
 import pytest
-from test_chart import CHECKPOINT_URI, crd_errors, render, variant
 
 from config.loader import ENVIRONMENTS_DIR, SettingsError, environment_names, load_settings, parse_settings
 from k8s.job import PREPARED_DIR
+from tests.chart_render import CHECKPOINT_URI, crd_errors, render, variant
 from training.options import build_parser as training_parser
 from training.prepare import build_parser as prepare_parser
 

@@ -223,7 +223,7 @@ def test_a_failed_job_is_not_retried_on_a_new_cluster_by_default() -> None:
 def test_the_transport_the_job_expects_reaches_the_workers(expect: str, seen: str) -> None:
     """job.expect_transport as written (auto: EFA on EFA nodes) is what the gate in each worker
     reads (RAYTRAIN_EXPECT_TRANSPORT): an explicit value is passed through, not only `auto`."""
-    from tests.test_chart import render, variant
+    from tests.chart_render import render, variant
 
     s = variant("dev", job={"expect_transport": expect})
     job = next(o for o in render(s) if o["kind"] == "RayJob")

@@ -14,7 +14,7 @@ from cdk_constructs.image_cache import FILL_ACTIONS
 from config.loader import load_settings
 from config.registries import CACHE_PREFIX_MAX, CACHE_PREFIX_RE, ECR_PREFIX_MAX, UPSTREAMS, split_image
 from raytrain import cost
-from tests.test_chart import render, variant
+from tests.chart_render import render, variant
 from tests.test_settings import dev_data, error_of
 
 ENVS = ["dev", "prod"]

@@ -14,10 +14,10 @@ import copy
 from typing import Any
 
 import pytest
-from test_chart import ALL, crd_errors, settings_of, the, variant
 
 from config.settings import Settings
 from k8s import chart as wl
+from tests.chart_render import ALL, crd_errors, settings_of, the, variant
 
 OWN = [n for n in ALL if settings_of(n).job.cluster == "own"]
 

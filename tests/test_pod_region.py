@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.test_chart import ALL, render, settings_of, variant
+from tests.chart_render import ALL, render, settings_of, variant
 from tests.test_settings import dev_data, error_of
 
 REGION_VARS = ("AWS_REGION", "AWS_DEFAULT_REGION")
