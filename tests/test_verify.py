@@ -6,301 +6,24 @@ models); the server answers the paths it calls with objects shaped like an EKS c
 
 from __future__ import annotations
 
-import copy
-import json
 import socket
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
-from urllib.parse import parse_qs, urlparse
 
 import pytest
-from rich.console import Console
 
 from config.loader import load_settings
 from config.settings import ClusterMode, Settings
 from raytrain import cli, verify
-
-ENV = "dev"
-
-
-# --- a recorded cluster, built from the environment's own settings --------------------------------
-
-
-def _node(name: str, settings: Settings, *, gpu_node: bool) -> dict[str, Any]:
-    gpu = settings.gpu_nodes
-    itype = gpu.instance if gpu_node else settings.system_nodes.instance_type
-    labels = {
-        "kubernetes.io/hostname": name,
-        "kubernetes.io/os": "linux",
-        "node.kubernetes.io/instance-type": gpu.instance_type if gpu_node else itype,
-        "topology.kubernetes.io/zone": gpu.availability_zone if gpu_node else "us-west-2a",
-        "eks.amazonaws.com/nodegroup": "gpu" if gpu_node else "system",
-    }
-    alloc = {"cpu": "47810m", "memory": "183000000Ki", "pods": "234", "ephemeral-storage": "190Gi"}
-    conditions = [
-        {"type": "MemoryPressure", "status": "False", "reason": "KubeletHasSufficientMemory"},
-        {"type": "Ready", "status": "True", "reason": "KubeletReady"},
-    ]
-    if gpu_node:
-        # What the node monitoring agent sets on a healthy GPU node.
-        conditions.append(
-            {
-                "type": "AcceleratedHardwareReady",
-                "status": "True",
-                "reason": "NvidiaAcceleratedHardwareIsReady",
-                "message": "Monitoring for the Nvidia AcceleratedHardware system is active",
-            }
-        )
-        labels |= {"role": "gpu-worker", "nvidia.com/gpu.present": "true"}
-        alloc |= {"nvidia.com/gpu": str(gpu.instance.gpus)}
-        if gpu.efa:
-            alloc |= {"vpc.amazonaws.com/efa": str(gpu.instance.efa_interfaces)}
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {"name": name, "labels": labels, "uid": f"uid-{name}"},
-        "spec": {
-            "providerID": f"aws:///{labels['topology.kubernetes.io/zone']}/i-0{abs(hash(name)) % 10**16:016d}"
-        },
-        "status": {
-            "capacity": dict(alloc),
-            "allocatable": alloc,
-            "conditions": conditions,
-            "nodeInfo": {
-                "kubeletVersion": "v1.35.2-eks-1a2b3c4",
-                "containerRuntimeVersion": "containerd://2.1.4",
-            },
-        },
-    }
-
-
-def _daemonset(name: str, match: dict[str, str], ready: int, desired: int) -> dict[str, Any]:
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "DaemonSet",
-        "metadata": {"name": name, "namespace": "kube-system", "labels": dict(match)},
-        "spec": {
-            "selector": {"matchLabels": match},
-            "template": {
-                "metadata": {"labels": match},
-                "spec": {"containers": [{"name": "c", "image": "i"}]},
-            },
-        },
-        "status": {
-            "currentNumberScheduled": desired,
-            "desiredNumberScheduled": desired,
-            "numberMisscheduled": 0,
-            "numberReady": ready,
-        },
-    }
-
-
-def _pod(name: str, node: str, labels: dict[str, str], ready: bool = True) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": "kube-system", "labels": labels},
-        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "i"}]},
-        "status": {
-            "phase": "Running",
-            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
-        },
-    }
-
-
-NVIDIA_LABELS = {
-    "app.kubernetes.io/name": "nvidia-device-plugin",
-    "app.kubernetes.io/instance": "nvidia-device-plugin",
-}
-EFA_LABELS = {"name": "aws-efa-k8s-device-plugin"}
-# The node monitoring agent's DCGM host engine (its chart's templates/dcgm-daemonset.yaml).
-DCGM_LABELS = {"k8s-app": "dcgm-server", "version": "v1"}
-
-
-def _ray_cluster(
-    settings: Settings, name: str, ready_workers: int, efa_request: bool = True
-) -> dict[str, Any]:
-    gpu = settings.gpu_nodes
-    limits: dict[str, Any] = {"cpu": "44", "memory": "170Gi", "nvidia.com/gpu": gpu.instance.gpus}
-    if efa_request and gpu.efa:
-        limits["vpc.amazonaws.com/efa"] = gpu.instance.efa_interfaces
-    n = settings.job.nodes
-    return {
-        "apiVersion": "ray.io/v1",
-        "kind": "RayCluster",
-        "metadata": {"name": name, "namespace": settings.workload.namespace},
-        "spec": {
-            "rayVersion": settings.workload.ray_version,
-            "headGroupSpec": {
-                "rayStartParams": {},
-                "template": {"spec": {"containers": [{"name": "ray-head"}]}},
-            },
-            "workerGroupSpecs": [
-                {
-                    "groupName": "gpu",
-                    "replicas": n,
-                    "minReplicas": n,
-                    "maxReplicas": n,
-                    "rayStartParams": {"num-gpus": str(gpu.instance.gpus)},
-                    "template": {
-                        "spec": {
-                            "containers": [
-                                {"name": "ray-worker", "resources": {"limits": limits, "requests": limits}}
-                            ]
-                        }
-                    },
-                }
-            ],
-        },
-        "status": {
-            "state": "ready",
-            "readyWorkerReplicas": ready_workers,
-            "availableWorkerReplicas": ready_workers,
-            "desiredWorkerReplicas": n,
-            "conditions": [
-                {"type": "HeadPodReady", "status": "True", "reason": "HeadPodRunningAndReady"},
-                {
-                    "type": "RayClusterProvisioned",
-                    "status": "True" if ready_workers >= n else "False",
-                    "reason": "AllPodRunningAndReadyFirstTime",
-                },
-            ],
-        },
-    }
-
-
-def healthy_cluster(settings: Settings, gpu_nodes: int | None = None) -> dict[str, Any]:
-    """A cluster running a job: the job's GPU nodes (or `gpu_nodes` of them) up and healthy."""
-    count = settings.job.nodes if gpu_nodes is None else gpu_nodes
-    gpu_names = [f"ip-10-0-1{i}-{20 + i}.us-west-2.compute.internal" for i in range(count)]
-    nodes = [_node("ip-10-0-0-11.us-west-2.compute.internal", settings, gpu_node=False)]
-    nodes += [_node(n, settings, gpu_node=True) for n in gpu_names]
-    pods = [_pod(f"nvidia-device-plugin-{i}", n, NVIDIA_LABELS) for i, n in enumerate(gpu_names)]
-    pods += [_pod(f"aws-efa-k8s-device-plugin-{i}", n, EFA_LABELS) for i, n in enumerate(gpu_names)]
-    pods += [_pod(f"dcgm-server-{i}", n, DCGM_LABELS) for i, n in enumerate(gpu_names)]
-    pods += [_pod("aws-node-x", nodes[0]["metadata"]["name"], {"k8s-app": "aws-node"})]
-    k = len(gpu_names)
-    daemonsets = [
-        _daemonset("aws-node", {"k8s-app": "aws-node"}, k + 1, k + 1),
-        _daemonset(
-            "nvidia-device-plugin-mps-control-daemon",
-            {"app.kubernetes.io/name": "nvidia-device-plugin", "mps": "1"},
-            0,
-            0,
-        ),
-        _daemonset("nvidia-device-plugin", NVIDIA_LABELS, k, k),
-        _daemonset("aws-efa-k8s-device-plugin", EFA_LABELS, k, k),
-        _daemonset("dcgm-server", DCGM_LABELS, k, k),
-    ]
-    operator = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": "kuberay-operator", "namespace": "kuberay-system"},
-        "spec": {
-            "replicas": 1,
-            "template": {
-                "spec": {
-                    "containers": [{"name": "kuberay-operator", "image": "quay.io/kuberay/operator:v1.7.0"}]
-                }
-            },
-        },
-        "status": {
-            "replicas": 1,
-            "availableReplicas": 1,
-            "readyReplicas": 1,
-            "conditions": [{"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable"}],
-        },
-    }
-    ns = settings.workload.namespace
-    cluster = _ray_cluster(settings, "qwen25-fsdp2-5f3a9c-raycluster-8kq2x", settings.job.nodes)
-    cluster["metadata"]["ownerReferences"] = [
-        {"kind": "RayJob", "name": "qwen25-fsdp2-5f3a9c", "apiVersion": "ray.io/v1", "uid": "u"}
-    ]
-    job = {
-        "apiVersion": "ray.io/v1",
-        "kind": "RayJob",
-        "metadata": {"name": "qwen25-fsdp2-5f3a9c", "namespace": ns},
-        "spec": {"entrypoint": "python -m training"},
-        "status": {
-            "jobDeploymentStatus": "Running",
-            "jobStatus": "RUNNING",
-            "rayClusterName": cluster["metadata"]["name"],
-        },
-    }
-    return {
-        "/api/v1/nodes": _list("NodeList", "v1", nodes),
-        "/apis/apps/v1/namespaces/kube-system/daemonsets": _list("DaemonSetList", "apps/v1", daemonsets),
-        "/api/v1/namespaces/kube-system/pods": _list("PodList", "v1", pods),
-        "/apis/apps/v1/namespaces/kuberay-system/deployments/kuberay-operator": operator,
-        f"/apis/ray.io/v1/namespaces/{ns}/rayclusters": _list("RayClusterList", "ray.io/v1", [cluster]),
-        f"/apis/ray.io/v1/namespaces/{ns}/rayjobs": _list("RayJobList", "ray.io/v1", [job]),
-    }
-
-
-def _list(kind: str, api_version: str, items: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"apiVersion": api_version, "kind": kind, "metadata": {"resourceVersion": "4242"}, "items": items}
-
-
-# --- the fake API server ------------------------------------------------------------------------
-
-
-class FakeApi(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.routes: dict[str, Any] = {}
-        self.requests: list[str] = []
-        self.auth: list[str | None] = []
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: FakeApi
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-    def do_GET(self) -> None:
-        url = urlparse(self.path)
-        self.server.requests.append(self.path)
-        self.server.auth.append(self.headers.get("Authorization"))
-        body = self.server.routes.get(url.path)
-        if body is None:
-            self._send(
-                404,
-                {
-                    "kind": "Status",
-                    "apiVersion": "v1",
-                    "status": "Failure",
-                    "reason": "NotFound",
-                    "code": 404,
-                },
-            )
-            return
-        body = copy.deepcopy(body)
-        selector = parse_qs(url.query).get("labelSelector", [""])[0]
-        if selector and "items" in body:
-            want = dict(part.split("=", 1) for part in selector.split(","))
-            body["items"] = [
-                i
-                for i in body["items"]
-                if all(i["metadata"].get("labels", {}).get(k) == v for k, v in want.items())
-            ]
-        self._send(200, body)
-
-    def _send(self, code: int, body: dict[str, Any]) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+from tests.verify_cluster import (
+    ENV,
+    ApiHandler,
+    FakeApi,
+    healthy_cluster,
+    ray_cluster,
+    rows,
+    run_verify,
+)
 
 
 @pytest.fixture
@@ -311,19 +34,6 @@ def api_server(serve_kube_api: Callable[[FakeApi], FakeApi]) -> FakeApi:
 @pytest.fixture
 def settings() -> Settings:
     return load_settings(ENV)
-
-
-def run_verify(tmp_path: Path, server: FakeApi, *extra: str) -> tuple[int, str]:
-    kubeconfig = server.kubeconfig
-    console = Console(record=True, width=250, force_terminal=False)
-    parser = cli.build_parser()
-    args = parser.parse_args(["verify", "--env", ENV, "--kubeconfig", str(kubeconfig), *extra])
-    rc = verify.run(args, console=console)
-    return rc, console.export_text()
-
-
-def rows(text: str, name: str) -> list[str]:
-    return [line for line in text.splitlines() if line.lstrip("│ ").startswith(name)]
 
 
 # --- the cases ----------------------------------------------------------------------------------
@@ -415,7 +125,7 @@ def test_standing_cluster_and_worker_requests(
     routes = healthy_cluster(settings)
     ns = settings.workload.namespace
     # The standing cluster is missing its EFA request and one worker is not ready.
-    bad = _ray_cluster(settings, verify.STANDING_CLUSTER_NAME, settings.job.nodes - 1, efa_request=False)
+    bad = ray_cluster(settings, verify.STANDING_CLUSTER_NAME, settings.job.nodes - 1, efa_request=False)
     routes[f"/apis/ray.io/v1/namespaces/{ns}/rayclusters"]["items"] = [bad]
     routes[f"/apis/ray.io/v1/namespaces/{ns}/rayjobs"]["items"] = []
     api_server.routes = routes
@@ -525,7 +235,7 @@ def test_unreachable_api(kubeconfig: Callable[[str], Path], capsys: pytest.Captu
 
 
 def test_forbidden(tmp_path: Path, api_server: FakeApi, capsys: pytest.CaptureFixture[str]) -> None:
-    class Forbidden(_Handler):
+    class Forbidden(ApiHandler):
         def do_GET(self) -> None:
             self._send(403, {"kind": "Status", "status": "Failure", "reason": "Forbidden", "code": 403})
 
@@ -590,145 +300,3 @@ def test_stopped_job_still_holding_its_workers_fails(
         group["suspend"] = True
     (row,) = [c for c in verify.verify(api, settings) if c.name == "RayJob"]
     assert row.result == verify.INFO
-
-
-# --- node health: the DCGM host engine and AcceleratedHardwareReady -------------------------------
-
-
-def test_healthy_gpu_nodes_run_dcgm_and_report_gpu_health(
-    api_server: FakeApi, settings: Settings, tmp_path: Path
-) -> None:
-    api_server.routes = healthy_cluster(settings)
-    rc, text = run_verify(tmp_path, api_server)
-    assert rc == 0, text
-    (dcgm,) = rows(text, "DCGM host engine")
-    assert "PASS" in dcgm and "kube-system/dcgm-server" in dcgm
-    health = rows(text, "GPU health")
-    assert len(health) == settings.job.nodes and all("AcceleratedHardwareReady=True" in r for r in health)
-    assert any("labelSelector=k8s-app%3Ddcgm-server%2Cversion%3Dv1" in r for r in api_server.requests)
-
-
-def test_gpu_node_without_dcgm_server_fails(api_server: FakeApi, settings: Settings, tmp_path: Path) -> None:
-    """The original failure: DCGM without the GPU toleration runs on no GPU node."""
-    routes = healthy_cluster(settings)
-    pods = routes["/api/v1/namespaces/kube-system/pods"]["items"]
-    routes["/api/v1/namespaces/kube-system/pods"]["items"] = [
-        p for p in pods if not p["metadata"]["name"].startswith("dcgm-server")
-    ]
-    victim = next(n for n in routes["/api/v1/nodes"]["items"] if "role" in n["metadata"]["labels"])
-    for cond in victim["status"]["conditions"]:
-        if cond["type"] == "AcceleratedHardwareReady":
-            cond.update(
-                status="False",
-                reason="DCGMError",
-                message="failed to initialize DCGM: Error connecting to nv-hostengine",
-            )
-    api_server.routes = routes
-    rc, text = run_verify(tmp_path, api_server)
-    assert rc == 1, text
-    (dcgm,) = rows(text, "DCGM host engine")
-    assert "FAIL" in dcgm and f"no ready pod on {settings.job.nodes} of {settings.job.nodes}" in dcgm
-    assert "dcgmAgent.tolerations" in text
-    (bad,) = [r for r in rows(text, "GPU health") if victim["metadata"]["name"] in r]
-    assert "FAIL" in bad and "AcceleratedHardwareReady=False (DCGMError" in bad
-
-
-def test_gpu_health_not_reported_fails(api_server: FakeApi, settings: Settings, tmp_path: Path) -> None:
-    routes = healthy_cluster(settings)
-    victim = next(n for n in routes["/api/v1/nodes"]["items"] if "role" in n["metadata"]["labels"])
-    victim["status"]["conditions"] = [
-        c for c in victim["status"]["conditions"] if c["type"] != "AcceleratedHardwareReady"
-    ]
-    api_server.routes = routes
-    rc, text = run_verify(tmp_path, api_server)
-    assert rc == 1
-    (bad,) = [r for r in rows(text, "GPU health") if victim["metadata"]["name"] in r]
-    assert "FAIL" in bad and "AcceleratedHardwareReady not reported" in bad
-
-
-def test_node_health_not_checked_without_node_monitoring(settings: Settings, serve_kube_api) -> None:
-    off = settings.model_copy(
-        update={"observability": settings.observability.model_copy(update={"node_monitoring": False})}
-    )
-    server = serve_kube_api(FakeApi())
-    routes = healthy_cluster(settings)
-    routes["/api/v1/namespaces/kube-system/pods"]["items"] = [
-        p
-        for p in routes["/api/v1/namespaces/kube-system/pods"]["items"]
-        if "dcgm" not in p["metadata"]["name"]
-    ]
-    server.routes = routes
-    api = verify.connect(str(server.kubeconfig), None, off)
-    checks = verify.verify(api, off)
-    assert not [c for c in checks if c.name in ("DCGM host engine", "GPU health")]
-    assert all(c.result != verify.FAIL for c in checks), checks
-
-
-def test_dcgm_engines_one_when_the_exporter_uses_dcgm_server(settings: Settings, serve_kube_api) -> None:
-    """Container Insights on (prod): an exporter told to use dcgm-server's engine (the flag the
-    stack's patch makes the operator pass) and ready passes; one without it runs its own engine
-    beside dcgm-server (a warning naming both); one pointed there but not ready warns that the
-    node's GPU metrics are missing. Warnings do not fail the gate."""
-    on = settings.model_copy(
-        update={
-            "observability": settings.observability.model_copy(
-                update={"metrics": True, "node_monitoring": True}
-            )
-        }
-    )
-    server = serve_kube_api(FakeApi())
-    routes = healthy_cluster(settings)
-    gpu = [
-        n["metadata"]["name"] for n in routes["/api/v1/nodes"]["items"] if "role" in n["metadata"]["labels"]
-    ]
-    image = "nvcr.io/nvidia/k8s/dcgm-exporter:4.6.0-4.8.3-distroless"
-    ready = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
-    exporters = [
-        {"metadata": {"name": "dcgm-exporter-a"},
-         "spec": {"nodeName": gpu[0], "containers": [{"name": "dcgm-exporter", "image": image, "env": []}]},
-         "status": ready},
-        {"metadata": {"name": "dcgm-exporter-b"},
-         "spec": {"nodeName": gpu[1], "containers": [{"name": "dcgm-exporter", "image": image, "args": [
-             "--remote-hostengine-info=dcgm-hostengine.kube-system.svc:5555",
-             "--web-config-file=/etc/dcgm-exporter/web-config.yaml"]}]},
-         "status": ready},
-    ]  # fmt: skip
-    routes["/api/v1/namespaces/amazon-cloudwatch/pods"] = {"kind": "PodList", "items": exporters}
-    server.routes = routes
-    api = verify.connect(str(server.kubeconfig), None, on)
-    engines = {c.subject: c for c in verify.verify(api, on) if c.name == "DCGM engines"}
-    assert engines[gpu[0]].result == verify.WARN
-    assert (
-        "two: dcgm-server" in engines[gpu[0]].detail
-        and "amazon-cloudwatch/dcgm-exporter-a" in engines[gpu[0]].detail
-    )
-    assert engines[gpu[1]].result == verify.PASS
-    assert "one: dcgm-server" in engines[gpu[1]].detail
-    assert "dcgm-hostengine.kube-system.svc:5555" in engines[gpu[1]].detail
-
-    exporters[1]["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "False"}]}
-    engines = {c.subject: c for c in verify.verify(api, on) if c.name == "DCGM engines"}
-    assert engines[gpu[1]].result == verify.WARN and "not ready" in engines[gpu[1]].detail
-    assert all(c.result != verify.FAIL for c in verify.verify(api, on))
-    off = on.model_copy(update={"observability": on.observability.model_copy(update={"metrics": False})})
-    assert not [c for c in verify.verify(api, off) if c.name == "DCGM engines"]
-
-
-@pytest.mark.parametrize(
-    ("container", "engine"),
-    [
-        ({"args": ["--remote-hostengine-info=10.0.3.7:5555"]}, "10.0.3.7:5555"),
-        ({"args": ["-r", "h:5555"]}, "h:5555"),
-        ({"args": ["-r=h:5555"]}, "h:5555"),
-        ({"command": ["dcgm-exporter", "--remote-hostengine-info", "h:5555"]}, "h:5555"),
-        ({"env": [{"name": "DCGM_REMOTE_HOSTENGINE_INFO", "value": "10.0.3.7:5555"}]}, "10.0.3.7:5555"),
-        ({"args": ["--web-config-file=/etc/dcgm-exporter/web-config.yaml"], "env": []}, None),
-        ({"args": ["--remote-hostengine-info"]}, None),
-    ],
-)
-def test_remote_engine_reads_the_flag_its_forms_and_the_env(
-    container: dict[str, Any], engine: str | None
-) -> None:
-    from raytrain.verify.nodes import remote_engine
-
-    assert remote_engine(container) == engine
