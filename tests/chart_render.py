@@ -1,4 +1,4 @@
-"""The workload chart rendered for the chart tests (tests/test_chart*.py and others that need the
+"""The workload chart rendered for its tests (tests/test_chart*.py and the modules importing these).
 
 Variants: every environment file, a p5.48xlarge variant (8 GPUs, 32 EFA interfaces), a non-EFA
 type with efa false, and the standing-cluster mode. Each variant is rendered once per session.
