@@ -84,3 +84,52 @@ def test_torchao_float8_comes_from_the_asset_and_converts_on_the_images_torch(st
     assert got["file"].startswith(str(staged / "_vendor" / "torchao"))
     assert got["version"] == "0.18.0"
     assert got["layers"] == 5 * 28 and got["q"] == "Float8Linear"
+
+
+def test_peft_from_the_asset_trains_and_writes_an_adapter_peft_loads_on_the_images_versions(
+    staged: Path,
+) -> None:
+    # LoRA's peft and accelerate reach the job only through the asset (the image has neither), so
+    # this is where they meet the image's transformers and torch: training.lora.apply_lora (peft's
+    # inject_adapter_in_model) on a real model, a backward that reaches the adapters alone, then the
+    # export's adapter folder (training.export_lora.write_adapter) loaded by PeftModel.from_pretrained.
+    got = _in_working_dir(
+        staged,
+        "import json, tempfile, importlib.metadata as m, torch, training, peft\n"
+        "from transformers import AutoModelForCausalLM\n"
+        "from training.model import shape_config\n"
+        "from training.lora import apply_lora\n"
+        "from training.lora_spec import LoraSpec\n"
+        "from training.export_lora import write_adapter\n"
+        "torch.manual_seed(0)\n"
+        "base = tempfile.mkdtemp()\n"
+        "AutoModelForCausalLM.from_config(shape_config('tiny')).save_pretrained(base)\n"
+        "model = AutoModelForCausalLM.from_pretrained(base)\n"
+        "spec = LoraSpec(rank=4, alpha=8)\n"
+        "apply_lora(model, spec, base_model=base)\n"
+        "ids = torch.tensor([[1, 5, 9, 13, 17, 21, 25, 29]])\n"
+        "model(input_ids=ids, labels=ids).loss.backward()\n"
+        "grads = sorted(n for n, p in model.named_parameters() if p.grad is not None)\n"
+        "with torch.no_grad():\n"
+        "    for n, p in model.named_parameters():\n"
+        "        if '.lora_B.' in n:\n"
+        "            p.normal_(std=0.05)\n"
+        "    ours = model(input_ids=ids).logits.float()\n"
+        "    bf16 = AutoModelForCausalLM.from_pretrained(base, dtype=torch.bfloat16)\n"
+        "    plain = bf16(input_ids=ids).logits.float()\n"
+        "out = tempfile.mkdtemp()\n"
+        "adapters = {n: p.detach() for n, p in model.named_parameters() if '.lora_' in n}\n"
+        "write_adapter(out, spec, adapters, base)\n"
+        "from peft import PeftModel\n"
+        "loaded = PeftModel.from_pretrained(bf16, out)\n"
+        "with torch.no_grad():\n"
+        "    theirs = loaded(input_ids=ids).logits.float()\n"
+        "print(json.dumps({'file': peft.__file__, 'version': m.version('peft'), 'grads': grads,\n"
+        "                  'adapter_effect': float((ours - plain).abs().max()),\n"
+        "                  'diff': float((ours - theirs).abs().max())}))",
+    )
+    assert got["file"].startswith(str(staged / "_vendor" / "peft"))
+    assert got["version"] == "0.21.2"
+    assert got["grads"] and all(".lora_" in name for name in got["grads"])
+    assert got["adapter_effect"] > 0.01  # the adapters change the output ...
+    assert got["diff"] < 0.02, got  # ... and peft's loaded adapter changes it the same way
