@@ -13,10 +13,9 @@ from pathlib import Path
 
 import aws_cdk as cdk
 from aws_cdk import aws_iam as iam
-from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
-from cdk_constructs import checkov
+from cdk_constructs import handler_function as fn
 from cdk_constructs.image_cache import FILL_ACTIONS
 from cdk_constructs.nag import acknowledge
 
@@ -53,53 +52,35 @@ class ImageCacheWarmer(Construct):
     ) -> None:
         super().__init__(scope, construct_id)
         stack = cdk.Stack.of(self)
-        self.role = iam.Role(
-            self,
-            "Role",
-            assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
-            description=f"Pulls {repository}:{tag} through the ECR pull-through cache at deploy",
+        self.role = fn.handler_role(
+            self, f"Pulls {repository}:{tag} through the ECR pull-through cache at deploy"
         )
-        self.function = lambda_.Function(
+        self.function = fn.handler_function(
             self,
-            "Handler",
-            runtime=lambda_.Runtime.PYTHON_3_14,
-            handler="handler.on_event",
-            code=lambda_.Code.from_asset(str(HANDLER_DIR), exclude=["__pycache__", "*.pyc"]),
-            timeout=HANDLER_TIMEOUT,
-            memory_size=256,
+            HANDLER_DIR,
             role=self.role,
             # Named, so its log group (/aws/lambda/<name>, made by Lambda) is known to the policy
             # below and recognisable after destroy.
             function_name=function_name,
             description=f"Warms the pull-through cache with {repository}:{tag} and checks {digest[:19]}…",
+            timeout=HANDLER_TIMEOUT,
+            memory_size=256,
+            checkov_reasons=WARMER_CHECKOV_REASONS,
         )
-        log_group_arn = stack.format_arn(
-            service="logs",
-            resource="log-group",
-            resource_name=f"/aws/lambda/{function_name}",
-            arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
-        )
+        log_group = fn.log_group_arn(self, function_name)
         repositories = stack.format_arn(
             service="ecr", resource="repository", resource_name=f"{repository_prefix}/*"
         )
-        self.role.add_to_policy(
-            iam.PolicyStatement(
-                actions=["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents"],
-                resources=[log_group_arn, f"{log_group_arn}:log-stream:*"],
-            )
-        )
+        self.role.add_to_policy(fn.write_logs(log_group))
         # GetAuthorizationToken has no resource-level permissions (ECR's service authorization reference).
         self.role.add_to_policy(iam.PolicyStatement(actions=["ecr:GetAuthorizationToken"], resources=["*"]))
         self.role.add_to_policy(iam.PolicyStatement(actions=list(PULL_ACTIONS), resources=[repositories]))
-        for check_id, reason in WARMER_CHECKOV_REASONS.items():
-            checkov.skip(self.function, check_id, reason)
-        self.resource = cdk.CustomResource(
+        self.resource = fn.handler_resource(
             self,
-            "Resource",
-            service_token=self.function.function_arn,
+            self.function,
             resource_type=RESOURCE_TYPE,
             properties={"Registry": registry, "Repository": repository, "Tag": tag, "Digest": digest},
-            service_timeout=HANDLER_TIMEOUT.plus(cdk.Duration.minutes(1)),
+            timeout=HANDLER_TIMEOUT,
         )
         # The role's policy before the first invocation (CloudFormation would otherwise race them).
         self.resource.node.add_dependency(self.role)
@@ -116,9 +97,4 @@ class ImageCacheWarmer(Construct):
             "ECR names a cached repository after the upstream's path on the first pull; the grant "
             "covers only repositories under this environment's cache prefix.",
         )
-        acknowledge(
-            policy,
-            f"AwsSolutions-IAM5[Resource::{stack.resolve(log_group_arn)}:log-stream:*]",
-            "Lambda names its log streams per execution environment; the wildcard covers only the "
-            "streams of this function's own log group.",
-        )
+        fn.acknowledge_log_streams(policy, log_group)

@@ -23,7 +23,7 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk.lambda_layer_awscli import AwsCliLayer
 from constructs import Construct
 
-from cdk_constructs import checkov
+from cdk_constructs import handler_function as fn
 from cdk_constructs.nag import acknowledge, managed_policy_finding
 
 HANDLER_DIR = Path(__file__).resolve().parent / "job_drain_handler"
@@ -56,19 +56,11 @@ class SubmittedJobDrain(Construct):
         security_group: ec2.ISecurityGroup,
     ) -> None:
         super().__init__(scope, construct_id)
-        stack = cdk.Stack.of(self)
         self.function_name = f"{cluster_name}-job-drain"[:64]
-        log_group_arn = stack.format_arn(
-            service="logs",
-            resource="log-group",
-            resource_name=f"/aws/lambda/{self.function_name}",
-            arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
-        )
-        self.role = iam.Role(
+        log_group = fn.log_group_arn(self, self.function_name)
+        self.role = fn.handler_role(
             self,
-            "Role",
-            assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
-            description=f"Deletes the submitted RayJobs of {cluster_name} on Workload stack delete",
+            f"Deletes the submitted RayJobs of {cluster_name} on Workload stack delete",
             # ENIs in the VPC, as CDK's kubectl provider (Lambda Developer Guide, VPC permissions).
             managed_policies=[
                 iam.ManagedPolicy.from_aws_managed_policy_name("service-role/AWSLambdaVPCAccessExecutionRole")
@@ -78,36 +70,26 @@ class SubmittedJobDrain(Construct):
             self,
             "Policy",
             statements=[
-                iam.PolicyStatement(
-                    actions=["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents"],
-                    resources=[log_group_arn, f"{log_group_arn}:log-stream:*"],
-                ),
+                fn.write_logs(log_group),
                 iam.PolicyStatement(actions=["eks:DescribeCluster"], resources=[cluster_arn]),
             ],
         )
         policy.attach_to_role(self.role)
-        acknowledge(
-            policy,
-            f"AwsSolutions-IAM5[Resource::{stack.resolve(log_group_arn)}:log-stream:*]",
-            "Lambda names its log streams per execution environment; the wildcard covers only the "
-            "streams of this function's own log group.",
-        )
+        fn.acknowledge_log_streams(policy, log_group)
         acknowledge(
             self.role,
             managed_policy_finding("AWSLambdaVPCAccessExecutionRole", service_role=True),
             "The AWS managed policy for a function in a VPC (its ENIs), as CDK's kubectl provider uses.",
         )
-        self.function = lambda_.Function(
+        self.function = fn.handler_function(
             self,
-            "Handler",
-            runtime=lambda_.Runtime.PYTHON_3_14,
-            handler="handler.on_event",
-            code=lambda_.Code.from_asset(str(HANDLER_DIR), exclude=["__pycache__", "*.pyc"]),
-            timeout=HANDLER_TIMEOUT,
-            memory_size=512,
+            HANDLER_DIR,
             role=self.role,
             function_name=self.function_name,
             description=f"Deletes {cluster_name}'s submitted RayJobs and waits (stack delete only)",
+            timeout=HANDLER_TIMEOUT,
+            memory_size=512,
+            checkov_reasons=DRAIN_CHECKOV_REASONS,
             layers=[kubectl_layer, AwsCliLayer(self, "AwsCliLayer")],
             vpc=vpc,
             vpc_subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS),
@@ -115,15 +97,12 @@ class SubmittedJobDrain(Construct):
             environment={"AWS_STS_REGIONAL_ENDPOINTS": "regional"},
         )
         self.function.node.add_dependency(policy)
-        for check_id, reason in DRAIN_CHECKOV_REASONS.items():
-            checkov.skip(self.function, check_id, reason)
-        self.resource = cdk.CustomResource(
+        self.resource = fn.handler_resource(
             self,
-            "Resource",
-            service_token=self.function.function_arn,
+            self.function,
             resource_type=RESOURCE_TYPE,
             properties={"ClusterName": cluster_name, "Namespace": namespace, "Selector": selector},
-            service_timeout=HANDLER_TIMEOUT.plus(cdk.Duration.minutes(1)),
+            timeout=HANDLER_TIMEOUT,
         )
 
     def after(self, *dependencies: Any) -> None:

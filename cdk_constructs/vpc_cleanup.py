@@ -20,10 +20,9 @@ from pathlib import Path
 import aws_cdk as cdk
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
-from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
-from cdk_constructs import checkov
+from cdk_constructs import handler_function as fn
 from cdk_constructs.nag import acknowledge
 from cdk_constructs.vpc_cleanup_handler.handler import ELBV2_CLUSTER_TAG, cluster_tag
 
@@ -59,24 +58,11 @@ class VpcCleanup(Construct):
         # not by CloudFormation) is recognisable after destroy; the Network stack keeps a single
         # CloudFormation log group, the flow logs'.
         self.function_name = f"{cluster_name}-vpc-cleanup"[:64]
-        log_group_arn = stack.format_arn(
-            service="logs",
-            resource="log-group",
-            resource_name=f"/aws/lambda/{self.function_name}",
-            arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
+        log_group = fn.log_group_arn(self, self.function_name)
+        self.role = fn.handler_role(
+            self, f"Removes what EKS cluster {cluster_name} left in its VPC, on stack delete"
         )
-        self.role = iam.Role(
-            self,
-            "Role",
-            assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
-            description=f"Removes what EKS cluster {cluster_name} left in its VPC, on stack delete",
-        )
-        self.role.add_to_policy(
-            iam.PolicyStatement(
-                actions=["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents"],
-                resources=[log_group_arn, f"{log_group_arn}:log-stream:*"],
-            )
-        )
+        self.role.add_to_policy(fn.write_logs(log_group))
         # Describe calls have no resource-level permissions.
         self.role.add_to_policy(
             iam.PolicyStatement(
@@ -132,28 +118,22 @@ class VpcCleanup(Construct):
                 conditions={"Null": {f"aws:ResourceTag/{cluster_tag(cluster_name)}": "false"}},
             )
         )
-        self.function = lambda_.Function(
+        self.function = fn.handler_function(
             self,
-            "Handler",
-            runtime=lambda_.Runtime.PYTHON_3_14,
-            handler="handler.on_event",
-            code=lambda_.Code.from_asset(str(HANDLER_DIR), exclude=["__pycache__", "*.pyc"]),
-            timeout=HANDLER_TIMEOUT,
-            memory_size=256,
+            HANDLER_DIR,
             role=self.role,
             function_name=self.function_name,
             description=f"EKS leftovers cleanup for {cluster_name} (runs on stack delete only)",
+            timeout=HANDLER_TIMEOUT,
+            memory_size=256,
+            checkov_reasons=CLEANUP_CHECKOV_REASONS,
         )
-        for check_id, reason in CLEANUP_CHECKOV_REASONS.items():
-            checkov.skip(self.function, check_id, reason)
-        self.resource = cdk.CustomResource(
+        self.resource = fn.handler_resource(
             self,
-            "Resource",
-            service_token=self.function.function_arn,
+            self.function,
             resource_type=RESOURCE_TYPE,
             properties={"VpcId": vpc.vpc_id, "ClusterName": cluster_name},
-            # A handler that never answers fails the delete after this, not after an hour.
-            service_timeout=HANDLER_TIMEOUT.plus(cdk.Duration.minutes(1)),
+            timeout=HANDLER_TIMEOUT,
         )
         # Deleted before every resource of the VPC (see the module docstring).
         self.resource.node.add_dependency(vpc)
@@ -165,12 +145,7 @@ class VpcCleanup(Construct):
             "Describe calls (ENIs, security groups, load balancers, target groups, tags) have no "
             "resource-level permissions; every delete below is scoped.",
         )
-        acknowledge(
-            policy,
-            f"AwsSolutions-IAM5[Resource::{stack.resolve(log_group_arn)}:log-stream:*]",
-            "Lambda names its log streams per execution environment; the wildcard covers only the "
-            "streams of this function's own log group.",
-        )
+        fn.acknowledge_log_streams(policy, log_group)
         for arn in delete_resources:
             acknowledge(
                 policy,

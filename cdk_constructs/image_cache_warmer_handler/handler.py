@@ -13,13 +13,13 @@ The digest answering means every node's pull will; otherwise the tag has moved o
 pinned image can no longer come through the cache: the deploy fails, naming the tag's digest.
 
 Delete does nothing (the cached repositories outlive the stack: docs/images.md). Runs as a Lambda
-function (stdlib + boto3 only); tests drive `warm` against a local registry and `on_event`.
+function (stdlib + boto3, and cdk_constructs/cfn_response.py bundled beside it); tests drive `warm`
+against a local registry and `on_event`.
 """
 
 from __future__ import annotations
 
 import base64
-import json
 import logging
 import time
 import urllib.error
@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import boto3
+
+from cdk_constructs import cfn_response
 
 LOG = logging.getLogger()
 LOG.setLevel(logging.INFO)
@@ -119,47 +121,24 @@ def warm(
     )
 
 
-def on_event(event: dict[str, Any], context: Any, *, send: Callable[..., None] | None = None) -> None:
+def on_event(event: dict[str, Any], context: Any, *, send: cfn_response.Send | None = None) -> None:
     """Lambda entry point (CloudFormation custom resource protocol: always answer the response URL)."""
-    send = send or _send
     props = event.get("ResourceProperties", {})
-    physical_id = event.get("PhysicalResourceId") or f"image-cache-warm-{props.get('Repository', 'unknown')}"
-    status, reason = "SUCCESS", "nothing to do"
-    try:
-        if event["RequestType"] in ("Create", "Update"):
-            auth = authorization(boto3.client("ecr"))
-            reason = warm(
+
+    def act() -> tuple[str, str]:
+        if event["RequestType"] not in ("Create", "Update"):
+            return cfn_response.SUCCESS, "nothing to do"
+        auth = authorization(boto3.client("ecr"))
+        try:
+            return cfn_response.SUCCESS, warm(
                 registry_url=f"https://{props['Registry']}",
                 repository=props["Repository"],
                 tag=props["Tag"],
                 digest=props["Digest"],
                 auth=auth,
             )
-    except WarmError as exc:
-        status, reason = "FAILED", str(exc)
-    except Exception as exc:
-        LOG.exception("warming failed")
-        status, reason = "FAILED", f"{type(exc).__name__}: {exc}"
-    LOG.info("%s: %s", status, reason)
-    send(event, status, reason[:1000], physical_id)
+        except WarmError as exc:  # expected: its message is the whole reason, no traceback
+            return cfn_response.FAILED, str(exc)
 
-
-def _send(event: dict[str, Any], status: str, reason: str, physical_id: str) -> None:
-    body = json.dumps(
-        {
-            "Status": status,
-            "Reason": reason,
-            "PhysicalResourceId": physical_id,
-            "StackId": event["StackId"],
-            "RequestId": event["RequestId"],
-            "LogicalResourceId": event["LogicalResourceId"],
-        }
-    ).encode()
-    url = event["ResponseURL"]
-    if not url.startswith("https://"):
-        raise ValueError("the response URL must be https")
-    request = urllib.request.Request(  # noqa: S310 (https checked above)
-        url, data=body, method="PUT", headers={"Content-Type": ""}
-    )
-    with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310 (https checked)
-        LOG.info("CloudFormation response: %s", response.status)
+    default_id = f"image-cache-warm-{props.get('Repository', 'unknown')}"
+    cfn_response.answer(event, default_id, act, what="warming", send=send)

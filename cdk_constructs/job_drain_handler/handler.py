@@ -20,19 +20,20 @@ cascading deletion), and KubeRay's `ray.io/rayjob-finalizer` stops the Ray job f
 within the function's time: FAILED, so the resource stays and the next destroy retries.
 
 Create and update do nothing. Runs with the kubectl layer (kubectl) and the AWS CLI layer
-(`aws eks update-kubeconfig`, as CDK's kubectl handler logs in).
+(`aws eks update-kubeconfig`, as CDK's kubectl handler logs in); cdk_constructs/cfn_response.py is
+bundled beside it.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import subprocess
 import time
-import urllib.request
 from collections.abc import Callable
 from typing import Any
+
+from cdk_constructs import cfn_response
 
 LOG = logging.getLogger()
 LOG.setLevel(logging.INFO)
@@ -101,47 +102,25 @@ def on_event(
     event: dict[str, Any],
     context: Any,
     *,
-    send: Callable[..., None] | None = None,
+    send: cfn_response.Send | None = None,
     login: Callable[[str, str], None] = kubeconfig,
 ) -> None:
     """Lambda entry point (CloudFormation custom resource protocol: always answer the response URL)."""
-    send = send or _send
     props = event.get("ResourceProperties", {})
-    physical_id = event.get("PhysicalResourceId") or f"ray-job-drain-{props.get('ClusterName', 'unknown')}"
-    status, reason = "SUCCESS", "nothing to do"
-    try:
-        if event["RequestType"] == "Delete":
-            login(props["ClusterName"], KUBECONFIG)
-            seconds = context.get_remaining_time_in_millis() / 1000 - RESPONSE_MARGIN_SECONDS
-            left = drain(KUBECONFIG, props["Namespace"], props["Selector"], seconds=seconds)
-            if left:
-                # FAILED keeps this resource, so a retried destroy deletes and waits again.
-                status = "FAILED"
-                reason = f"still being deleted: {', '.join(left)} (is the KubeRay operator running?)"
-            else:
-                reason = "no submitted RayJob left"
-    except Exception as exc:
-        LOG.exception("drain failed")
-        status, reason = "FAILED", f"{type(exc).__name__}: {exc}"
-    send(event, status, reason[:1000], physical_id)
 
+    def act() -> tuple[str, str]:
+        if event["RequestType"] != "Delete":
+            return cfn_response.SUCCESS, "nothing to do"
+        login(props["ClusterName"], KUBECONFIG)
+        seconds = context.get_remaining_time_in_millis() / 1000 - RESPONSE_MARGIN_SECONDS
+        left = drain(KUBECONFIG, props["Namespace"], props["Selector"], seconds=seconds)
+        if left:
+            # FAILED keeps this resource, so a retried destroy deletes and waits again.
+            return (
+                cfn_response.FAILED,
+                f"still being deleted: {', '.join(left)} (is the KubeRay operator running?)",
+            )
+        return cfn_response.SUCCESS, "no submitted RayJob left"
 
-def _send(event: dict[str, Any], status: str, reason: str, physical_id: str) -> None:
-    body = json.dumps(
-        {
-            "Status": status,
-            "Reason": reason,
-            "PhysicalResourceId": physical_id,
-            "StackId": event["StackId"],
-            "RequestId": event["RequestId"],
-            "LogicalResourceId": event["LogicalResourceId"],
-        }
-    ).encode()
-    url = event["ResponseURL"]
-    if not url.startswith("https://"):
-        raise ValueError("the response URL must be https")
-    request = urllib.request.Request(  # noqa: S310 (https checked above)
-        url, data=body, method="PUT", headers={"Content-Type": ""}
-    )
-    with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310 (https checked)
-        LOG.info("CloudFormation response: %s", response.status)
+    default_id = f"ray-job-drain-{props.get('ClusterName', 'unknown')}"
+    cfn_response.answer(event, default_id, act, what="drain", send=send)

@@ -10,22 +10,22 @@ Left behind after the cluster is deleted, and each able to block the VPC's delet
 - ENIs left `available` by the VPC CNI (tagged `cluster.k8s.amazonaws.com/name`, described
   `aws-K8S-…`) or by EKS (`Amazon EKS <name>`), or still carrying one of the groups above.
 
-Create and update do nothing. Runs as a Lambda function (stdlib + boto3 only); tests call `cleanup`
-and `on_event` against moto.
+Create and update do nothing. Runs as a Lambda function (stdlib + boto3, and cdk_constructs/cfn_response.py
+bundled beside it); tests call `cleanup` and `on_event` against moto.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import boto3
 from botocore.exceptions import ClientError
+
+from cdk_constructs import cfn_response
 
 LOG = logging.getLogger()
 LOG.setLevel(logging.INFO)
@@ -261,42 +261,17 @@ def cleanup(
     return report
 
 
-def on_event(event: dict[str, Any], context: Any, *, send: Callable[..., None] | None = None) -> None:
+def on_event(event: dict[str, Any], context: Any, *, send: cfn_response.Send | None = None) -> None:
     """Lambda entry point (CloudFormation custom resource protocol: always answer the response URL)."""
-    send = send or _send
     props = event.get("ResourceProperties", {})
-    physical_id = event.get("PhysicalResourceId") or f"eks-vpc-cleanup-{props.get('ClusterName', 'unknown')}"
-    status, reason = "SUCCESS", "nothing to do"
-    try:
-        if event["RequestType"] == "Delete":
-            seconds = context.get_remaining_time_in_millis() / 1000 - RESPONSE_MARGIN_SECONDS
-            report = cleanup(props["VpcId"], props["ClusterName"], seconds=seconds)
-            reason = report.summary()
-            if report.remaining:
-                # FAILED keeps this resource, so a retried delete runs the cleanup again.
-                status = "FAILED"
-    except Exception as exc:
-        LOG.exception("cleanup failed")
-        status, reason = "FAILED", f"{type(exc).__name__}: {exc}"
-    send(event, status, reason[:1000], physical_id)
 
+    def act() -> tuple[str, str]:
+        if event["RequestType"] != "Delete":
+            return cfn_response.SUCCESS, "nothing to do"
+        seconds = context.get_remaining_time_in_millis() / 1000 - RESPONSE_MARGIN_SECONDS
+        report = cleanup(props["VpcId"], props["ClusterName"], seconds=seconds)
+        # FAILED keeps this resource, so a retried delete runs the cleanup again.
+        return (cfn_response.FAILED if report.remaining else cfn_response.SUCCESS), report.summary()
 
-def _send(event: dict[str, Any], status: str, reason: str, physical_id: str) -> None:
-    body = json.dumps(
-        {
-            "Status": status,
-            "Reason": reason,
-            "PhysicalResourceId": physical_id,
-            "StackId": event["StackId"],
-            "RequestId": event["RequestId"],
-            "LogicalResourceId": event["LogicalResourceId"],
-        }
-    ).encode()
-    url = event["ResponseURL"]
-    if not url.startswith("https://"):
-        raise ValueError("the response URL must be https")
-    request = urllib.request.Request(  # noqa: S310 (https checked above)
-        url, data=body, method="PUT", headers={"Content-Type": ""}
-    )
-    with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310 (https checked)
-        LOG.info("CloudFormation response: %s", response.status)
+    default_id = f"eks-vpc-cleanup-{props.get('ClusterName', 'unknown')}"
+    cfn_response.answer(event, default_id, act, what="cleanup", send=send)
