@@ -2,16 +2,19 @@
 
 No model hub is reachable on the GPU machine, so everything is made here:
 
-    python bench/sft_task.py make OUT [--train 20000] [--eval 500] [--seed 0]
+    python bench/sft_task.py make OUT [--train 20000] [--eval 500] [--seed 0] [--kinds K,...]
+                                      [--letters N|MIN-MAX] [--system TEXT]
         OUT/train.jsonl, OUT/eval.jsonl: chat records ("messages") of string transformations
         (reverse, upper-case, sort the letters, add two numbers) with one exact answer each; the
         eval prompts never occur in the training set. OUT/tokenizer: a Qwen2-style tokenizer
-        trained on the task's text (bench/chat_tokenizer.py), with its chat template.
+        trained on the task's text (bench/chat_tokenizer.py), with its chat template. Words of one
+        length (--letters 5) and an empty system turn (--system '') make the CPU walkthrough's
+        task (docs/fine-tuning.md), which the tiny shape learns in minutes.
 
     python bench/sft_task.py check MODEL_DIR OUT/eval.jsonl [--limit 500]
         Loads MODEL_DIR with transformers alone (AutoModelForCausalLM, AutoTokenizer), greedy-
-        decodes every held-out prompt through the folder's chat template, and prints one JSON line:
-        the share answered exactly.
+        decodes every held-out prompt (the turns before its answer) through the folder's chat
+        template, and prints one JSON line: the share answered exactly.
 
 Train with `python -m training --data OUT/train.jsonl --eval-data OUT/eval.jsonl --model
 OUT/tokenizer --init random ...`; the run's export (STORAGE_PATH/RUN_NAME/model) is MODEL_DIR.
@@ -36,15 +39,40 @@ LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
 KINDS = ("reverse", "upper", "sort", "add")
+LETTERS_DEFAULT = (3, 9)  # a word's length, drawn uniformly from [min, max]
+# `check` generates at most 16 new tokens: a longer answer (a token per letter at most, then the
+# end-of-turn token) could never be exact.
+LETTERS_MAX = 15
 
 
-def example(rng: random.Random, kinds: tuple[str, ...] = KINDS) -> tuple[str, str]:
-    """(prompt, answer) of one task instance, of one of `kinds`."""
+def parse_letters(text: str) -> tuple[int, int]:
+    """'N' or 'MIN-MAX' -> (min, max); ValueError naming what is valid."""
+    parts = text.split("-")
+    valid = f"N or MIN-MAX with 1 <= MIN <= MAX <= {LETTERS_MAX}"
+    if len(parts) > 2 or not all(x.strip().isdigit() for x in parts):
+        raise ValueError(f"{text!r} is not {valid}")
+    lo, hi = int(parts[0]), int(parts[-1])
+    if not 1 <= lo <= hi <= LETTERS_MAX:
+        raise ValueError(f"{text!r} is not {valid}")
+    return lo, hi
+
+
+def distinct_prompts(kinds: tuple[str, ...], letters: tuple[int, int]) -> int:
+    """How many different prompts `kinds` with words of `letters` can make."""
+    words = sum(len(LETTERS) ** n for n in range(letters[0], letters[1] + 1))
+    return sum(1000 * 1000 if kind == "add" else words for kind in kinds)
+
+
+def example(
+    rng: random.Random, kinds: tuple[str, ...] = KINDS, letters: tuple[int, int] = LETTERS_DEFAULT
+) -> tuple[str, str]:
+    """(prompt, answer) of one task instance, of one of `kinds`; the words of the string tasks
+    have `letters` (min, max) letters."""
     kind = KINDS.index(kinds[rng.randrange(len(kinds))])
     if kind == 3:
         a, b = rng.randrange(1000), rng.randrange(1000)
         return f"Add {a} and {b}.", str(a + b)
-    word = "".join(rng.choice(LETTERS) for _ in range(rng.randint(3, 9)))
+    word = "".join(rng.choice(LETTERS) for _ in range(rng.randint(*letters)))
     if kind == 0:
         return f"Reverse: {word}", word[::-1]
     if kind == 1:
@@ -60,18 +88,30 @@ def make(
     vocab: int = 264,
     *,
     kinds: tuple[str, ...] = KINDS,
+    letters: tuple[int, int] = LETTERS_DEFAULT,
+    system: str | None = None,
     tokenizer: Path | None = None,
 ) -> dict[str, Any]:
-    """`kinds`: the tasks of this set; `tokenizer`: an existing tokenizer folder to copy instead of
-    training one (a second task set for a model already trained on the first)."""
+    """`kinds`: the tasks of this set; `letters`: (min, max) letters of a word; `system`: a system
+    turn opening every record (None: none, so the template writes its default one); `tokenizer`:
+    an existing tokenizer folder to copy instead of training one (a second task set for a model
+    already trained on the first)."""
+    if n_eval * 2 > distinct_prompts(kinds, letters):
+        # Held-out prompts are drawn until there are n_eval different ones, and training prompts
+        # until one is not held out: with too few distinct prompts that never ends.
+        raise ValueError(
+            f"--eval: {n_eval} held-out prompts need at least {2 * n_eval} different ones; "
+            f"{','.join(kinds)} with words of {letters[0]}-{letters[1]} letters make "
+            f"{distinct_prompts(kinds, letters)}: lower --eval or allow more letters"
+        )
     rng = random.Random(seed)  # noqa: S311 (a reproducible task, not a secret)
     held: dict[str, str] = {}
     while len(held) < n_eval:
-        prompt, answer = example(rng, kinds)
+        prompt, answer = example(rng, kinds, letters)
         held[prompt] = answer
     train: list[tuple[str, str]] = []
     while len(train) < n_train:
-        prompt, answer = example(rng, kinds)
+        prompt, answer = example(rng, kinds, letters)
         if prompt not in held:  # held-out prompts never seen in training
             train.append((prompt, answer))
     out.mkdir(parents=True, exist_ok=True)
@@ -79,7 +119,8 @@ def make(
     def write(path: Path, pairs: list[tuple[str, str]]) -> None:
         with path.open("w") as f:
             for prompt, answer in pairs:
-                turns = [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]
+                turns = [{"role": "system", "content": system}] if system is not None else []
+                turns += [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]
                 f.write(json.dumps({"messages": turns}) + "\n")
 
     write(out / "train.jsonl", train)
@@ -89,7 +130,20 @@ def make(
     else:
         texts = [f"{p} {a}" for p, a in train[:5000]] + [chat_tokenizer.DEFAULT_SYSTEM]
         chat_tokenizer.build(texts, vocab_size=vocab).save_pretrained(out / "tokenizer")
-    return {"train": len(train), "eval": len(held), "kinds": list(kinds), "out": str(out)}
+    return {
+        "train": len(train),
+        "eval": len(held),
+        "kinds": list(kinds),
+        "letters": list(letters),
+        "system": system,
+        "out": str(out),
+    }
+
+
+def prompt_and_answer(record: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
+    """The turns before the answer (a system turn, when the record has one, and the question) and
+    the answer: the prompt is rendered as the training rendered it."""
+    return record["messages"][:-1], record["messages"][-1]["content"]
 
 
 def check(
@@ -117,9 +171,9 @@ def check(
     records = [json.loads(line) for line in Path(eval_file).read_text().splitlines()[:limit]]
     right = 0
     for record in records:
-        prompt, answer = record["messages"][0], record["messages"][1]["content"]
+        prompt, answer = prompt_and_answer(record)
         enc: Any = tok.apply_chat_template(
-            [prompt], add_generation_prompt=True, return_tensors="pt", return_dict=True
+            prompt, add_generation_prompt=True, return_tensors="pt", return_dict=True
         )
         with torch.no_grad():
             out = model.generate(**enc.to(device), max_new_tokens=16, do_sample=False)
@@ -153,6 +207,16 @@ def main(argv: list[str] | None = None) -> None:
         "--vocab", type=int, default=264, help="tokenizer size (--shape tiny's embedding holds 264)"
     )
     m.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated tasks of {', '.join(KINDS)}")
+    m.add_argument(
+        "--letters",
+        default="-".join(map(str, LETTERS_DEFAULT)),
+        help="letters of a word in the string tasks: N, or MIN-MAX drawn uniformly (default %(default)s)",
+    )
+    m.add_argument(
+        "--system",
+        help="a system turn opening every record ('' for an empty one: a shorter conversation than "
+        "with the template's default system prompt); default: none",
+    )
     m.add_argument("--tokenizer", type=Path, help="copy this tokenizer folder instead of training one")
     c = sub.add_parser("check")
     c.add_argument("model_dir")
@@ -166,19 +230,25 @@ def main(argv: list[str] | None = None) -> None:
         unknown = [k for k in kinds if k not in KINDS]
         if unknown or not kinds:
             p.error(f"--kinds: {unknown or kinds} not among {', '.join(KINDS)}")
-        print(
-            json.dumps(
-                make(
-                    args.out,
-                    args.train,
-                    args.eval,
-                    args.seed,
-                    args.vocab,
-                    kinds=kinds,
-                    tokenizer=args.tokenizer,
-                )
+        try:
+            letters = parse_letters(args.letters)
+        except ValueError as e:
+            p.error(f"--letters: {e}")
+        try:
+            made = make(
+                args.out,
+                args.train,
+                args.eval,
+                args.seed,
+                args.vocab,
+                kinds=kinds,
+                letters=letters,
+                system=args.system,
+                tokenizer=args.tokenizer,
             )
-        )
+        except ValueError as e:
+            p.error(str(e))
+        print(json.dumps(made))
     else:
         print(json.dumps(check(args.model_dir, args.eval_file, args.limit, args.adapter, args.compare)))
 
