@@ -1,5 +1,5 @@
 """The pretend AWS account of `raytrain capacity`'s tests: moto for EC2, a stub of our own for Service
-Quotas (tests/test_capacity.py, tests/test_capacity_errors.py).
+Quotas (tests/capacity/).
 
 moto 5.2 implements offerings, zones, instances and instance types, but not capacity reservations
 or Spot placement scores (NotImplementedError), and its Service Quotas mock only knows the `vpc`

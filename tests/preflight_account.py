@@ -1,4 +1,4 @@
-"""The pretend account and registry of `raytrain preflight`'s tests (tests/test_preflight*.py).
+"""The pretend account and registry of `raytrain preflight`'s tests (tests/preflight/).
 
 moto for EC2 (what it implements), botocore's Stubber for what moto lacks here
 (eks:DescribeClusterVersions/DescribeAddonVersions, ECR pull-through rules, creation templates,

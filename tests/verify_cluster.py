@@ -1,5 +1,5 @@
 """The recorded cluster and the fake Kubernetes API server that `raytrain verify`'s tests run
-against (tests/test_verify.py, tests/test_verify_node_health.py).
+against (tests/verify/).
 
 The official client does the real work (kubeconfig, URLs, query strings, JSON decoding into its
 models); the server answers the paths it calls with objects shaped like an EKS cluster's.

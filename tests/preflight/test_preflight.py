@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from botocore.stub import Stubber
 
 from raytrain.preflight import command
@@ -23,26 +21,7 @@ from tests.preflight_account import (
     check_line,
     digest_env,
     env_dir,
-    fake_account,
-    serve_registry,
-    set_credentials,
 )
-
-
-@pytest.fixture
-def registry() -> Iterator[Registry]:
-    yield from serve_registry()
-
-
-@pytest.fixture
-def aws_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
-    set_credentials(monkeypatch)
-
-
-@pytest.fixture
-def account(aws_credentials: None) -> Iterator[Account]:
-    yield from fake_account()
-
 
 # --- the checks --------------------------------------------------------------------------------
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -16,22 +14,9 @@ from raytrain.aws import CapacityApi
 from raytrain.capacity import command, probe
 from raytrain.cli import main
 from tests.capacity_account import (
-    copy_environments,
-    fake_account,
     rows,
     run,
 )
-
-
-@pytest.fixture
-def world(monkeypatch: pytest.MonkeyPatch) -> Any:
-    yield from fake_account(monkeypatch)
-
-
-@pytest.fixture
-def envdir(tmp_path: Path) -> Path:
-    return copy_environments(tmp_path)
-
 
 # --- quota classes -----------------------------------------------------------------------------
 

@@ -4,33 +4,19 @@ DCGM host engine on GPU nodes, AcceleratedHardwareReady, and how many DCGM engin
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from config.loader import load_settings
 from config.settings import Settings
 from raytrain import verify
 from tests.verify_cluster import (
-    ENV,
     FakeApi,
     healthy_cluster,
     rows,
     run_verify,
 )
-
-
-@pytest.fixture
-def api_server(serve_kube_api: Callable[[FakeApi], FakeApi]) -> FakeApi:
-    return serve_kube_api(FakeApi())
-
-
-@pytest.fixture
-def settings() -> Settings:
-    return load_settings(ENV)
-
 
 # --- node health: the DCGM host engine and AcceleratedHardwareReady -------------------------------
 

@@ -27,26 +27,7 @@ from tests.preflight_account import (
     check_line,
     digest_env,
     env_dir,
-    fake_account,
-    serve_registry,
-    set_credentials,
 )
-
-
-@pytest.fixture
-def registry() -> Iterator[Registry]:
-    yield from serve_registry()
-
-
-@pytest.fixture
-def aws_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
-    set_credentials(monkeypatch)
-
-
-@pytest.fixture
-def account(aws_credentials: None) -> Iterator[Account]:
-    yield from fake_account()
-
 
 # --- permissions -------------------------------------------------------------------------------
 
@@ -80,7 +61,7 @@ def test_the_permission_list_covers_every_call(account: Account, registry: Regis
 
 
 def test_docs_list_the_permissions() -> None:
-    text = (Path(__file__).resolve().parents[1] / "docs" / "operations.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
     missing = [action for action in IAM_ACTIONS if f"`{action}`" not in text]
     assert not missing, f"docs/operations.md does not list {missing}"
 

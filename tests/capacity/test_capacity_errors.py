@@ -4,7 +4,6 @@ of tests/capacity_account.py."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import boto3
@@ -17,21 +16,8 @@ from raytrain.capacity import command
 from raytrain.cli import build_parser
 from tests.capacity_account import (
     client_error,
-    copy_environments,
-    fake_account,
     run,
 )
-
-
-@pytest.fixture
-def world(monkeypatch: pytest.MonkeyPatch) -> Any:
-    yield from fake_account(monkeypatch)
-
-
-@pytest.fixture
-def envdir(tmp_path: Path) -> Path:
-    return copy_environments(tmp_path)
-
 
 # --- errors ------------------------------------------------------------------------------------
 

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from config.loader import load_settings
 from config.settings import ClusterMode, Settings
 from raytrain import cli, verify
 from tests.verify_cluster import (
@@ -24,17 +23,6 @@ from tests.verify_cluster import (
     rows,
     run_verify,
 )
-
-
-@pytest.fixture
-def api_server(serve_kube_api: Callable[[FakeApi], FakeApi]) -> FakeApi:
-    return serve_kube_api(FakeApi())
-
-
-@pytest.fixture
-def settings() -> Settings:
-    return load_settings(ENV)
-
 
 # --- the cases ----------------------------------------------------------------------------------
 

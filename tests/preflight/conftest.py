@@ -1,0 +1,25 @@
+"""The fixtures of `raytrain preflight`'s tests: the pretend account and the local registry
+(tests/preflight_account.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.preflight_account import Account, Registry, fake_account, serve_registry, set_credentials
+
+
+@pytest.fixture
+def registry() -> Iterator[Registry]:
+    yield from serve_registry()
+
+
+@pytest.fixture
+def aws_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    set_credentials(monkeypatch)
+
+
+@pytest.fixture
+def account(aws_credentials: None) -> Iterator[Account]:
+    yield from fake_account()
