@@ -103,9 +103,9 @@ def check_end_of_turn_trained(model: nn.Module, tokenizer: Any, model_name: str)
     """Refuse LoRA on chat data when a token that ends the answers has an untrained embedding: the
     adapters train no embedding, so the model could never learn to end its answers (BENCHMARKS.md,
     "A LoRA fine-tune that learns": a LoRA run whose answers need untrained rows does not learn)."""
-    from training.chat_template import end_of_turn_tokens
+    from training.stop_tokens import end_of_turn_ids
 
-    bad = untrained_tokens(model, end_of_turn_tokens(tokenizer))
+    bad = untrained_tokens(model, end_of_turn_ids(tokenizer))
     if bad:
         names = ", ".join(repr(tokenizer.convert_ids_to_tokens(t)) for t in bad)
         raise InputError(
