@@ -53,6 +53,7 @@ def stop_on_input_error() -> Any:
         def after_exception(self, run_context: Any, worker_exceptions: dict[int, Exception]) -> None:
             found = find_input_error(worker_exceptions.values())
             if found is not None:
+                quiet.hide_input_error_tracebacks()  # the controller logs what it raises here
                 raise found
 
     return StopOnInputError()

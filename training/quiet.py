@@ -10,6 +10,10 @@ What a 30-step local run printed besides its [train] lines (issue 41):
 - Ray Data's execution plan and progress blocks of the preparation (INFO records of the `ray.data`
   logger, whose own file handler writes ray-data.log: ray/data/_internal/logging.py): its console
   handler is raised to WARNING;
+- a worker's input error (training/errors.py) as Ray Train's tracebacks, one from the worker
+  ("Error in training function", ray/train/v2/_internal/util.py) and one from the controller
+  ("Error in control loop iteration", .../controller/controller.py): the driver prints its one line,
+  so these stay in Ray Train's log files and off the console (InputErrorTracebacks);
 - torchao's "Failed to load ..." and "Detected no triton" lines and torch's pytree notes at import,
   and FutureWarnings/UserWarnings that torch's own code raises (FSDP2's deprecated collectives, DCP
   in one process): to LIBRARY_LOG. Warnings raised by this package's code still reach the console.
@@ -20,10 +24,13 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import sys
 import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
+
+from training.errors import find_input_error
 
 LIBRARY_LOG = "raytrain-libraries.log"
 # Loggers whose records are notes about the installation, not about the run.
@@ -119,11 +126,30 @@ def driver(prepares: bool) -> str:
     return directory
 
 
+class InputErrorTracebacks(logging.Filter):
+    """Drops a record about an input error (its exc_info, or the exception being handled when it was
+    logged): Ray Train logs a failed worker's traceback as text inside an `except` block."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else sys.exc_info()[1]
+        return find_input_error(exc) is None
+
+
+def hide_input_error_tracebacks() -> None:
+    """InputErrorTracebacks on Ray Train's console handlers in this process (a worker or the
+    controller), not on its file handlers. Idempotent."""
+    for handler in logging.getLogger("ray.train").handlers:
+        console = isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler)
+        if console and not any(isinstance(f, InputErrorTracebacks) for f in handler.filters):
+            handler.addFilter(InputErrorTracebacks())
+
+
 def train_worker(config: dict[str, Any]) -> None:
     """Ray Train's per-worker function: the libraries quieted (into the driver's logs folder, the
     same path on every node of a Ray cluster), then training/loop.py's train_loop, imported only
     now: torch, transformers and torchao speak as they are imported."""
     libraries_to_file(config.get("log_dir"))
+    hide_input_error_tracebacks()
     from training.loop import train_loop
 
     train_loop(config)

@@ -5,6 +5,7 @@ their INFO records in their own files."""
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -69,3 +70,38 @@ def test_ray_train_and_ray_data_keep_info_off_the_console() -> None:
     files = [h for h in data_logger.handlers if isinstance(h, logging.FileHandler)]
     assert console and all(h.level == logging.WARNING for h in console)
     assert all(h.level < logging.INFO for h in files)  # ray-data.log keeps everything
+
+
+def test_input_error_tracebacks_stay_off_the_console_only() -> None:
+    """Ray Train logs a failed worker's traceback as text inside the `except` block (and the
+    controller with exc_info); for an input error only the console handlers drop it."""
+    import io
+
+    from training.errors import DataError
+    from training.quiet import InputErrorTracebacks, hide_input_error_tracebacks
+
+    logger = logging.getLogger("ray.train")
+    console_out, file_out = io.StringIO(), io.StringIO()
+    console = logging.StreamHandler(console_out)
+    to_file = logging.FileHandler(os.devnull)
+    to_file.stream = file_out
+    saved = logger.handlers, logger.propagate
+    logger.handlers, logger.propagate = [console, to_file], False
+    try:
+        hide_input_error_tracebacks()
+        hide_input_error_tracebacks()  # idempotent
+        assert sum(isinstance(f, InputErrorTracebacks) for f in console.filters) == 1
+        assert not to_file.filters
+        try:
+            raise RuntimeError("wrapped") from DataError("shard 3: not a token shard")
+        except RuntimeError:
+            logger.error("Error in training function:\nTraceback ... DataError")
+        try:
+            raise ValueError("a bug")
+        except ValueError:
+            logger.exception("Error in control loop iteration")
+    finally:
+        logger.handlers, logger.propagate = saved
+    assert "Error in training function" not in console_out.getvalue()
+    assert "Error in control loop iteration" in console_out.getvalue()  # not an input error: shown
+    assert "Error in training function" in file_out.getvalue()  # the file keeps it
