@@ -1,6 +1,8 @@
-"""LoRA through the loop's own code on 2 CPU ranks (FSDP2 over gloo): only the adapters train and
-are checkpointed, a resume continues exactly, the adapter folder loads with peft alone and the merged
-folder with transformers alone, both giving the loop's logits; bad values are one line each."""
+"""LoRA through the loop's own code on 4 CPU ranks as 2 emulated hosts of 2 (FSDP2's HSDP mesh over
+gloo: adapters sharded inside a host, replicated across hosts, as on 2 x g6.12xlarge): only the
+adapters train and are checkpointed, the replicas stay identical, a resume continues exactly, the
+adapter folder loads with peft alone and the merged folder with transformers alone, both giving the
+loop's logits; bad values are one line each."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ pytestmark = pytest.mark.dev_packages
 
 IDS = torch.tensor([[1, 70, 71, 72, 2, 201, 1, 80, 81, 90, 91, 92]])
 RANK = 4
+WORLD, HOSTS = 4, 2
 
 
 def _free_port() -> int:
@@ -41,7 +44,8 @@ def _opts(base: str, world: int) -> Any:
     return parse_args(
         ["--init", "pretrained", "--model", base, "--data", "random", "--seq-len", "32",
          "--micro-batch-size", "1", "--num-workers", str(world), "--steps", "4", "--lr", "3e-2",
-         "--warmup-steps", "0", "--lora-rank", str(RANK), "--lora-alpha", "8"]
+         "--warmup-steps", "0", "--lora-rank", str(RANK), "--lora-alpha", "8",
+         "--sharding", "hsdp", "--emulate-hosts", str(HOSTS)]
     )  # fmt: skip
 
 
@@ -56,6 +60,12 @@ def _train(rank: int, world: int, port: int, base: str, out: str) -> None:
         frozen_dtypes = {str(p.dtype) for p in tr.model.parameters() if not p.requires_grad}
         for _ in range(2):
             tr.train_step()
+        # This rank's shard of every adapter after two steps: replicas (the same place on another
+        # host) must hold the same values, the other rank of a host other values.
+        shards = torch.cat([p.to_local().detach().float().flatten()
+                            for p in tr.model.parameters() if p.requires_grad])  # fmt: skip
+        every: list[Any] = [None] * world
+        dist.all_gather_object(every, shards)
         checkpoint.save(os.path.join(out, f"rank{rank}"), tr.model, tr.optimizer, step=tr.step,
                         position=tr.position, extra=tr.checkpoint_extra())  # fmt: skip
         tr.model.eval()
@@ -78,7 +88,7 @@ def _train(rank: int, world: int, port: int, base: str, out: str) -> None:
         if rank == 0:
             torch.save(
                 {"logits": logits, "trained": sorted(trained), "frozen_dtypes": sorted(frozen_dtypes),
-                 "third": third, "resumed": resumed},
+                 "third": third, "resumed": resumed, "mesh": tr.mesh_shape, "shards": every},
                 os.path.join(out, "result.pt"),
             )  # fmt: skip
         dist.barrier()
@@ -97,7 +107,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     torch.manual_seed(1)
     AutoModelForCausalLM.from_config(shape_config("tiny")).save_pretrained(base)
     chat_tokenizer.build(["hello world"] * 10).save_pretrained(base)
-    mp.start_processes(_train, args=(2, _free_port(), str(base), str(tmp)), nprocs=2, start_method="spawn")
+    mp.start_processes(
+        _train, args=(WORLD, _free_port(), str(base), str(tmp)), nprocs=WORLD, start_method="spawn"
+    )
     return {"base": base, "ckpt": tmp / "ckpt-merged", **torch.load(tmp / "result.pt")}
 
 
@@ -118,6 +130,14 @@ def test_only_the_adapters_train_on_a_frozen_bf16_base_and_only_they_are_checkpo
     assert state["model_ref"]["lora"] == {
         "rank": RANK, "alpha": 8, "dropout": 0.0, "targets": list(LoraSpec().targets)
     }  # fmt: skip
+
+
+def test_the_adapters_shard_inside_a_host_and_replicate_across_hosts(run: dict[str, Any]) -> None:
+    assert run["mesh"] == (HOSTS, WORLD // HOSTS)
+    first, second, first_replica, second_replica = run["shards"]
+    torch.testing.assert_close(first_replica, first, rtol=0, atol=0)
+    torch.testing.assert_close(second_replica, second, rtol=0, atol=0)
+    assert not torch.equal(first, second)  # two different shards of the adapters
 
 
 def test_a_resume_repeats_the_step_exactly(run: dict[str, Any]) -> None:
