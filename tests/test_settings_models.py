@@ -93,6 +93,8 @@ def test_a_model_that_fits_no_job_is_refused(tmp_path: Path) -> None:
             "job.lora.target_modules",
             "c_attn: not a linear",
         ),
+        # Qwen2.5-7B's k_proj is 3584 -> 512: rank 512 is no low-rank update.
+        ({"lora": {"rank": 512}}, "job.lora.rank", "512 is not below the smaller side of its targets (512"),
         ({"lora": {}, "init": "random", "shape": "qwen2.5-1.5b"}, "job.lora", "needs init: pretrained"),
         ({"lora": None, "export_merged": True}, "job.export_merged", "needs job.lora"),
         (

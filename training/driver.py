@@ -68,6 +68,7 @@ def check_model(opts: TrainOptions) -> Any:
     except Exception as exc:
         raise OptionError(f"--model: cannot load the config of {opts.model!r}: {exc}") from None
     _check_planned_dims(opts, cfg)
+    _check_lora_fits_model(opts, cfg)
     max_pos = getattr(cfg, "max_position_embeddings", None)
     if max_pos and opts.seq_len > max_pos:
         raise OptionError(f"--seq-len: {opts.seq_len} is beyond the model's {max_pos} positions")
@@ -113,6 +114,24 @@ def _check_planned_dims(opts: TrainOptions, cfg: Any) -> None:
             f"({'; '.join(diff)}): set job.config_json to this model's config.json, or job.model to "
             "the model planned, and deploy again"
         )
+
+
+def _check_lora_fits_model(opts: TrainOptions, cfg: Any) -> None:
+    """LoRA's targets and rank against the model's layers, before any data is prepared. A model
+    whose dimensions training/dims.py cannot read is left to the worker's check (training/lora.py)."""
+    spec = opts.lora
+    if spec is None:
+        return
+    from training.dims import ArchitectureError, Dims
+    from training.lora_spec import FLAG_NAMES
+
+    try:
+        dims = Dims.from_config(cfg.to_dict())
+    except ArchitectureError:
+        return
+    problem = spec.model_problem(dims.linear_shapes(), dims.model_type, FLAG_NAMES)
+    if problem:
+        raise OptionError(problem[1])
 
 
 def init_ray(opts: TrainOptions) -> None:

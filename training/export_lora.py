@@ -83,6 +83,41 @@ def write_adapter(work: str, spec: LoraSpec, adapters: dict[str, Any], model: st
         json.dump(config, f, indent=2, sort_keys=True, default=str)
 
 
+def check_adapters_fit(adapters: dict[str, Any], model: str) -> None:
+    """Refuse an adapter folder for a base whose layers have other shapes than the adapters':
+    PeftModel.from_pretrained would fail on it with a size mismatch. A base whose dimensions
+    training/dims.py cannot read is not checked."""
+    from transformers import AutoConfig
+
+    from training.dims import ArchitectureError, Dims
+    from training.model import local_model_dir
+
+    try:
+        cfg = AutoConfig.from_pretrained(local_model_dir(model, weights=False))
+    except Exception as exc:
+        raise OptionError(f"--model: cannot load the config of {model!r}: {exc}") from None
+    try:
+        dims = Dims.from_config(cfg.to_dict())
+    except ArchitectureError:
+        return
+    shapes = dims.linear_shapes()
+    for name, tensor in adapters.items():
+        parts = name.split(".")
+        at = next((i for i, p in enumerate(parts) if p.startswith("lora_")), None)
+        if at is None or "layers" not in parts or parts[at - 1] not in shapes:
+            continue
+        layer, target = int(parts[parts.index("layers") + 1]), parts[at - 1]
+        size_in, size_out = shapes[target]
+        shape = tuple(tensor.shape)
+        want = (shape[0], size_in) if parts[at] == "lora_A" else (size_out, shape[1])
+        if layer >= dims.layers or shape != want:
+            raise OptionError(
+                f"--model: {model} is not the base these adapters were trained on ({name} is "
+                f"{list(shape)}; its {target} is {size_in} -> {size_out} in {dims.layers} layers): "
+                "export onto the base the run trained on"
+            )
+
+
 def _tokenizer(model: str, out: str) -> None:
     from transformers import AutoTokenizer
 
@@ -224,6 +259,7 @@ def export_lora(
             )
             log(f"[export] {n} tensors of {model}, {len(deltas)} merged with LoRA ({dtype}): {checkpoint}")
         else:
+            check_adapters_fit(adapters, model)
             write_adapter(work, spec, adapters, model)
             _tokenizer(model, work)
             log(f"[export] LoRA adapter (r={spec.rank}, {len(adapters)} tensors, base {model}), {checkpoint}")

@@ -71,13 +71,13 @@ def peft_config(spec: LoraSpec, base_model: str | None = None) -> Any:
 
 def apply_lora(model: nn.Module, spec: LoraSpec, *, base_model: str | None = None) -> nn.Module:
     """Freeze `model` in bf16 and inject fp32 LoRA adapters (in place; returns `model`).
-    A target the decoder layers lack is refused naming it (ValueError)."""
+    A target the decoder layers lack is refused naming it (InputError: every attempt would fail)."""
     from peft import inject_adapter_in_model
 
     available = layer_linear_names(model)
     unknown = spec.unknown_targets(available)
     if unknown:
-        raise ValueError(
+        raise InputError(
             f"--lora-targets: {', '.join(unknown)} not in the model's decoder layers "
             f"({type(model).__name__}); its linear layers are {', '.join(sorted(available))}"
         )

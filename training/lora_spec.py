@@ -101,6 +101,27 @@ class LoraSpec:
         """The targets a model's decoder layers do not have (by module name)."""
         return [t for t in self.targets if t not in available]
 
+    def model_problem(
+        self, linear_shapes: dict[str, tuple[int, int]], model_type: str, names: dict[str, str] | None = None
+    ) -> tuple[str, str] | None:
+        """(field, one line) when the targets or the rank do not suit a model's decoder layers
+        (`linear_shapes`: name -> (in, out), training/dims.py), else None. A rank at or above a
+        target's smaller side is no low-rank update: B A could then be any matrix of that shape."""
+        n = names or SETTING_NAMES
+        unknown = self.unknown_targets(set(linear_shapes))
+        if unknown:
+            return "targets", (
+                f"{n['targets']}: {', '.join(unknown)}: not a linear module of {model_type}'s decoder "
+                f"layers; valid: {', '.join(linear_shapes)}"
+            )
+        side = min(min(linear_shapes[t]) for t in self.targets)
+        if self.rank >= side:
+            return "rank", (
+                f"{n['rank']}: {self.rank} is not below the smaller side of its targets ({side} in "
+                f"{model_type}'s layers), so it is no low-rank update; use 8-64 (at most {side - 1})"
+            )
+        return None
+
     def params_per_layer(self, linear_shapes: dict[str, tuple[int, int]]) -> int:
         """A and B of every target: r x (in + out) each (`linear_shapes`: name -> (in, out))."""
         return sum(self.rank * (linear_shapes[t][0] + linear_shapes[t][1]) for t in self.targets)
@@ -129,15 +150,17 @@ def add_arguments(parser: Any) -> None:
         metavar="R",
         help="train LoRA adapters of rank R on a frozen bf16 base (0: full fine-tuning, the default)",
     )
+    # No defaults here (None: not given): a LoRA flag without --lora-rank is refused, not ignored;
+    # from_options fills in LoraSpec's defaults.
     g.add_argument(
-        "--lora-alpha", type=int, default=DEFAULT_ALPHA, help="the update is scaled by alpha / rank"
+        "--lora-alpha", type=int, help=f"the update is scaled by alpha / rank (default {DEFAULT_ALPHA})"
     )
-    g.add_argument("--lora-dropout", type=float, default=0.0, help="dropout on the adapters' input")
+    g.add_argument("--lora-dropout", type=float, help="dropout on the adapters' input (default 0)")
     g.add_argument(
         "--lora-targets",
-        default=",".join(DEFAULT_TARGETS),
         metavar="NAMES",
-        help="comma-separated linear modules of the decoder layers that get adapters",
+        help="comma-separated linear modules of the decoder layers that get adapters (default "
+        f"{','.join(DEFAULT_TARGETS)})",
     )
     g.add_argument(
         "--export-merged",
@@ -150,6 +173,13 @@ def from_options(options: Any) -> LoraSpec | None:
     """The spec of parsed options (their lora_* attributes), None for full fine-tuning; LoraError
     naming the flag when a value is bad."""
     if options.lora_rank == 0:
+        extras = ("alpha", "dropout", "targets")
+        given = [FLAG_NAMES[k] for k in extras if getattr(options, f"lora_{k}") is not None]
+        if given:
+            raise LoraError(f"{', '.join(given)}: only with LoRA; add --lora-rank R (16 is usual) or drop it")
         return None
-    targets = tuple(t.strip() for t in str(options.lora_targets).split(","))
-    return LoraSpec.checked(options.lora_rank, options.lora_alpha, options.lora_dropout, targets, FLAG_NAMES)
+    alpha = DEFAULT_ALPHA if options.lora_alpha is None else options.lora_alpha
+    dropout = 0.0 if options.lora_dropout is None else options.lora_dropout
+    listed = options.lora_targets if options.lora_targets is not None else ",".join(DEFAULT_TARGETS)
+    targets = tuple(t.strip() for t in str(listed).split(","))
+    return LoraSpec.checked(options.lora_rank, alpha, dropout, targets, FLAG_NAMES)

@@ -54,23 +54,26 @@ def check(d: dict[str, Any]) -> None:
         )
 
 
-def check_model_ref(model: str, weights: bool = True) -> None:
-    """`weights`: the model itself (config.json); else only its tokenizer is needed."""
+def check_model_ref(model: str, weights: bool = True) -> str:
+    """`weights`: the model itself (config.json); else only its tokenizer is needed. Returns the
+    reference to use: a local folder as an absolute path, since Ray Train's workers do not run in
+    the driver's working directory (a relative path would be taken for a hub id there)."""
     if "://" in model or ":" in model.split("/", 1)[0]:
         # A remote prefix: well formed here; its files are checked when the driver fetches its
         # config (check_model).
         location_option("--model", model)
-        return
+        return model
     if os.path.isdir(model):
         if not weights and (Path(model) / "tokenizer_config.json").is_file():
-            return
+            return os.path.abspath(model)
         if not (Path(model) / "config.json").is_file():
             raise OptionError(f"--model: {model} has no config.json (not a Hugging Face model dir)")
-        return
+        return os.path.abspath(model)
     if model.startswith((".", "/")) or not _HF_ID.match(model):
         raise OptionError(
             f"--model: {model!r} is neither an existing dir, an s3:// prefix nor a Hugging Face id"
         )
+    return model
 
 
 def check_lora(d: dict[str, Any]) -> None:
@@ -92,4 +95,4 @@ def check_lora(d: dict[str, Any]) -> None:
         )
     if d["float8"]:
         raise OptionError("--float8: not with LoRA (its frozen bf16 base is not converted); drop --float8")
-    d["lora_targets"] = ",".join(spec.targets)
+    d["lora_alpha"], d["lora_dropout"], d["lora_targets"] = spec.alpha, spec.dropout, ",".join(spec.targets)

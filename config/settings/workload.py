@@ -497,13 +497,11 @@ class JobSettings(SettingsModel):
                     "needs init: pretrained: adapters on randomly initialised weights learn nothing "
                     "a full fine-tune would not; drop job.lora or use a pretrained job.model",
                 )
-            unknown = self.lora.spec.unknown_targets(set(plan.dims.linear_shapes()))
-            if unknown:
-                raise FieldError(
-                    ("lora", "target_modules"),
-                    f"{', '.join(unknown)}: not a linear module of {plan.dims.model_type}'s decoder "
-                    f"layers; valid: {', '.join(plan.dims.linear_shapes())}",
-                )
+            names = {"rank": "rank", "alpha": "alpha", "dropout": "dropout", "targets": "target_modules"}
+            problem = self.lora.spec.model_problem(plan.dims.linear_shapes(), plan.dims.model_type, names)
+            if problem:
+                field, message = problem
+                raise FieldError(("lora", names[field]), message.split(": ", 1)[1])
         if self.lora is not None and self.float8:
             raise FieldError(
                 ("float8",), "not with job.lora: LoRA's frozen bf16 base is not converted; drop job.float8"

@@ -19,6 +19,7 @@ import torch.multiprocessing as mp
 
 from bench import chat_tokenizer
 from training import checkpoint
+from training.errors import InputError
 from training.export import main as export_main
 from training.lora_spec import LoraSpec
 
@@ -207,6 +208,25 @@ def test_merging_onto_another_base_is_refused_naming_the_model(
     assert not out.exists()
 
 
+def test_an_adapter_for_another_base_is_refused_naming_the_model(
+    run: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from training.model import shape_config
+
+    other = tmp_path / "other"
+    AutoModelForCausalLM.from_config(shape_config("small")).save_pretrained(other)
+    chat_tokenizer.build(["hello world"] * 10).save_pretrained(other)
+    out = tmp_path / "adapter"
+    capsys.readouterr()
+    rc = export_main(["--checkpoint", str(run["ckpt"]), "--out", str(out), "--model", str(other)])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1
+    assert "--model:" in err and "is not the base these adapters were trained on" in err
+    assert not out.exists()
+
+
 def test_merged_export_of_a_full_fine_tune_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -227,7 +247,7 @@ def test_unknown_target_is_refused_naming_the_flag_and_the_model_layers() -> Non
     from training.model import shape_config
 
     model = AutoModelForCausalLM.from_config(shape_config("tiny"))
-    with pytest.raises(ValueError, match=r"--lora-targets: qkv_proj not in .* down_proj, gate_proj"):
+    with pytest.raises(InputError, match=r"--lora-targets: qkv_proj not in .* down_proj, gate_proj"):
         apply_lora(model, LoraSpec(targets=("q_proj", "qkv_proj")))
 
 
@@ -241,6 +261,7 @@ def test_unknown_target_is_refused_naming_the_flag_and_the_model_layers() -> Non
         (["--lora-rank", "8", "--init", "random"], "--lora-rank: LoRA adapts a pretrained model"),
         (["--lora-rank", "8", "--float8"], "--float8: not with LoRA"),
         (["--export-merged"], "--export-merged: only with LoRA"),
+        (["--lora-alpha", "16", "--lora-targets", "q_proj"], "--lora-alpha, --lora-targets: only with LoRA"),
     ],
 )
 def test_bad_lora_options_are_one_line_naming_the_flag(argv: list[str], message: str) -> None:
@@ -251,3 +272,39 @@ def test_bad_lora_options_are_one_line_naming_the_flag(argv: list[str], message:
         base = base[:-2]
     with pytest.raises(OptionError, match=message):
         parse_args(base + argv)
+
+
+def test_a_rank_too_large_or_a_missing_target_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    """The driver's check against the model's config, before data is prepared or Ray starts: tiny's
+    k_proj is 128 -> 64, so rank 64 is no low-rank update."""
+    from transformers import AutoModelForCausalLM
+
+    from training.driver import check_model
+    from training.model import shape_config
+    from training.options import OptionError, parse_args
+
+    base = tmp_path / "base"
+    AutoModelForCausalLM.from_config(shape_config("tiny")).save_pretrained(base)
+    argv = ["--data", "random", "--global-batch-size", "8", "--init", "pretrained", "--model", str(base),
+            "--seq-len", "256"]  # fmt: skip
+    with pytest.raises(OptionError, match=r"--lora-rank: 64 is not below the smaller side of its targets"):
+        check_model(parse_args([*argv, "--lora-rank", "64"]))
+    with pytest.raises(OptionError, match=r"--lora-targets: wq: not a linear module of qwen2's"):
+        check_model(parse_args([*argv, "--lora-rank", "8", "--lora-targets", "q_proj,wq"]))
+    check_model(parse_args([*argv, "--lora-rank", "63"]))
+
+
+def test_a_relative_model_folder_reaches_the_workers_as_an_absolute_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ray Train's workers do not run in the driver's working directory."""
+    from transformers import AutoModelForCausalLM
+
+    from training.model import shape_config
+    from training.options import parse_args
+
+    AutoModelForCausalLM.from_config(shape_config("tiny")).save_pretrained(tmp_path / "runs" / "base")
+    monkeypatch.chdir(tmp_path)
+    opts = parse_args(["--data", "random", "--global-batch-size", "8", "--init", "pretrained",
+                       "--model", "runs/base", "--lora-rank", "8"])  # fmt: skip
+    assert opts.model == str(tmp_path / "runs" / "base")
