@@ -56,6 +56,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`raytrain plan --json | head`): stop quietly, as a Unix filter
+        # does. stdout is pointed at devnull so the interpreter's final flush cannot raise again
+        # (docs.python.org/3/library/signal.html, "Note on SIGPIPE").
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

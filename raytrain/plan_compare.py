@@ -25,8 +25,15 @@ def model_id(name: str) -> str:
     if "/" in name:
         return name
     entry = CATALOGUE.get(name)
-    if entry is None or not entry["hf_ids"]:
-        known = ", ".join(n for n, e in CATALOGUE.items() if e["hf_ids"])
+    known = ", ".join(n for n, e in CATALOGUE.items() if e["hf_ids"])
+    if entry is not None and not entry["hf_ids"]:
+        # Gemma 3's 4B and larger ship as multimodal checkpoints: their text decoder is in the
+        # catalogue for --init random sizing only (training/model_configs/*.json, "note").
+        raise ValueError(
+            f"--compare: {name!r} is a catalogue shape with no release the loop can fine-tune "
+            f"(the text decoder of a multimodal checkpoint); compare one of {known}"
+        )
+    if entry is None:
         raise ValueError(f"--compare: {name!r} is neither a Hugging Face id nor a catalogue name ({known})")
     return str(entry["hf_ids"][0])
 

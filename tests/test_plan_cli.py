@@ -184,6 +184,9 @@ def test_compare_refuses_an_unknown_name(envdir: Path) -> None:
     argv = ["plan", "--env", "prod", "--config-dir", str(envdir), "--compare", "gpt5"]
     assert plan_cmd.run(build_parser().parse_args(argv), console=console) == 2
     assert "--compare: 'gpt5' is neither a Hugging Face id nor a catalogue name" in console.export_text()
+    argv[-1] = "gemma-3-4b"  # in the catalogue, as the text decoder of a multimodal release
+    assert plan_cmd.run(build_parser().parse_args(argv), console=console) == 2
+    assert "'gemma-3-4b' is a catalogue shape with no release the loop can fine-tune" in console.export_text()
 
 
 def test_plan_says_how_spot_gpu_nodes_are_priced() -> None:
@@ -202,3 +205,20 @@ def test_plan_says_how_spot_gpu_nodes_are_priced() -> None:
     console = Console(record=True, width=200)
     console.print(speed_table(result))
     assert "cost: GPU nodes are Spot" in " ".join(console.export_text().split())
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly() -> None:
+    """`raytrain plan --env prod --json | head`: no BrokenPipeError traceback."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "raytrain", "plan", "--env", "prod", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader is gone before the first line
+    err = proc.stderr.read().decode()
+    assert proc.wait() == 141 and "Traceback" not in err, err
