@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -98,9 +99,19 @@ def _check_cluster_name_unique(settings: Settings, path: Path, directory: Path) 
             )
 
 
+def _section_fields(field: str) -> list[str] | None:
+    """The sub-fields of a job field that is itself a section (job.lora), else None."""
+    for kind in typing.get_args(JobSettings.model_fields[field].annotation) or ():
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            return sorted(kind.model_fields)
+    return None
+
+
 def parse_overrides(items: list[str]) -> dict[str, Any]:
-    """`job.FIELD=VALUE` items as {FIELD: value}; VALUE is read as a YAML scalar or flow collection
-    (`10`, `true`, `3e-4`, `[a, b]`), as the same text in the environment file would be."""
+    """`job.FIELD=VALUE` items as {FIELD: value}, and `job.SECTION.FIELD=VALUE` (job.lora.rank=8)
+    as {SECTION: {FIELD: value}}, merged into the file's section by apply_overrides; VALUE is read
+    as a YAML scalar or flow collection (`10`, `true`, `3e-4`, `[a, b]`), as the same text in the
+    environment file would be."""
     out: dict[str, Any] = {}
     fields = sorted(JobSettings.model_fields)
     for item in items:
@@ -108,24 +119,52 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
         key = key.strip()
         if not sep or not key:
             raise SettingsError(f"--set {item!r}: expected job.FIELD=VALUE, e.g. --set job.steps=20")
-        section, _, field = key.partition(".")
-        if section != "job" or not field or "." in field:
+        section, _, rest = key.partition(".")
+        field, _, sub = rest.partition(".")
+        if section != "job" or not field or "." in sub:
             raise SettingsError(
-                f"--set {item}: only job.FIELD can be set per job (the rest is infrastructure: "
-                "change the environment file and deploy)"
+                f"--set {item}: only job.FIELD (or job.lora.FIELD) can be set per job (the rest is "
+                "infrastructure: change the environment file and deploy)"
             )
         if field not in JobSettings.model_fields:
             close = difflib.get_close_matches(field, fields, n=1)
             hint = f"did you mean job.{close[0]}?" if close else f"job fields: {', '.join(fields)}"
             raise SettingsError(f"--set {item}: unknown field job.{field}; {hint}")
-        if field in out:
-            raise SettingsError(f"--set {item}: job.{field} is set twice")
+        subs = _section_fields(field)
+        if sub and subs is None:
+            raise SettingsError(f"--set {item}: job.{field} has no fields; set it as job.{field}=VALUE")
+        if sub and subs is not None and sub not in subs:
+            close = difflib.get_close_matches(sub, subs, n=1)
+            hint = f"did you mean job.{field}.{close[0]}?" if close else f"its fields: {', '.join(subs)}"
+            raise SettingsError(f"--set {item}: unknown field job.{field}.{sub}; {hint}")
+        if field in out and (not sub or not isinstance(out[field], _Section) or sub in out[field]):
+            raise SettingsError(f"--set {item}: job.{key.partition('.')[2]} is set twice")
         try:
             value = YAML(typ="safe", pure=True).load(raw) if raw.strip() else ""
         except YAMLError as exc:
             problem = str(exc).splitlines()[0]
-            raise SettingsError(f"--set {item}: job.{field}: not a valid value ({problem})") from None
-        out[field] = value
+            raise SettingsError(f"--set {item}: job.{rest}: not a valid value ({problem})") from None
+        if sub:
+            out.setdefault(field, _Section())[sub] = value
+        else:
+            out[field] = value
+    return out
+
+
+class _Section(dict):
+    """`--set job.SECTION.FIELD=...` values: merged into the section, not replacing it."""
+
+
+def apply_overrides(job: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """The job mapping with `overrides` (parse_overrides) applied: a job.lora.FIELD value is set in
+    the file's job.lora (LoRA's defaults when the file has none), the rest replace whole fields."""
+    out = dict(job)
+    for field, value in overrides.items():
+        if isinstance(value, _Section):
+            base = out.get(field)
+            out[field] = {**(base if isinstance(base, dict) else {}), **value}
+        else:
+            out[field] = value
     return out
 
 
@@ -156,7 +195,7 @@ def parse_settings(
         job = data.get("job") or {}
         if not isinstance(job, dict):
             raise SettingsError(f"{where}: job: expected a mapping of settings")
-        data = {**data, "job": {**job, **job_overrides}}
+        data = {**data, "job": apply_overrides(job, job_overrides)}
     try:
         return Settings.model_validate(
             {"name": name, **data}, context={"skip_memory_check": not check_memory}

@@ -238,7 +238,7 @@ def test_submit_uploads_the_code_then_creates_the_rayjob(kube: Kube, s3: Any, se
             "job.data=s3://someone-elses-bucket/corpus",
             "job.data: s3://someone-elses-bucket/corpus is not readable",
         ),
-        ("workload.image=x", "only job.FIELD can be set per job"),
+        ("workload.image=x", "only job.FIELD (or job.lora.FIELD) can be set per job"),
     ],
 )
 def test_a_refused_submit_uploads_and_creates_nothing(

@@ -4,6 +4,7 @@ that fits nowhere is refused before anything starts."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -125,3 +126,35 @@ def test_a_config_file_sizes_a_model_in_s3(tmp_path: Path) -> None:
     s = prod_with(model="s3://models-111122223333/q3", config_json=str(tmp_path / "config.json"), lora={})
     assert s.job.model_plan.dims == Dims.from_config(SHAPES["qwen3-8b"])
     assert job_memory(s.job, s.gpu_nodes.instance, 2).device_bytes < 21.96 * GIB
+
+
+def _with_sets(env: str, *items: str) -> Settings:
+    from config.loader import load_settings
+
+    return load_settings(env, ENVIRONMENTS_DIR, check_memory=False, overrides=list(items))
+
+
+def test_one_lora_field_is_set_per_job_keeping_the_files_others() -> None:
+    prod = _with_sets("prod").job.lora
+    assert prod is not None and prod.dropout == 0.05
+    lora = _with_sets("prod", "job.lora.rank=8", "job.lora.alpha=16").job.lora
+    assert lora is not None and (lora.rank, lora.alpha, lora.dropout) == (8, 16, 0.05)
+    # An environment without LoRA: the field given, LoRA's defaults for the rest.
+    assert _with_sets("dev").job.lora is None
+    dev = _with_sets("dev", "job.lora.rank=8").job.lora
+    assert dev is not None and (dev.rank, dev.spec.targets) == (8, LoraSpec().targets)
+
+
+@pytest.mark.parametrize(
+    ("items", "message"),
+    [
+        (["job.lora=null", "job.lora.rank=8"], "job.lora.rank is set twice"),
+        (["job.lora.rank=8", "job.lora.rank=4"], "job.lora.rank is set twice"),
+        (["job.lora.rnak=8"], "unknown field job.lora.rnak; did you mean job.lora.rank?"),
+        (["job.steps.max=3"], "job.steps has no fields; set it as job.steps=VALUE"),
+        (["job.lora.rank.x=3"], "only job.FIELD (or job.lora.FIELD) can be set per job"),
+    ],
+)
+def test_bad_section_overrides_are_one_line(items: list[str], message: str) -> None:
+    with pytest.raises(SettingsError, match=re.escape(message)):
+        _with_sets("prod", *items)
