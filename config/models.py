@@ -51,7 +51,18 @@ def known_names() -> str:
 def resolve(model: str, init: str, shape: str | None, config_json: str | None) -> ModelPlan:
     """The architecture a job plans for; ModelError names the field when there is none."""
     if config_json is not None:
-        return _from_file(config_json)
+        plan = _from_file(config_json)
+        name = catalogue_name_of(model) if init == "pretrained" else None
+        # A config file left from another model would size this job wrongly: the catalogue knows
+        # this one (training/model_configs/).
+        diff = plan.dims.signature_mismatch(Dims.from_config(SHAPES[name]).signature()) if name else []
+        if diff:
+            raise ModelError(
+                "config_json",
+                f"not {model}'s config: catalogue {name!r} -> this file: {'; '.join(diff)}; drop "
+                "job.config_json (the catalogue sizes this model) or give this model's own",
+            )
+        return plan
     if init == "random":
         if shape is None:
             raise ModelError(
@@ -71,6 +82,12 @@ def resolve(model: str, init: str, shape: str | None, config_json: str | None) -
         if shape is not None and shape != name:
             raise ModelError("shape", f"{shape!r}, but job.model {model} is catalogue entry {name!r}")
         return ModelPlan(_dims("model", SHAPES[name]), f"catalogue {name}")
+    if shape is not None and shape in CATALOGUE and not CATALOGUE[shape]["hf_ids"]:
+        raise ModelError(
+            "shape",
+            f"{shape!r} is the text decoder of a multimodal release, kept for init: random only; "
+            f"the loop cannot fine-tune {model} from its checkpoint (training/model_configs/{shape}.json)",
+        )
     if shape is not None and shape in CATALOGUE:
         return ModelPlan(_dims("shape", SHAPES[shape]), f"{model} as catalogue {shape}")
     raise ModelError(

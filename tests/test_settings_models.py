@@ -113,6 +113,21 @@ def test_bad_model_settings_are_refused_naming_the_field(
     assert message.count("\n") <= 1  # one line after the file's header
 
 
+def test_a_config_file_of_another_model_than_a_catalogue_id_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(SHAPES["llama-3.2-3b"]))
+    message = error_of(model="Qwen/Qwen2.5-7B-Instruct", config_json=str(tmp_path / "config.json"), lora={})
+    assert "job.config_json: not Qwen/Qwen2.5-7B-Instruct's config: catal" in message
+    assert "tied 0 -> 1; drop job.config_json" in message
+    (tmp_path / "config.json").write_text(json.dumps(SHAPES["qwen2.5-7b"]))  # its own: accepted
+    s = prod_with(model="Qwen/Qwen2.5-7B-Instruct", config_json=str(tmp_path / "config.json"), lora={})
+    assert s.job.model_plan.dims == Dims.from_config(SHAPES["qwen2.5-7b"])
+
+
+def test_a_multimodal_releases_text_shape_is_refused_for_a_pretrained_model() -> None:
+    message = error_of(model="google/gemma-3-4b-it", shape="gemma-3-4b", lora={})
+    assert "job.shape: 'gemma-3-4b' is the text decoder of a multimodal release" in message
+
+
 def test_unsupported_architecture_in_a_config_file_is_refused(tmp_path: Path) -> None:
     moe = {"model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144,
            "num_hidden_layers": 48, "num_attention_heads": 32}  # fmt: skip
