@@ -87,6 +87,8 @@ def test_a_model_that_fits_no_job_is_refused(tmp_path: Path) -> None:
         ),
         ({"lora": {"rank": 0}}, "job.lora.rank", "whole number >= 1"),
         ({"lora": {"alpha": 0}}, "job.lora.alpha", "use a whole number >= 1"),
+        ({"lora": {"alpha": 1.5}}, "job.lora.alpha", "1.5; use a whole number >= 1"),
+        ({"lora": {"target_modules": "all-linear"}}, "job.lora.target_modules", "'all-linear': give a list"),
         ({"lora": {"dropout": 1}}, "job.lora.dropout", "must be in [0, 1)"),
         ({"model": "Qwen/Qwen2.5-7B", "lora": {}, "float8": True}, "job.float8", "not with job.lora"),
         (

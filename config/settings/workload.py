@@ -15,14 +15,8 @@ from config.memory import micro_batch as planned_micro_batch
 from config.models import ModelError, ModelPlan, resolve
 from config.names import KUBERAY_NAMESPACE, RAY_NAMESPACE
 from config.settings.base import SEMVER_RE, FieldError, SettingsModel
-from training.lora_spec import (
-    DEFAULT_ALPHA,
-    DEFAULT_RANK,
-    DEFAULT_TARGETS,
-    SETTING_NAMES,
-    LoraError,
-    LoraSpec,
-)
+from config.settings.lora import LoraSettings
+from training.lora_spec import LoraSpec
 from training.netprobe import GATE_LOG_ENV, gate_log_problem
 from training.precision import FLOAT8_MIN_TOKENS
 from training.uri import LocationError
@@ -227,30 +221,6 @@ class ClusterMode(StrEnum):
 class ModelInit(StrEnum):
     PRETRAINED = "pretrained"
     RANDOM = "random"
-
-
-class LoraSettings(SettingsModel):
-    """LoRA (training/lora_spec.py): a frozen bf16 base, low-rank adapters trained with FSDP2."""
-
-    rank: int = DEFAULT_RANK
-    alpha: int = DEFAULT_ALPHA  # peft's lora_alpha is a whole number
-    dropout: float = 0.0
-    # Linear modules of each decoder layer that get adapters, by name.
-    target_modules: list[str] = Field(default_factory=lambda: list(DEFAULT_TARGETS))
-
-    @model_validator(mode="after")
-    def _valid(self) -> LoraSettings:
-        # LoraSpec's own rule (the training CLI applies the same), named as the settings are.
-        try:
-            LoraSpec.checked(self.rank, self.alpha, self.dropout, tuple(self.target_modules), SETTING_NAMES)
-        except LoraError as exc:
-            field, message = str(exc).split(": ", 1)
-            raise FieldError((field.rsplit(".", 1)[1],), message) from None
-        return self
-
-    @property
-    def spec(self) -> LoraSpec:
-        return LoraSpec(self.rank, self.alpha, self.dropout, tuple(self.target_modules))
 
 
 class Sharding(StrEnum):
