@@ -71,6 +71,12 @@ class Dims:
         """From a Hugging Face config's fields (config.json, or a built model's `config.to_dict()`);
         a multimodal config's `text_config` is not read: ArchitectureError names the model_type."""
         kind = s.get("model_type", "qwen2")
+        if kind not in SUPPORTED_MODEL_TYPES and isinstance(s.get("text_config"), Mapping):
+            inner = s["text_config"].get("model_type", "?")
+            raise ArchitectureError(
+                f"model_type {kind!r} is a multimodal model, which the loop cannot shard; its "
+                f"text_config (model_type {inner!r}) is the decoder: use a config.json of that alone"
+            )
         if kind not in SUPPORTED_MODEL_TYPES:
             raise ArchitectureError(
                 f"model_type {kind!r} is not a decoder the loop can shard (a model.layers list of "

@@ -134,6 +134,17 @@ def _check_lora_fits_model(opts: TrainOptions, cfg: Any) -> None:
         raise OptionError(problem[1])
 
 
+def _same_model(a: str, b: str) -> bool:
+    """Two --model references to one model: equal, or one local folder however it was written
+    (data prepared with a relative path, a run given the absolute one)."""
+    if a == b:
+        return True
+    try:
+        return os.path.isdir(a) and os.path.isdir(b) and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
 def init_ray(opts: TrainOptions) -> None:
     init_ray_at(opts.address)
 
@@ -192,7 +203,7 @@ def resolve_data(opts: TrainOptions, vocab_size: int) -> str | None:
             f"--data: {location} was tokenized by {tok['name']!r} ({tok['vocab_size']} ids), more "
             f"than the model's {vocab_size}-entry vocabulary"
         )
-    if opts.init == "pretrained" and tok["name"] not in ("byte", opts.model):
+    if opts.init == "pretrained" and tok["name"] != "byte" and not _same_model(tok["name"], opts.model):
         raise OptionError(
             f"--data: {location} was tokenized by {tok['name']!r}, not by --model {opts.model!r}: "
             "prepare it with the model's tokenizer"

@@ -99,7 +99,8 @@ def check_vocabulary(location: str, manifest: dict[str, Any], vocab_size: int) -
         if isinstance(top, int) and top >= vocab_size:
             raise ShardError(
                 f"{location}: shard {row['name']} holds token id {top}, beyond the model's vocabulary "
-                f"of {vocab_size} (tokenized by {tok.get('name')!r}); prepare it with the model's tokenizer"
+                f"of {vocab_size} (tokenized by {tok.get('name')!r}); prepare it with the model's tokenizer, "
+                "or, if that is the model's own, resize the model's embeddings to the tokenizer"
             )
 
 

@@ -308,3 +308,7 @@ def test_a_relative_model_folder_reaches_the_workers_as_an_absolute_path(
     opts = parse_args(["--data", "random", "--global-batch-size", "8", "--init", "pretrained",
                        "--model", "runs/base", "--lora-rank", "8"])  # fmt: skip
     assert opts.model == str(tmp_path / "runs" / "base")
+    # Data prepared with the relative path is the same model's.
+    from training.driver import _same_model
+
+    assert _same_model("runs/base", opts.model) and not _same_model("runs", opts.model)
