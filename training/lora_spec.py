@@ -169,14 +169,18 @@ def add_arguments(parser: Any) -> None:
     )
 
 
+def flags_without_rank(options: Any) -> list[str]:
+    """The LoRA flags given (not None) while --lora-rank is 0: refused, not silently ignored."""
+    if options.lora_rank != 0:
+        return []
+    extras = ("alpha", "dropout", "targets")
+    return [FLAG_NAMES[k] for k in extras if getattr(options, f"lora_{k}") is not None]
+
+
 def from_options(options: Any) -> LoraSpec | None:
     """The spec of parsed options (their lora_* attributes), None for full fine-tuning; LoraError
     naming the flag when a value is bad."""
     if options.lora_rank == 0:
-        extras = ("alpha", "dropout", "targets")
-        given = [FLAG_NAMES[k] for k in extras if getattr(options, f"lora_{k}") is not None]
-        if given:
-            raise LoraError(f"{', '.join(given)}: only with LoRA; add --lora-rank R (16 is usual) or drop it")
         return None
     alpha = DEFAULT_ALPHA if options.lora_alpha is None else options.lora_alpha
     dropout = 0.0 if options.lora_dropout is None else options.lora_dropout

@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 
 from training import options_data, options_metrics, options_model, options_precision, options_run
 from training.batch import accumulation_steps
-from training.lora_spec import LoraSpec
+from training.lora_spec import DEFAULT_ALPHA, DEFAULT_TARGETS, LoraSpec
 from training.lora_spec import from_options as lora_from_options
 from training.option_types import OptionError, location_option, non_negative_int, positive
 from training.options_data import (
@@ -111,9 +111,9 @@ class TrainOptions:
     export: bool = True  # a Hugging Face folder under the run at the end (training/export.py)
     skip_guard_eval: bool | None = None  # None: on for compiled layers on unflagged (text) data
     lora_rank: int = 0  # LoRA adapters of this rank on a frozen base (training/lora.py); 0: full
-    lora_alpha: int | None = None  # None: not given (LoRA's defaults, training/lora_spec.py)
-    lora_dropout: float | None = None
-    lora_targets: str | None = None
+    lora_alpha: int = DEFAULT_ALPHA  # the flags' None (not given) becomes these in check_lora
+    lora_dropout: float = 0.0
+    lora_targets: str = ",".join(DEFAULT_TARGETS)
     export_merged: bool = False  # LoRA: the merged model too, beside the adapter
     planned_dims: str | None = None  # what synthesis planned for (training/dims.py signature)
 

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from training.lora_spec import LoraError
+from training.lora_spec import LoraError, LoraSpec, flags_without_rank
 from training.lora_spec import from_options as lora_from_options
 from training.option_types import OptionError, location_option
 from training.shapes import SHAPES as SHAPE_TABLE
@@ -78,10 +78,21 @@ def check_model_ref(model: str, weights: bool = True) -> str:
 
 def check_lora(d: dict[str, Any]) -> None:
     """LoRA's flags: valid values, a pretrained base, and the kernels LoRA runs with."""
+    given = flags_without_rank(argparse.Namespace(**d))
+    if given:
+        raise OptionError(f"{', '.join(given)}: only with LoRA; add --lora-rank R (16 is usual) or drop it")
     try:
         spec = lora_from_options(argparse.Namespace(**d))
     except LoraError as exc:
         raise OptionError(str(exc)) from None
+    # The values a run records (run.json): LoRA's defaults when not given, as before they were
+    # flag defaults, so a run started by an earlier version resumes with the same options.
+    default = LoraSpec()
+    d["lora_alpha"], d["lora_dropout"], d["lora_targets"] = (
+        (spec or default).alpha,
+        (spec or default).dropout,
+        ",".join((spec or default).targets),
+    )
     if spec is None:
         if d["export_merged"]:
             raise OptionError(
@@ -95,4 +106,3 @@ def check_lora(d: dict[str, Any]) -> None:
         )
     if d["float8"]:
         raise OptionError("--float8: not with LoRA (its frozen bf16 base is not converted); drop --float8")
-    d["lora_alpha"], d["lora_dropout"], d["lora_targets"] = spec.alpha, spec.dropout, ",".join(spec.targets)
