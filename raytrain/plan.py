@@ -27,12 +27,13 @@ from config.memory import (
     largest_micro_batch_for,
 )
 from config.settings import Settings
+from raytrain.plan_compare import EXIT_DOES_NOT_FIT, EXIT_FITS, EXIT_UNUSABLE
+from raytrain.plan_compare import run as compare
 from raytrain.prediction import predict
 from training.loss_chunks import LOSS_CHUNK_TOKENS
 from training.memory_plan import AUTO_HEADROOM, GIB
 from training.sharding import mesh_shape
 
-EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_UNUSABLE = 0, 1, 2
 SEQ_LENS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 
 
@@ -56,8 +57,9 @@ def register(subparsers: Any) -> None:
         "--compare",
         nargs="+",
         metavar="MODEL",
-        help="instead: the job with each of these models (Hugging Face ids or catalogue names, e.g. "
-        "qwen2.5-7b), full fine-tune and LoRA, HSDP and full sharding, side by side",
+        help="instead: the job with each of these models (catalogue names such as qwen2.5-7b, Hugging "
+        "Face ids, or local config.json files or folders holding one), full fine-tune and LoRA, HSDP and "
+        "full sharding, side by side; exits 0 when a row fits, 1 when none does, 2 when all are refused",
     )
     parser.set_defaults(func=run)
 
@@ -186,8 +188,6 @@ def speed_table(result: dict[str, Any]) -> Table:
 def run(args: argparse.Namespace, console: Console | None = None) -> int:
     console = console or Console()
     if getattr(args, "compare", None):
-        from raytrain.plan_compare import run as compare
-
         return compare(args, console)
     return _plan(args, console)
 

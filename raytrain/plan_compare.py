@@ -1,7 +1,10 @@
 """`raytrain plan --env NAME --compare MODEL ...`: the environment's job with other models, each as
 a full fine-tune and with LoRA, sharded HSDP and full: whether it fits the GPUs, the micro-batch
 `auto` takes, the predicted tokens/s and dollars per billion tokens (training/step_time.py; LoRA's
-terms are predictions until measured). Offline, like `raytrain plan`.
+terms are predictions until measured). Offline, like `raytrain plan`: a MODEL is a catalogue name,
+a Hugging Face id the catalogue knows, or a local config.json (or a folder holding one), which is
+how a model in S3 or one the catalogue lacks is compared (`job.config_json`, config/models.py).
+Exits as `raytrain plan` does: 0 when a row fits, 1 when none does, 2 when every row is refused.
 """
 
 from __future__ import annotations
@@ -18,6 +21,27 @@ from training.memory_plan import GIB
 from training.shapes import CATALOGUE
 
 SHARDINGS = ("hsdp", "full")
+# raytrain plan's exit codes (raytrain/plan.py imports this module, not the other way round)
+EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_UNUSABLE = 0, 1, 2
+
+
+def model_overrides(name: str) -> list[str]:
+    """The settings overrides that make the environment's job train `name`; ValueError if it names
+    no model."""
+    path = Path(name)
+    if path.is_dir() or name.endswith(".json"):
+        config = path / "config.json" if path.is_dir() else path
+        if not config.is_file():
+            raise ValueError(
+                f"--compare: {name}: no such {'config.json in that folder' if path.is_dir() else 'file'} "
+                "(a local config.json, or a folder holding one)"
+            )
+        # The config sizes the job (job.config_json); job.model names the folder it came from, as a
+        # model read from a path would be (never a catalogue id, whose own config would be checked
+        # against this one).
+        folder = config.resolve().parent
+        return [f"job.model={folder}", f"job.config_json={config.resolve()}", "job.shape=null"]
+    return [f"job.model={model_id(name)}", "job.shape=null", "job.config_json=null"]
 
 
 def model_id(name: str) -> str:
@@ -48,12 +72,12 @@ def rows(env: str, config_dir: Path, models: list[str]) -> list[dict[str, Any]]:
                (f"LoRA r={base.rank if base else 16}", [] if base else ["job.lora={}"]))  # fmt: skip
     out: list[dict[str, Any]] = []
     for name in models:
-        model = model_id(name)
+        chosen = model_overrides(name)
+        model = name if any(o.startswith("job.config_json=/") for o in chosen) else model_id(name)
         for method, lora in methods:
             for sharding in SHARDINGS:
                 row: dict[str, Any] = {"model": model, "method": method, "sharding": sharding}
-                overrides = [f"job.model={model}", *lora, f"job.sharding={sharding}",
-                             "job.shape=null", "job.config_json=null"]  # fmt: skip
+                overrides = [*chosen, *lora, f"job.sharding={sharding}"]
                 try:
                     settings = load_settings(env, config_dir, check_memory=False, overrides=overrides)
                 except SettingsError as exc:
@@ -121,9 +145,11 @@ def run(args: Any, console: Console) -> int:
     except (SettingsError, ValueError) as exc:
         console.print(f"[bold red]settings:[/] {exc}", highlight=False, soft_wrap=True)
         return 2
+    planned = [r for r in result if "refused" not in r]
+    code = EXIT_FITS if any(r["fits"] for r in planned) else EXIT_DOES_NOT_FIT if planned else EXIT_UNUSABLE
     if args.json:
         print(json.dumps({"env": args.env, "compare": result}, indent=2))
-        return 0
+        return code
     gpu = base.gpu_nodes.instance
     job = base.job
     line = (
@@ -132,4 +158,4 @@ def run(args: Any, console: Console) -> int:
         f"{', activation checkpointing' if job.activation_checkpointing else ''}"
     )
     console.print(table(args.env, line, result))
-    return 0
+    return code

@@ -125,7 +125,7 @@ def test_a_larger_micro_batch_is_offered_only_as_the_memory_plan_allows() -> Non
     assert auto["tokens_per_s"] == predict(shipped).tokens_per_s
 
 
-def _set_job(envdir: Path, env: str, **job: str) -> None:
+def _set_job(envdir: Path, env: str, **job: object) -> None:
     """Set job fields in the copied environment file."""
     from ruamel.yaml import YAML
 
@@ -187,6 +187,44 @@ def test_compare_refuses_an_unknown_name(envdir: Path) -> None:
     argv[-1] = "gemma-3-4b"  # in the catalogue, as the text decoder of a multimodal release
     assert plan_cmd.run(build_parser().parse_args(argv), console=console) == 2
     assert "'gemma-3-4b' is a catalogue shape with no release the loop can fine-tune" in console.export_text()
+
+
+def test_compare_takes_a_local_config_and_exits_by_what_fits(
+    envdir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from training.shapes import SHAPES
+
+    # A model in S3 or one the catalogue lacks is compared by a local copy of its config.json:
+    # a Mistral-7B-shaped config under another name, as a folder and as the file itself.
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(SHAPES["mistral-7b-v0.3"]))
+    argv = ["plan", "--env", "prod", "--config-dir", str(envdir), "--json", "--compare"]
+    for given in (str(folder), str(folder / "config.json")):
+        assert plan_cmd.run(build_parser().parse_args([*argv, given])) == plan_cmd.EXIT_FITS
+        result = json.loads(capsys.readouterr().out)["compare"]
+        assert {r["model"] for r in result} == {given} and not any("refused" in r for r in result)
+        assert {round(r["params_b"], 2) for r in result} == {7.25}
+        # Mistral's 32k vocabulary keeps the unsharded root small: its full fine-tune fits when
+        # fully sharded over prod's 8 L4s at 4 x 1 (Qwen2.5-7B's 152k vocabulary does not).
+        fits = [(r["fits"], r["micro_batch"]) for r in result]
+        assert fits == [(False, 4), (True, 4), (True, 4), (True, 4)]
+    missing = tmp_path / "empty"
+    missing.mkdir()
+    console = Console(record=True, width=200)
+    assert plan_cmd.run(build_parser().parse_args([*argv, str(missing)]), console=console) == 2
+    assert f"--compare: {missing}: no such config.json in that folder" in console.export_text()
+    capsys.readouterr()  # the console also writes to stdout
+    # Rows that are all refused are no comparison: exit 2, as unusable settings are; rows that
+    # were planned and none fits: exit 1, as `raytrain plan` for a job that does not fit.
+    assert plan_cmd.run(build_parser().parse_args([*argv, "someone/unknown-7b"])) == 2
+    refused = json.loads(capsys.readouterr().out)["compare"]
+    assert all("not in the model catalogue" in r["refused"] for r in refused)
+    _set_job(envdir, "prod", activation_checkpointing=False, seq_len=8192)
+    assert plan_cmd.run(build_parser().parse_args([*argv, "qwen2.5-14b"])) == plan_cmd.EXIT_DOES_NOT_FIT
+    assert not any(r.get("fits") for r in json.loads(capsys.readouterr().out)["compare"])
 
 
 def test_plan_says_how_spot_gpu_nodes_are_priced() -> None:
