@@ -181,11 +181,18 @@ def parse_settings(
     try:
         data = YAML(typ="safe", pure=True).load(text)
     except YAMLError as exc:
-        raise SettingsError(f"{where}: not valid YAML: {exc}") from None
+        raise SettingsError(f"{where}: not valid YAML: {_yaml_problem(exc)}") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise SettingsError(f"{where}: expected a mapping of settings, got {type(data).__name__}")
+    job_in_file = data.get("job")
+    if isinstance(job_in_file, dict) and "lora" in job_in_file and job_in_file["lora"] is None:
+        # `lora:` with its fields commented out reads as null, which would be a full fine-tune.
+        raise SettingsError(
+            f"{where}: job.lora: empty; write `lora: {{}}` for LoRA with its defaults (rank 16, alpha "
+            "32, every linear layer), give its fields, or remove the key for a full fine-tune"
+        )
     if "name" in data:
         raise SettingsError(
             f"{where}: name: not allowed in the file; the environment's name is its file name ({name!r})"
@@ -208,10 +215,21 @@ def parse_settings(
             if len(lines) == 1:
                 raise SettingsError(f"{where} with {given}: {lines[0]}") from None
             where = f"{where} with {given}"
-        noun = "problem" if len(lines) == 1 else "problems"
+        if len(lines) == 1:
+            raise SettingsError(f"{where}: {lines[0]}") from None
         raise SettingsError(
-            f"{where}: {len(lines)} settings {noun}:\n" + "\n".join(f"  - {line}" for line in lines)
+            f"{where}: {len(lines)} settings problems:\n" + "\n".join(f"  - {line}" for line in lines)
         ) from None
+
+
+def _yaml_problem(exc: YAMLError) -> str:
+    """One line: what the parser found and where (ruamel's message is several lines and names the
+    stream "<unicode string>")."""
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    mark = getattr(exc, "problem_mark", None)
+    context = getattr(exc, "context", None)
+    at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return f"{at}{problem}" + (f" ({context})" if context else "")
 
 
 def _describe(err: Any) -> str:

@@ -176,13 +176,15 @@ def fit_problem(job: JobSettings, gpu: Instance, nodes: int) -> str | None:
                 f"unsharded gradients between micro-batches; {gib(one)})"
             )
     fixes += _method_and_scale_fixes(job, gpu, nodes, have)
+    # Each figure is the plan once the change is made: at the micro-batch `auto` takes then, which
+    # can be larger than today's (it is what `raytrain plan` shows after the change).
     if not job.activation_checkpointing:
-        ac = plan(micro_batch=micro, accum=accum, **{**options, "activation_checkpointing": True})
+        ac = _changed(job, gpu, nodes, activation_checkpointing=True)
         if ac.fits(have):
             fixes.append(f"job.activation_checkpointing: true ({gib(ac)})")
     seq = _longest_fitting_seq_len(micro, accum, options, have)
     if seq:
-        shorter = plan(micro_batch=micro, accum=accum, **{**options, "seq_len": seq})
+        shorter = _changed(job, gpu, nodes, seq_len=seq)
         fixes.append(f"job.seq_len: {seq} or less ({gib(shorter)})")
     top = sorted(need.peak_terms, key=lambda t: -t.bytes)[:3]
     biggest = ", ".join(f"{t.name} {t.gib:.1f} GiB" for t in top)

@@ -2,12 +2,12 @@
 step-time model, `raytrain plan` and `raytrain cost` size, and where that came from.
 
 Where the dimensions come from, in this order:
-- `job.config_json`: a local copy of the model's config.json (a path on the machine that runs
-  `cdk synth` / `raytrain`, relative to the repository root unless absolute). Required for a model
-  in S3 or in a folder inside the container: synthesis reads no bucket (it runs offline and in CI
-  without the model's credentials, and a change set must not depend on what a bucket held at synth
-  time) and cannot see the container's file system. `aws s3 cp s3://BUCKET/PREFIX/config.json
-  config/models/NAME.json` makes the copy.
+- `job.config_json`: a local copy of the model's config.json, or a folder holding one (a path on
+  the machine that runs `cdk synth` / `raytrain`, relative to the repository root unless
+  absolute). Required for a model in S3 or in a folder inside the container: synthesis reads no
+  bucket (it runs offline and in CI without the model's credentials, and a change set must not
+  depend on what a bucket held at synth time) and cannot see the container's file system.
+  `aws s3 cp s3://BUCKET/PREFIX/config.json config/models/NAME.json` makes the copy.
 - `init: random`: `job.shape`, a name of the catalogue (training/model_configs/) or a test shape.
 - a Hugging Face id the catalogue knows (its published id or the instruction-tuned twin).
 - `job.shape` naming the catalogue entry a hub model shares its architecture with.
@@ -71,11 +71,15 @@ def resolve(model: str, init: str, shape: str | None, config_json: str | None) -
             )
         return ModelPlan(_dims("shape", SHAPES[shape]), f"catalogue {shape}")
     if model.startswith(("s3://", "S3://", "/")):
+        copy = (
+            f"`aws s3 cp {model.rstrip('/')}/config.json config/models/my-model.json`"
+            if model.lower().startswith("s3://")
+            else f"config/models/my-model.json, from the folder the image or volume mounts at {model}"
+        )
         raise ModelError(
             "config_json",
             f"job.model {model} is read only inside the job, so synthesis cannot size it: set "
-            "job.config_json to a local copy of its config.json (e.g. `aws s3 cp "
-            f"{model.rstrip('/')}/config.json config/models/my-model.json`)",
+            f"job.config_json to a local copy of its config.json (e.g. {copy})",
         )
     name = catalogue_name_of(model)
     if name is not None:
@@ -90,6 +94,13 @@ def resolve(model: str, init: str, shape: str | None, config_json: str | None) -
         )
     if shape is not None and shape in CATALOGUE:
         return ModelPlan(_dims("shape", SHAPES[shape]), f"{model} as catalogue {shape}")
+    cased = _other_case(model)
+    if cased:
+        raise ModelError(
+            "model",
+            f"{model!r} is not in the model catalogue; did you mean {cased!r}? (Hugging Face ids as "
+            "published, with their capitals)",
+        )
     raise ModelError(
         "model",
         f"{model!r} is not in the model catalogue (training/model_configs/), so its size is unknown: "
@@ -98,13 +109,26 @@ def resolve(model: str, init: str, shape: str | None, config_json: str | None) -
     )
 
 
+def _other_case(model: str) -> str | None:
+    """The catalogue's id that `model` is in other letter case, if any."""
+    for entry in CATALOGUE.values():
+        for known in entry["hf_ids"]:
+            if known.lower() == model.lower():
+                return str(known)
+    return None
+
+
 def _from_file(path_text: str) -> ModelPlan:
     path = Path(path_text)
     path = path if path.is_absolute() else REPO_ROOT / path
+    folder = path.is_dir()
+    if folder:  # the model's folder: its config.json
+        path = path / "config.json"
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ModelError("config_json", f"{path_text}: no such file") from None
+        missing = "no config.json in that folder" if folder else "no such file"
+        raise ModelError("config_json", f"{path_text}: {missing}") from None
     except (OSError, ValueError) as exc:
         raise ModelError("config_json", f"{path_text}: not a readable JSON config ({exc})") from None
     if not isinstance(config, dict):

@@ -12,10 +12,13 @@ Exit status: 0 the job fits, 1 it does not (synthesis refuses it too), 2 the set
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from config.loader import ENVIRONMENTS_DIR, SettingsError, load_settings
@@ -186,7 +189,9 @@ def speed_table(result: dict[str, Any]) -> Table:
 
 
 def run(args: argparse.Namespace, console: Console | None = None) -> int:
-    console = console or Console()
+    # Piped or redirected, rich would cut every table to 80 columns: keep them whole (COLUMNS wins).
+    wide = sys.stdout.isatty() or "COLUMNS" in os.environ
+    console = console or Console(width=None if wide else 250)
     if getattr(args, "compare", None):
         return compare(args, console)
     return _plan(args, console)
@@ -197,7 +202,7 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
         # Without the memory check: a job that does not fit is what this command explains.
         settings = load_settings(args.env, args.config_dir, check_memory=False)
     except SettingsError as exc:
-        console.print(f"[bold red]settings:[/] {exc}", highlight=False, soft_wrap=True)
+        console.print(f"[bold red]settings:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         return EXIT_UNUSABLE
     gpu = settings.gpu_nodes.instance
     if not gpu.gpus:
@@ -208,7 +213,7 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
     try:
         result = speed(settings)
     except (ValueError, LookupError) as exc:
-        console.print(f"[bold red]step-time model:[/] {exc}", highlight=False, soft_wrap=True)
+        console.print(f"[bold red]step-time model:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         return EXIT_UNUSABLE
     if getattr(args, "json", False):
         import json
@@ -236,9 +241,10 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
             highlight=False,
         )
         return EXIT_FITS
+    fixes = escape(fit_problem(settings.job, gpu, nodes) or "")
     console.print(
         f"[bold red]does not fit[/]: {need.device_bytes / GIB:.1f} GiB of {gpu.gpu_memory_cuda_gib} GiB "
-        f"per {gpu.gpu_model}, {-headroom:.1f} GiB short. {fit_problem(settings.job, gpu, nodes)}",
+        f"per {gpu.gpu_model}, {-headroom:.1f} GiB short. {fixes}",
         highlight=False,
         soft_wrap=True,
     )

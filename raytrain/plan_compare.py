@@ -13,10 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from config.loader import SettingsError, load_settings
 from config.memory import accumulation, capacity_bytes, job_memory
+from config.models import ModelError, resolve
 from training.memory_plan import GIB
 from training.shapes import CATALOGUE
 
@@ -26,22 +28,51 @@ EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_UNUSABLE = 0, 1, 2
 
 
 def model_overrides(name: str) -> list[str]:
-    """The settings overrides that make the environment's job train `name`; ValueError if it names
-    no model."""
-    path = Path(name)
+    """The settings overrides that make the environment's job train `name`; ValueError (what to
+    compare instead) if `name` cannot be sized offline."""
+    path = Path(name).expanduser()
     if path.is_dir() or name.endswith(".json"):
         config = path / "config.json" if path.is_dir() else path
         if not config.is_file():
             raise ValueError(
-                f"--compare: {name}: no such {'config.json in that folder' if path.is_dir() else 'file'} "
-                "(a local config.json, or a folder holding one)"
+                f"no such {'config.json in that folder' if path.is_dir() else 'file'} (a local "
+                "config.json, or a folder holding one)"
             )
+        _size(name, config=str(config.resolve()))
         # The config sizes the job (job.config_json); job.model names the folder it came from, as a
         # model read from a path would be (never a catalogue id, whose own config would be checked
         # against this one).
         folder = config.resolve().parent
         return [f"job.model={folder}", f"job.config_json={config.resolve()}", "job.shape=null"]
-    return [f"job.model={model_id(name)}", "job.shape=null", "job.config_json=null"]
+    if name.lower().startswith("s3://"):
+        raise ValueError(
+            "--compare reads no bucket: compare a local copy of its config.json (`aws s3 cp "
+            f"{name.rstrip('/')}/config.json config/models/NAME.json`, then --compare "
+            "config/models/NAME.json)"
+        )
+    if name.startswith(("/", "./", "../", "~")):
+        raise ValueError(
+            "no such local file or folder; a model read inside the job's container is compared by a "
+            "local copy of its config.json (--compare FILE)"
+        )
+    model = model_id(name)
+    _size(model)
+    return [f"job.model={model}", "job.shape=null", "job.config_json=null"]
+
+
+def _size(model: str, config: str | None = None) -> None:
+    """ValueError with what to compare instead when the catalogue or the config cannot size it."""
+    try:
+        resolve(model, "pretrained", None, config)
+    except ModelError as exc:
+        if exc.field == "config_json" or "did you mean" in exc.message:
+            raise ValueError(exc.message) from None
+        raise ValueError(
+            f"{exc.message.split(': ', 1)[0]}; compare a local copy of its config.json "
+            "(--compare FILE, or a folder holding one)"
+            if "not in the model catalogue" in exc.message
+            else exc.message
+        ) from None
 
 
 def model_id(name: str) -> str:
@@ -54,11 +85,11 @@ def model_id(name: str) -> str:
         # Gemma 3's 4B and larger ship as multimodal checkpoints: their text decoder is in the
         # catalogue for --init random sizing only (training/model_configs/*.json, "note").
         raise ValueError(
-            f"--compare: {name!r} is a catalogue shape with no release the loop can fine-tune "
-            f"(the text decoder of a multimodal checkpoint); compare one of {known}"
+            "a catalogue shape with no release the loop can fine-tune (the text decoder of a "
+            f"multimodal checkpoint); compare one of {known}"
         )
     if entry is None:
-        raise ValueError(f"--compare: {name!r} is neither a Hugging Face id nor a catalogue name ({known})")
+        raise ValueError(f"neither a Hugging Face id nor a catalogue name ({known})")
     return str(entry["hf_ids"][0])
 
 
@@ -72,7 +103,12 @@ def rows(env: str, config_dir: Path, models: list[str]) -> list[dict[str, Any]]:
                (f"LoRA r={base.rank if base else 16}", [] if base else ["job.lora={}"]))  # fmt: skip
     out: list[dict[str, Any]] = []
     for name in models:
-        chosen = model_overrides(name)
+        try:
+            chosen = model_overrides(name)
+        except ValueError as exc:
+            # One row for the model, not one per method and sharding: none of them can be sized.
+            out.append({"model": name, "method": "", "sharding": "", "refused": str(exc)})
+            continue
         model = name if any(o.startswith("job.config_json=/") for o in chosen) else model_id(name)
         for method, lora in methods:
             for sharding in SHARDINGS:
@@ -117,11 +153,14 @@ def table(env: str, settings_line: str, result: list[dict[str, Any]]) -> Table:
         t.add_column(col, justify="left" if col in ("model", "method", "sharding", "bottleneck") else "right")
     for r in result:
         if "refused" in r:
-            t.add_row(r["model"], "", r["method"], r["sharding"], "", "", "refused", "", "", "", r["refused"])
+            # The reason goes under the table (refusals()): a sentence would fill the column.
+            t.add_row(
+                escape(r["model"]), "", r["method"], r["sharding"], "", "", "[red]refused[/]", "", "", "", ""
+            )
             continue
         fits = "[green]yes[/]" if r["fits"] else "[red]no[/]"
         t.add_row(
-            r["model"],
+            escape(r["model"]),
             f"{r['params_b']:.2f} B",
             r["method"],
             r["sharding"],
@@ -136,6 +175,16 @@ def table(env: str, settings_line: str, result: list[dict[str, Any]]) -> Table:
     return t
 
 
+def refusals(result: list[dict[str, Any]]) -> list[str]:
+    """One line per refused model (or model, method and sharding), each reason once."""
+    lines: dict[str, None] = {}
+    for r in result:
+        if "refused" in r:
+            where = ", ".join(x for x in (r["model"], r["method"], r["sharding"]) if x)
+            lines[f"{where}: {r['refused']}"] = None
+    return list(lines)
+
+
 def run(args: Any, console: Console) -> int:
     import json
 
@@ -143,7 +192,7 @@ def run(args: Any, console: Console) -> int:
         base = load_settings(args.env, args.config_dir, check_memory=False)
         result = rows(args.env, args.config_dir, args.compare)
     except (SettingsError, ValueError) as exc:
-        console.print(f"[bold red]settings:[/] {exc}", highlight=False, soft_wrap=True)
+        console.print(f"[bold red]settings:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         return 2
     planned = [r for r in result if "refused" not in r]
     code = EXIT_FITS if any(r["fits"] for r in planned) else EXIT_DOES_NOT_FIT if planned else EXIT_UNUSABLE
@@ -158,4 +207,6 @@ def run(args: Any, console: Console) -> int:
         f"{', activation checkpointing' if job.activation_checkpointing else ''}"
     )
     console.print(table(args.env, line, result))
+    for refused in refusals(result):
+        console.print(f"[red]refused[/] {escape(refused)}", highlight=False, soft_wrap=True)
     return code

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -374,7 +375,7 @@ def run(args: argparse.Namespace, console: Console | None = None) -> int:
     try:
         settings = load_settings(args.env)
     except SettingsError as exc:
-        err.print(f"[red]error:[/] {exc}")
+        err.print(f"[red]error:[/] {escape(str(exc))}")
         return EXIT_UNUSABLE
     scratch = Path(tempfile.mkdtemp(prefix="raytrain-review-"))
     try:
@@ -382,7 +383,7 @@ def run(args: argparse.Namespace, console: Console | None = None) -> int:
         current = args.current or synthesize_current(args.env, scratch / "current")
         reviews = compare_assemblies(base_dir, current, settings.region)
     except ReviewError as exc:
-        err.print(f"[red]error:[/] {exc}")
+        err.print(f"[red]error:[/] {escape(str(exc))}")
         return EXIT_UNUSABLE
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

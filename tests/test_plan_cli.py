@@ -12,6 +12,7 @@ from rich.console import Console
 from config.loader import ENVIRONMENTS_DIR
 from raytrain import plan as plan_cmd
 from raytrain.cli import build_parser
+from training.shapes import CATALOGUE
 
 
 @pytest.fixture
@@ -179,14 +180,33 @@ def test_compare_prints_full_and_lora_per_model_and_sharding(
         build_parser().parse_args(["plan", "--env", "prod", "--compare"])
 
 
-def test_compare_refuses_an_unknown_name(envdir: Path) -> None:
-    console = Console(record=True, width=200)
+def test_compare_refuses_what_it_cannot_size_one_line_each(envdir: Path) -> None:
+    console = Console(record=True, width=250)
     argv = ["plan", "--env", "prod", "--config-dir", str(envdir), "--compare", "gpt5"]
     assert plan_cmd.run(build_parser().parse_args(argv), console=console) == 2
-    assert "--compare: 'gpt5' is neither a Hugging Face id nor a catalogue name" in console.export_text()
-    argv[-1] = "gemma-3-4b"  # in the catalogue, as the text decoder of a multimodal release
-    assert plan_cmd.run(build_parser().parse_args(argv), console=console) == 2
-    assert "'gemma-3-4b' is a catalogue shape with no release the loop can fine-tune" in console.export_text()
+    assert "refused gpt5: neither a Hugging Face id nor a catalogue name" in console.export_text()
+    # Each name the comparison cannot size is one refused row and one line under the table, and
+    # the others are still compared: a catalogue shape with no fine-tunable release, a bucket, a
+    # path that is not here, a hub id the catalogue lacks or spelt in other letter case.
+    names = ["gemma-3-4b", "s3://bucket/m", "/models/x", "someone/x-7b", "qwen/qwen2.5-7b", "qwen2.5-7b"]
+    assert plan_cmd.run(build_parser().parse_args([*argv[:-1], *names]), console=console) == 0
+    out = console.export_text()
+    said = [line for line in out.splitlines() if line.startswith("refused ")]
+    assert said == [
+        "refused gemma-3-4b: a catalogue shape with no release the loop can fine-tune (the text decoder "
+        "of a multimodal checkpoint); compare one of "
+        + ", ".join(n for n, e in CATALOGUE.items() if e["hf_ids"]),
+        "refused s3://bucket/m: --compare reads no bucket: compare a local copy of its config.json (`aws s3 "
+        "cp s3://bucket/m/config.json config/models/NAME.json`, then --compare config/models/NAME.json)",
+        "refused /models/x: no such local file or folder; a model read inside the job's container is "
+        "compared by a local copy of its config.json (--compare FILE)",
+        "refused someone/x-7b: 'someone/x-7b' is not in the model catalogue (training/model_configs/), so "
+        "its size is unknown; compare a local copy of its config.json (--compare FILE, or a folder "
+        "holding one)",
+        "refused qwen/qwen2.5-7b: 'qwen/qwen2.5-7b' is not in the model catalogue; did you mean "
+        "'Qwen/Qwen2.5-7B'? (Hugging Face ids as published, with their capitals)",
+    ]
+    assert sum("│ Qwen/Qwen2.5-7B " in line for line in out.splitlines()) == 4
 
 
 def test_compare_takes_a_local_config_and_exits_by_what_fits(
@@ -213,10 +233,9 @@ def test_compare_takes_a_local_config_and_exits_by_what_fits(
         assert fits == [(False, 4), (True, 4), (True, 4), (True, 4)]
     missing = tmp_path / "empty"
     missing.mkdir()
-    console = Console(record=True, width=200)
-    assert plan_cmd.run(build_parser().parse_args([*argv, str(missing)]), console=console) == 2
-    assert f"--compare: {missing}: no such config.json in that folder" in console.export_text()
-    capsys.readouterr()  # the console also writes to stdout
+    assert plan_cmd.run(build_parser().parse_args([*argv, str(missing)])) == 2
+    (row,) = json.loads(capsys.readouterr().out)["compare"]
+    assert row["refused"].startswith("no such config.json in that folder")
     # Rows that are all refused are no comparison: exit 2, as unusable settings are; rows that
     # were planned and none fits: exit 1, as `raytrain plan` for a job that does not fit.
     assert plan_cmd.run(build_parser().parse_args([*argv, "someone/unknown-7b"])) == 2

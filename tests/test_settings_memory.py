@@ -65,9 +65,8 @@ def test_a_job_that_does_not_fit_is_refused_with_the_largest_micro_batch() -> No
     # 8 GPUs, global 64: micro-batches 1, 2, 4, 8 are valid; 8 x 2048 tokens needs ~36 GiB.
     data["job"].update(seq_len=2048, global_batch_size=64, micro_batch_size=8)
     message = error_of(data)
-    assert message.count("\n") == 1, message  # one problem, one line
-    line = message.splitlines()[1]
-    assert line.startswith("  - job.micro_batch_size: needs "), line
+    (line,) = message.splitlines()  # one problem, one line
+    assert line.startswith(f"{SOURCE}: job.micro_batch_size: needs "), line
     assert "one L4 of g6.12xlarge has 21.96 GiB" in line
     best = int(re.search(r"the largest micro-batch that fits is (\d+)", line).group(1))  # type: ignore[union-attr]
     assert f"job.micro_batch_size: {best} (the largest that fits" in line
@@ -83,7 +82,7 @@ def test_when_no_micro_batch_fits_the_message_offers_dropping_accumulation() -> 
     data = dev_data()
     # Accumulating 4 micro-batches keeps 5.8 GiB of unsharded fp32 gradients per GPU.
     data["job"].update(seq_len=8192, global_batch_size=32, micro_batch_size=1)
-    line = error_of(data).splitlines()[1]
+    (line,) = error_of(data).splitlines()
     assert "no micro-batch fits global_batch_size 32" in line
     assert "job.global_batch_size: 8 (one micro-batch per step" in line
     seq = int(re.search(r"job.seq_len: (\d+) or less", line).group(1))  # type: ignore[union-attr]
@@ -260,14 +259,14 @@ def test_auto_is_the_largest_micro_batch_that_leaves_the_headroom() -> None:
 def test_auto_needs_a_global_batch_the_workers_share() -> None:
     data = dev_data()
     data["job"].update(global_batch_size=12, micro_batch_size="auto")
-    line = error_of(data).splitlines()[1]
+    (line,) = error_of(data).splitlines()
     assert line == (
-        "  - job.global_batch_size: 12 is not a multiple of workers (8 = 2 nodes x 4 GPUs); "
+        f"{SOURCE}: job.global_batch_size: 12 is not a multiple of workers (8 = 2 nodes x 4 GPUs); "
         "valid: global_batch_size 8 or 16"
     ), line
     data["job"]["micro_batch_size"] = "two"
-    line = error_of(data).splitlines()[1]
-    assert line == "  - job.micro_batch_size: must be a positive integer or 'auto', got 'two'", line
+    (line,) = error_of(data).splitlines()
+    assert line == f"{SOURCE}: job.micro_batch_size: must be a positive integer or 'auto', got 'two'", line
 
 
 def test_auto_takes_the_largest_that_fits_when_none_leaves_the_headroom() -> None:

@@ -90,6 +90,19 @@ def test_a_model_that_fits_no_job_is_refused(tmp_path: Path) -> None:
         ({"lora": {"alpha": 1.5}}, "job.lora.alpha", "1.5; use a whole number >= 1"),
         ({"lora": {"target_modules": "all-linear"}}, "job.lora.target_modules", "'all-linear': give a list"),
         ({"lora": {"dropout": 1}}, "job.lora.dropout", "must be in [0, 1)"),
+        # YAML's true is no rank of 1; text and fractions are no rank either.
+        ({"lora": {"rank": True}}, "job.lora.rank", "True; use a whole number >= 1"),
+        ({"lora": {"rank": "sixteen"}}, "job.lora.rank", "'sixteen'; use a whole number >= 1"),
+        ({"lora": {"rank": 8.5}}, "job.lora.rank", "8.5; use a whole number >= 1"),
+        ({"lora": {"alpha": True}}, "job.lora.alpha", "True; use a whole number >= 1"),
+        ({"lora": {"dropout": "5%"}}, "job.lora.dropout", "'5%'; use a number in [0, 1), e.g. 0.05"),
+        ({"lora": 16}, "job.lora", "16; a mapping of LoRA's settings ({} for its defaults"),
+        ({"model": "qwen/qwen2.5-7b"}, "job.model", "did you mean 'Qwen/Qwen2.5-7B'?"),
+        (
+            {"model": "/models/mine"},
+            "job.config_json",
+            "config/models/my-model.json, from the folder the image or volume mounts at /models/mine",
+        ),
         ({"model": "Qwen/Qwen2.5-7B", "lora": {}, "float8": True}, "job.float8", "not with job.lora"),
         (
             {"lora": {"target_modules": ["q_proj", "c_attn"]}},
@@ -175,3 +188,28 @@ def test_one_lora_field_is_set_per_job_keeping_the_files_others() -> None:
 def test_bad_section_overrides_are_one_line(items: list[str], message: str) -> None:
     with pytest.raises(SettingsError, match=re.escape(message)):
         _with_sets("prod", *items)
+
+
+def test_an_empty_lora_key_is_refused_not_read_as_a_full_fine_tune() -> None:
+    # `lora:` with its fields commented out reads as null: a full fine-tune the file did not mean.
+    text = (ENVIRONMENTS_DIR / "prod.yaml").read_text()
+    start = text.index("  lora:")
+    end = text.index("\n  ", text.index("dropout", start))
+    emptied = text[:start] + "  lora:\n  #  rank: 16" + text[end:]
+    with pytest.raises(SettingsError) as info:
+        parse_settings(emptied, name="prod", source=SOURCE)
+    (line,) = str(info.value).splitlines()
+    assert line == (
+        f"{SOURCE}: job.lora: empty; write `lora: {{}}` for LoRA with its defaults (rank 16, alpha 32, "
+        "every linear layer), give its fields, or remove the key for a full fine-tune"
+    )
+
+
+def test_a_config_folder_sizes_the_job_as_its_config_json(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(SHAPES["qwen3-8b"]))
+    s = prod_with(model="s3://models-111122223333/q3", config_json=str(tmp_path), lora={})
+    assert s.job.model_plan.dims == Dims.from_config(SHAPES["qwen3-8b"])
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    message = error_of(model="s3://models-111122223333/q3", config_json=str(empty), lora={})
+    assert f"job.config_json: {empty}: no config.json in that folder" in message

@@ -35,6 +35,15 @@ class LoraSettings(SettingsModel):
             alpha, targets = data.get("alpha"), data.get("target_modules")
             if isinstance(alpha, float) and not alpha.is_integer():
                 raise FieldError(("alpha",), f"{alpha!r}; use a whole number >= 1 (peft's lora_alpha is one)")
+            # YAML's true is not a rank of 1, nor "16" text a number: say what is valid.
+            for name in ("rank", "alpha"):
+                value = data.get(name)
+                whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+                if name in data and (isinstance(value, bool) or not whole):
+                    raise FieldError((name,), f"{value!r}; use a whole number >= 1")
+            dropout = data.get("dropout")
+            if "dropout" in data and (isinstance(dropout, bool) or not isinstance(dropout, (int, float))):
+                raise FieldError(("dropout",), f"{dropout!r}; use a number in [0, 1), e.g. 0.05")
             if isinstance(targets, str):
                 raise FieldError(
                     ("target_modules",),

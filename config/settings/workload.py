@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -275,10 +275,11 @@ class JobSettings(SettingsModel):
     # test shape (tiny, small): the architecture `init: random` builds, or, for a hub model the
     # catalogue does not know by id, the entry whose architecture it shares (the job checks).
     shape: str | None = None
-    # A local copy of the model's config.json (relative to the repository root): how synthesis
-    # sizes an s3:// or in-container model, or any model the catalogue lacks.
+    # A local copy of the model's config.json, or a folder holding one (relative to the repository
+    # root): how synthesis sizes an s3:// or in-container model, or any model the catalogue lacks.
     config_json: str | None = None
-    # LoRA instead of a full fine-tune (absent or null: full). Needs init: pretrained.
+    # LoRA instead of a full fine-tune (absent: full; an empty `lora:` in a file is refused, as it
+    # reads as null). Needs init: pretrained.
     lora: LoraSettings | None = None
     # With LoRA and export: also write the merged full model (Hugging Face folder) beside the adapter.
     export_merged: bool = False
@@ -388,6 +389,17 @@ class JobSettings(SettingsModel):
         hub id, not an s3:// URI or a path inside the container. Random init still reads the config
         and tokenizer."""
         return not (_is_s3_uri(self.model, "model") or _ABS_PATH_RE.match(self.model))
+
+    @field_validator("lora", mode="before")
+    @classmethod
+    def _lora_section(cls, value: Any) -> Any:
+        if value is not None and not isinstance(value, dict):
+            raise ValueError(
+                f"{value!r}; a mapping of LoRA's settings ({{}} for its defaults: rank 16, alpha 32, "
+                "every linear layer; or rank, alpha, dropout, target_modules), or absent for a full "
+                "fine-tune"
+            )
+        return value
 
     @field_validator("model")
     @classmethod

@@ -27,6 +27,7 @@ import argparse
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from config.loader import SettingsError, load_settings
@@ -84,13 +85,17 @@ def run(args: argparse.Namespace, console: Console | None = None) -> int:
     try:
         settings = load_settings(args.env)
     except SettingsError as exc:
-        err.print(f"[bold red]settings:[/] {exc}", highlight=False, soft_wrap=True)
+        err.print(f"[bold red]settings:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         return EXIT_UNUSABLE
     try:
         api = connect(args.kubeconfig, args.context, settings)
         checks = verify(api, settings)
     except VerifyError as exc:
-        err.print(f"[bold red]cannot verify env {settings.name!r}:[/] {exc}", highlight=False, soft_wrap=True)
+        err.print(
+            f"[bold red]cannot verify env {settings.name!r}:[/] {escape(str(exc))}",
+            highlight=False,
+            soft_wrap=True,
+        )
         return EXIT_UNUSABLE
     failed = [c for c in checks if c.result == FAIL]
     console.print(render(checks, settings))
