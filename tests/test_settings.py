@@ -214,8 +214,13 @@ def test_name_in_file_is_rejected():
 
 
 def test_not_yaml_and_not_a_mapping():
-    with pytest.raises(SettingsError, match="not valid YAML"):
+    with pytest.raises(SettingsError, match="not valid YAML") as info:
         parse_settings("a: [1, 2", name="dev", source=SOURCE)
+    # One line, where the parser stopped (ruamel's own text is three and names "<unicode string>").
+    assert str(info.value) == (
+        f"{SOURCE}: not valid YAML: line 1, column 9: expected ',' or ']', but got '<stream end>' "
+        "(while parsing a flow sequence)"
+    )
     with pytest.raises(SettingsError, match="expected a mapping"):
         parse_settings("- 1\n- 2\n", name="dev", source=SOURCE)
 
