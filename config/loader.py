@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
+from ruamel.yaml.nodes import MappingNode
 
 from config.settings import KUBECTL_LAYERS, FieldError, JobSettings, Settings
 
@@ -187,11 +188,12 @@ def parse_settings(
     if not isinstance(data, dict):
         raise SettingsError(f"{where}: expected a mapping of settings, got {type(data).__name__}")
     job_in_file = data.get("job")
-    if isinstance(job_in_file, dict) and "lora" in job_in_file and job_in_file["lora"] is None:
+    if isinstance(job_in_file, dict) and job_in_file.get("lora", {}) is None and _empty_lora(text):
         # `lora:` with its fields commented out reads as null, which would be a full fine-tune.
         raise SettingsError(
             f"{where}: job.lora: empty; write `lora: {{}}` for LoRA with its defaults (rank 16, alpha "
-            "32, every linear layer), give its fields, or remove the key for a full fine-tune"
+            "32, every linear layer), give its fields, or remove the key (or write `lora: null`) for "
+            "a full fine-tune"
         )
     if "name" in data:
         raise SettingsError(
@@ -220,6 +222,19 @@ def parse_settings(
         raise SettingsError(
             f"{where}: {len(lines)} settings problems:\n" + "\n".join(f"  - {line}" for line in lines)
         ) from None
+
+
+def _empty_lora(text: str) -> bool:
+    """Whether job.lora is written with no value (`lora:` and nothing after it), as opposed to
+    `lora: null` or `~` (a full fine-tune said outright, as a JSON dump of the settings says it)."""
+    root = YAML(typ="safe", pure=True).compose(text)
+    jobs = [v for k, v in root.value if k.value == "job"] if isinstance(root, MappingNode) else []
+    return any(
+        k.value == "lora" and v.value == ""
+        for job in jobs
+        if isinstance(job, MappingNode)
+        for k, v in job.value
+    )
 
 
 def _yaml_problem(exc: YAMLError) -> str:

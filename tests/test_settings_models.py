@@ -201,8 +201,15 @@ def test_an_empty_lora_key_is_refused_not_read_as_a_full_fine_tune() -> None:
     (line,) = str(info.value).splitlines()
     assert line == (
         f"{SOURCE}: job.lora: empty; write `lora: {{}}` for LoRA with its defaults (rank 16, alpha 32, "
-        "every linear layer), give its fields, or remove the key for a full fine-tune"
+        "every linear layer), give its fields, or remove the key (or write `lora: null`) for a full "
+        "fine-tune"
     )
+    # Said outright, as a file or a JSON dump of the settings writes it: a full fine-tune.
+    for null in ("  lora: null  # full", "  lora: ~"):
+        full = parse_settings(
+            text[:start] + null + text[end:], name="prod", source=SOURCE, check_memory=False
+        )
+        assert full.job.lora is None
 
 
 def test_a_config_folder_sizes_the_job_as_its_config_json(tmp_path: Path) -> None:
