@@ -31,10 +31,11 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 class ModelError(ValueError):
     """The job's model cannot be sized: `field` is the setting to change (under job)."""
 
-    def __init__(self, field: str, message: str) -> None:
+    def __init__(self, field: str, message: str, *, unknown: bool = False) -> None:
         super().__init__(message)
         self.field = field
         self.message = message
+        self.unknown = unknown  # a hub id the catalogue does not know: its size is not known here
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,7 @@ def resolve(model: str, init: str, shape: str | None, config_json: str | None) -
         f"{model!r} is not in the model catalogue (training/model_configs/), so its size is unknown: "
         "set job.config_json to a local copy of its config.json, or job.shape to the catalogue "
         f"entry with its architecture ({', '.join(CATALOGUE)})",
+        unknown=True,
     )
 
 

@@ -27,9 +27,9 @@ SHARDINGS = ("hsdp", "full")
 EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_UNUSABLE = 0, 1, 2
 
 
-def model_overrides(name: str) -> list[str]:
-    """The settings overrides that make the environment's job train `name`; ValueError (what to
-    compare instead) if `name` cannot be sized offline."""
+def model_overrides(name: str) -> tuple[str, list[str]]:
+    """The model's name for the table and the settings overrides that make the environment's job
+    train it; ValueError (what to compare instead) if `name` cannot be sized offline."""
     path = Path(name).expanduser()
     if path.is_dir() or name.endswith(".json"):
         config = path / "config.json" if path.is_dir() else path
@@ -43,7 +43,7 @@ def model_overrides(name: str) -> list[str]:
         # model read from a path would be (never a catalogue id, whose own config would be checked
         # against this one).
         folder = config.resolve().parent
-        return [f"job.model={folder}", f"job.config_json={config.resolve()}", "job.shape=null"]
+        return name, [f"job.model={folder}", f"job.config_json={config.resolve()}", "job.shape=null"]
     if name.lower().startswith("s3://"):
         raise ValueError(
             "--compare reads no bucket: compare a local copy of its config.json (`aws s3 cp "
@@ -57,7 +57,7 @@ def model_overrides(name: str) -> list[str]:
         )
     model = model_id(name)
     _size(model)
-    return [f"job.model={model}", "job.shape=null", "job.config_json=null"]
+    return model, [f"job.model={model}", "job.shape=null", "job.config_json=null"]
 
 
 def _size(model: str, config: str | None = None) -> None:
@@ -65,13 +65,12 @@ def _size(model: str, config: str | None = None) -> None:
     try:
         resolve(model, "pretrained", None, config)
     except ModelError as exc:
-        if exc.field == "config_json" or "did you mean" in exc.message:
+        if not exc.unknown:
             raise ValueError(exc.message) from None
+        # The catalogue's advice (job.config_json, job.shape) is the settings', not --compare's.
         raise ValueError(
             f"{exc.message.split(': ', 1)[0]}; compare a local copy of its config.json "
             "(--compare FILE, or a folder holding one)"
-            if "not in the model catalogue" in exc.message
-            else exc.message
         ) from None
 
 
@@ -104,12 +103,11 @@ def rows(env: str, config_dir: Path, models: list[str]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for name in models:
         try:
-            chosen = model_overrides(name)
+            model, chosen = model_overrides(name)
         except ValueError as exc:
             # One row for the model, not one per method and sharding: none of them can be sized.
             out.append({"model": name, "method": "", "sharding": "", "refused": str(exc)})
             continue
-        model = name if any(o.startswith("job.config_json=/") for o in chosen) else model_id(name)
         for method, lora in methods:
             for sharding in SHARDINGS:
                 row: dict[str, Any] = {"model": model, "method": method, "sharding": sharding}
