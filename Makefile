@@ -97,7 +97,7 @@ test-image: $(IMAGE_VENV)/.installed ## tests/training and a short training run 
 	$(IPY) -m pytest tests/training -m image -p no:cacheprovider
 	rm -rf runs/image-smoke
 	HF_HUB_OFFLINE=1 RAY_AUTH_MODE=disabled $(IPY) -m training --init random --shape tiny \
-	  --data training/sample/sample.jsonl --num-workers 2 --micro-batch-size 2 --global-batch-size 8 \
+	  --data training/data/sample/sample.jsonl --num-workers 2 --micro-batch-size 2 --global-batch-size 8 \
 	  --steps 4 --checkpoint-every 2 --run-name image-smoke --output-dir runs/image-smoke
 	$(IPY) -c "import json, sys; s = json.load(open('runs/image-smoke/summary.json')); \
 	  sys.exit(0 if s['steps'] == 4 else 'smoke run: %s steps, expected 4' % s['steps'])"
@@ -128,7 +128,7 @@ train-local: setup ## train the tiny preset on random token ids, 2 CPU workers (
 
 train-local-data: setup ## the same on the bundled text: prepare token shards (Ray Data), then train from them
 	rm -rf runs/local-data
-	HF_HUB_OFFLINE=1 RAY_AUTH_MODE=disabled $(PY) -m training.prepare --data training/sample \
+	HF_HUB_OFFLINE=1 RAY_AUTH_MODE=disabled $(PY) -m training.prepare --data training/data/sample \
 	  --out runs/local-data/prepared --shape tiny --seq-len 256
 	$(LOCAL_TRAIN) --data runs/local-data/prepared --run-name local-data --output-dir runs/local-data
 

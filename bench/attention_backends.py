@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from torch.nn.attention import SDPBackend
 
-    from training.model import SHAPES
+    from training.model.build import SHAPES
 
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU")

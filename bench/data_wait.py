@@ -4,7 +4,7 @@
                               [--readers random,memmap,ranged] [--work DIR]
 
 Writes a synthetic jsonl corpus (seeded random words, no download), prepares it with
-`training.prepare` (Ray Data on this machine's CPUs, the byte-level tokenizer: no tokenizer files are
+`training.run.prepare` (Ray Data on this machine's CPUs, the byte-level tokenizer: no tokenizer files are
 needed offline, and the ids fit any model's vocabulary), then trains the model shape on it with
 `python -m training` as the RayJob runs it, once per reader:
 
@@ -72,10 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     work = Path(args.work or tempfile.mkdtemp(prefix="data-wait-"))
 
-    from training.driver import run
-    from training.options import parse_args
-    from training.prepare import prepare
-    from training.ray_session import init_ray_at
+    from training.options.train import parse_args
+    from training.run.driver import run
+    from training.run.prepare import prepare
+    from training.run.ray_session import init_ray_at
 
     init_ray_at(None)
     corpus, prepared = work / "corpus", work / "prepared"
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             "step_time_s": round(summ["step_time_s"], 4),
             "data_wait_ms_mean": round(1000 * summ["data_wait_s"], 3),
             "data_wait_ms_max": round(1000 * max(waits), 3),
-            # Sum of waits over sum of step times in the steady window (training/summary.py).
+            # Sum of waits over sum of step times in the steady window (training/reporting/summary.py).
             "data_wait_share": round(summ["data_wait_fraction"], 5),
         }
         print(json.dumps(row), flush=True)

@@ -53,7 +53,7 @@ ALIASES: dict[str, tuple[str, int]] = {"bf16-order2": ("bf16", 1)}
 
 def stdlib_corpus(seq_len: int, max_bytes: int) -> Any:
     """Blocks [n, seq_len] of byte ids from the standard library's .py files, in sorted order."""
-    from training.data import pack
+    from training.data.batches import pack
 
     files = sorted(Path(sysconfig.get_paths()["stdlib"]).rglob("*.py"))
     docs, total = [], 0

@@ -6,7 +6,7 @@ against an fp32 reference, at the loop's chunk sizes.
                                 [--repeats 5]
 
 A point is MICROxSEQ:CHUNK_TOKENS: the tokens of one micro-batch and the loss chunk the loop would
-give them (training/loss_chunks.py: 4,096 tokens on GPUs of 40 GB or more, 512 below; 0 is Liger's
+give them (training/sizing/loss_chunks.py: 4,096 tokens on GPUs of 40 GB or more, 512 below; 0 is Liger's
 own chunks). Per shape (vocab and hidden size from the catalogue) and point, on the GPU:
 
 - hidden states [tokens, hidden] in bf16 (unit scale, as after the final RMSNorm), the lm_head
@@ -38,8 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from training.loss_chunks import chunk_mem_const, chunk_tokens  # noqa: E402
-from training.shapes import SHAPES  # noqa: E402
+from training.model.shapes import SHAPES  # noqa: E402
+from training.sizing.loss_chunks import chunk_mem_const, chunk_tokens  # noqa: E402
 
 
 def parse_point(text: str) -> tuple[int, int, int]:

@@ -6,20 +6,20 @@ peak memory against the memory plan.
 
 A point is METHOD:MICRO_BATCH with METHOD one of lora, lora-ac, full, full-ac (-ac: activation
 checkpointing), one micro-batch per step. Each point runs in its own process (a fresh CUDA context
-and compiler state) without Ray: `training.loop._Trainer` on one rank, built exactly as the RayJob's
+and compiler state) without Ray: `training.run.loop._Trainer` on one rank, built exactly as the RayJob's
 workers build it (the GPU defaults: per-layer torch.compile, Liger's fused loss; LoRA: a frozen bf16
 base with fp32 adapters by peft; full: fp32 master weights, float8 where the GPU has it), on random
 weights of the named shape (no model hub here) and random tokens. The `--init random` that the CLI
 refuses for LoRA is set here on purpose: a benchmark needs the shape, not trained weights.
 
 Each point prints one JSON line:
-- step times read after the host waited for the GPU (training/timing.py StepTimer), the mean and
+- step times read after the host waited for the GPU (training/reporting/timing.py StepTimer), the mean and
   median over the steps after --warmup, tokens/s = tokens of those steps / their summed time, and
-  MFU against the GPU's dense bf16 peak with the FLOPs the method runs (training/flops.py:
+  MFU against the GPU's dense bf16 peak with the FLOPs the method runs (training/sizing/flops.py:
   6N + 12 L d T for full fine-tuning; lora_flops_per_token for LoRA: 4 x base matmul weights +
   6 x adapter parameters + 12 L d T);
 - the peak of torch.cuda.max_memory_allocated over the measured steps and over the whole run, and
-  the memory plan's allocated peak for the same options (training/memory_plan.py plan, with the
+  the memory plan's allocated peak for the same options (training/sizing/memory_plan.py plan, with the
   trainer's own choices: compile, Liger, reshard, float8, LoRA), with their ratio.
 """
 
@@ -106,12 +106,12 @@ def measure(args: argparse.Namespace, point: tuple[str, int]) -> dict[str, Any]:
     import torch
 
     from bench.one_rank import one_rank_group, trainer
-    from training.loop import plan_options
-    from training.memory_plan import GIB, Dims, plan
+    from training.run.loop import plan_options
+    from training.sizing.memory_plan import GIB, Dims, plan
 
     method, micro = point
     lora = method.startswith("lora")
-    import training.trainer as trainer_mod
+    import training.run.trainer as trainer_mod
 
     real_build = trainer_mod.build_model
 
@@ -127,7 +127,7 @@ def measure(args: argparse.Namespace, point: tuple[str, int]) -> dict[str, Any]:
     with one_rank_group():
         torch._dynamo.config.automatic_dynamic_shapes = False
         if lora:
-            import training.options as options_mod
+            import training.options.train as options_mod
 
             real_parse = options_mod.parse_args
 

@@ -4,10 +4,10 @@
                                  [--accum 1] [--seq-len 2048] [--shape qwen2.5-1.5b] [--steps 3]
                                  [--gpus 1] [--sharding full] [--no-liger]
 
-Calibration data for the memory model (training/memory_plan.py). Each variant runs in its own
+Calibration data for the memory model (training/sizing/memory_plan.py). Each variant runs in its own
 process (fresh CUDA context, process-wide compiler settings as the job sets them), without Ray: a
 process group of --gpus ranks (NCCL on the GPU, gloo on the CPU), the model built, patched and
-sharded by training.model (build_model, apply_liger, apply_fsdp, make_mesh) exactly as the
+sharded by training.model.build (build_model, apply_liger, apply_fsdp, make_mesh) exactly as the
 RayJob's loop does, fused AdamW, and the loop's step: micro-batches with gradient sync only on
 the last one, loss / accum, backward, gradient clipping, optimizer step, zero_grad(set_to_none).
 
@@ -22,7 +22,7 @@ reserve). A point that runs out of memory prints a line with "oom": true. Varian
   eager        no compile
   compile-ac   compile + activation checkpointing
   eager-ac     no compile + activation checkpointing
-  ...-float8   the same with torchao float8 linears (training.model.apply_float8; on GPUs with
+  ...-float8   the same with torchao float8 linears (training.model.build.apply_float8; on GPUs with
                FP8 tensor cores), --float8-all-gather as the loop's option of that name
 
 Liger's fused linear cross-entropy is on when liger-kernel is installed (as in the job), off with
@@ -71,14 +71,14 @@ def _int_list(text: str) -> list[int]:
 
 
 def float8_available() -> bool:
-    """torchao is installed (training.model.apply_float8 needs it) and the GPU has FP8 tensor cores."""
+    """torchao is installed (training.model.build.apply_float8 needs it) and the GPU has FP8 tensor cores."""
     import importlib.util
 
     if importlib.util.find_spec("torchao") is None:
         return False
     import torch
 
-    from training.precision import FLOAT8_MIN_CAPABILITY
+    from training.model.precision import FLOAT8_MIN_CAPABILITY
 
     return torch.cuda.is_available() and torch.cuda.get_device_capability(0) >= FLOAT8_MIN_CAPABILITY
 
@@ -184,7 +184,7 @@ def measure_variant(name: str, args: argparse.Namespace, device: Any) -> list[di
     import torch
     import torch.distributed as dist
 
-    from training import model as tm
+    from training.model import build as tm
 
     opts = parse_variant(name)
     on_gpu = device.type == "cuda"
@@ -195,7 +195,7 @@ def measure_variant(name: str, args: argparse.Namespace, device: Any) -> list[di
     world = dist.get_world_size()
     t0 = time.time()
     model = tm.build_model("random", args.shape, "", seed=0)
-    # The loop's order (training/trainer.py _choose_kernels): Liger, then float8, then fully_shard.
+    # The loop's order (training/run/trainer.py _choose_kernels): Liger, then float8, then fully_shard.
     if liger:
         tm.apply_liger(model, layers=not opts["compile"])
     if opts["float8"]:

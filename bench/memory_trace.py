@@ -56,10 +56,10 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    import training.options as options_mod
-    import training.trainer as trainer_mod
+    import training.options.train as options_mod
+    import training.run.trainer as trainer_mod
     from bench.one_rank import one_rank_group, trainer
-    from training.memory_plan import GIB
+    from training.sizing.memory_plan import GIB
 
     real_build, real_parse = trainer_mod.build_model, options_mod.parse_args
 

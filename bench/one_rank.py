@@ -31,12 +31,12 @@ def one_rank_group() -> Iterator[None]:
 
 
 def trainer(shape: str, seq_len: int, micro_batch: int, steps: int, extra: list[str]) -> Any:
-    """`training.loop._Trainer` with the GPU defaults of `python -m training` on random weights
+    """`training.run.loop._Trainer` with the GPU defaults of `python -m training` on random weights
     (seed 0) and random tokens, plus `extra` options."""
     import torch
 
-    from training.loop import _Trainer
-    from training.options import parse_args
+    from training.options.train import parse_args
+    from training.run.loop import _Trainer
 
     opts = parse_args(
         ["--init", "random", "--shape", shape, "--data", "random", "--seq-len", str(seq_len),

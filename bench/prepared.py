@@ -1,5 +1,5 @@
 """Prepared data written straight from arrays (tests and benchmarks): the manifest and shard
-layout of training/shards.py, text format without flags, chat format with them."""
+layout of training/data/shards.py, text format without flags, chat format with them."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from training import shards
+from training.data import shards
 
 
 def write_prepared(
@@ -29,7 +29,7 @@ def write_prepared(
 
 def packed_chat_flags(n_blocks: int, seq_len: int, lengths: tuple[int, int], answer_share: float,
                       seed: int = 0) -> np.ndarray:  # fmt: skip
-    """Flags of blocks packed like training/sft.py packs conversations: whole conversations of
+    """Flags of blocks packed like training/methods/sft.py packs conversations: whole conversations of
     random lengths, each starting a segment, its last `answer_share` of tokens targets, the rest
     of a block padding (a segment of its own, no targets)."""
     rng = np.random.default_rng(seed)

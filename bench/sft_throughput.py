@@ -7,7 +7,7 @@
 The loop's own `_Trainer` (GPU defaults of `python -m training`, one rank, random weights) trains
 on prepared data of the same random token ids twice, in one process: as text (the loss on every
 token, the model's own positions: the causal flash path of sdpa) and as chat blocks packed like
-training/sft.py packs conversations (whole conversations of --lengths tokens, the last
+training/methods/sft.py packs conversations (whole conversations of --lengths tokens, the last
 --answer-share of each a target, the rest of a block padding; position ids restart per
 conversation, so transformers builds a block-diagonal mask and sdpa leaves the flash kernel, and
 the step's target count is all-reduced before the first backward). One JSON line per
@@ -36,8 +36,8 @@ from bench.prepared import packed_chat_flags, write_prepared  # noqa: E402
 def measure(name: str, data: str, args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from training.loop import _Trainer
-    from training.options import parse_args
+    from training.options.train import parse_args
+    from training.run.loop import _Trainer
 
     opts = parse_args(
         ["--init", "random", "--shape", args.shape, "--data", data,

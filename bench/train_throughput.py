@@ -16,7 +16,7 @@ both recipes alike.
 
 - original: the AWS sample's recipe: the whole model in bf16, FSDP1 through Ray's
   prepare_model with size_based_auto_wrap_policy(min_num_params=1e7), plain AdamW, Hugging Face loss.
-- ours*: `python -m training` as the RayJob runs it (training.driver.run), with the variant's options.
+- ours*: `python -m training` as the RayJob runs it (training.run.driver.run), with the variant's options.
 """
 
 from __future__ import annotations
@@ -78,8 +78,8 @@ def original_recipe(config: dict[str, Any]) -> None:
     from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy
     from transformers import AutoModelForCausalLM
 
-    from training.model import shape_config
-    from training.timing import StepTimer
+    from training.model.build import shape_config
+    from training.reporting.timing import StepTimer
 
     device = ray.train.torch.get_device()
     torch.manual_seed(0)
@@ -143,8 +143,8 @@ def run_original(args: argparse.Namespace, workers: int, use_gpu: bool) -> dict[
 
 def _measured(history: list[dict[str, Any]], args: argparse.Namespace, workers: int) -> dict[str, Any]:
     """Both recipes alike: tokens over the wall time of the window after the warm-up steps, every
-    step's end read after the host waited for the GPU (training/timing.py)."""
-    from training.timing import window_throughput
+    step's end read after the host waited for the GPU (training/reporting/timing.py)."""
+    from training.reporting.timing import window_throughput
 
     window = window_throughput(history, args.warmup, workers * args.batch * args.seq_len)
     assert window is not None  # main() checks --steps > --warmup
@@ -160,8 +160,8 @@ def _measured(history: list[dict[str, Any]], args: argparse.Namespace, workers: 
 
 
 def run_ours(name: str, args: argparse.Namespace, workers: int) -> dict[str, Any]:
-    from training.driver import run
-    from training.options import parse_args
+    from training.options.train import parse_args
+    from training.run.driver import run
 
     t0 = time.time()
     argv = [
@@ -314,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     args.output_dir = args.output_dir or tempfile.mkdtemp(prefix="bench-output-")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if args.nccl_log_dir:
-        from training.netprobe import nccl_env
+        from training.network.probe import nccl_env
 
         os.makedirs(args.nccl_log_dir, exist_ok=True)
         # Before ray.init: the workers inherit the environment of the Ray instance started here.
@@ -323,8 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     import ray
     import torch
 
-    from training.flops import flops_per_token, peak_tflops
-    from training.model import SHAPES
+    from training.model.build import SHAPES
+    from training.sizing.flops import flops_per_token, peak_tflops
 
     use_gpu = torch.cuda.is_available()
     if "original" in configs and not use_gpu:
@@ -382,8 +382,8 @@ def _param_count(shape: str) -> int:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from training.flops import count_params
-    from training.model import shape_config
+    from training.model.build import shape_config
+    from training.sizing.flops import count_params
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(shape_config(shape))

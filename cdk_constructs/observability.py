@@ -16,7 +16,7 @@
   guide). Its log groups are created here with a retention and the environment's removal policy,
   so destroy does not leave groups Fluent Bit would otherwise create without either; one extra
   Fluent Bit file (the add-on's documented `containerLogs.fluentBit.config.extraFiles`) ships the
-  training loop's EMF lines to their own group (training/emf.py says why).
+  training loop's EMF lines to their own group (training/reporting/emf.py says why).
 - `TrainingDashboard`: GPU utilisation and memory per node, EFA bytes in/out per node, node
   counts, and the job's tokens/s, MFU, training and held-out loss, step time, held-out perplexity
   and token accuracy per run.
@@ -24,7 +24,7 @@
 Metric names: Container Insights' are from its EKS metric reference
 (Container-Insights-metrics-enhanced-EKS.html: node_gpu_utilization, node_gpu_memory_utilization,
 node_efa_rx_bytes, node_efa_tx_bytes with dimensions ClusterName, InstanceId, NodeName;
-cluster_node_count, cluster_failed_node_count with ClusterName); the job's are training/emf.py's.
+cluster_node_count, cluster_failed_node_count with ClusterName); the job's are training/reporting/emf.py's.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from cdk_constructs.addons import GPU_TOLERATION
 from cdk_constructs.encrypted_logs import encrypted_log_group, log_group_key
 from cdk_constructs.nag import acknowledge, managed_policy_finding
 from config.names import NODE_MONITORING_AGENT
-from training import emf
+from training.reporting import emf
 
 NODE_MONITORING_ADDON = NODE_MONITORING_AGENT
 CLOUDWATCH_ADDON = "amazon-cloudwatch-observability"

@@ -29,7 +29,7 @@ EVICTION_HARD_MEMORY_MIB = 100
 # GPU memory a CUDA process can use, as torch reports it (cudaMemGetInfo's total, in the
 # "GPU 0 has a total capacity of X GiB" of torch's out-of-memory message): below the nominal size,
 # which counts memory the driver keeps (nvidia-smi shows 23,034 MiB on a "24 GB" L4). The memory
-# plan (training/memory_plan.py) fits a job into this, not into gpu_memory_gib. Sources: torch
+# plan (training/sizing/memory_plan.py) fits a job into this, not into gpu_memory_gib. Sources: torch
 # OOM messages quoted in public issues from the named instance or GPU:
 #   L4:   21.96 GiB (SageMaker ml.g6 endpoint and a Cloud Run L4, both quoting torch's message)
 #   L40S: 44.42 GiB (stepfun-ai/Step-Video-T2V#8, 8 x L40S)
@@ -69,7 +69,7 @@ class Instance:
     efa_only: bool = False
     network_gbps: float = 0.0
     # How the GPUs of one node reach each other, and its bandwidth per direction in GB/s (the step-time
-    # model's intra-node link, training/step_time.py). PCIe Gen4 x16: 32 GB/s per direction (L4, L40S,
+    # model's intra-node link, training/sizing/step_time.py). PCIe Gen4 x16: 32 GB/s per direction (L4, L40S,
     # A10G data sheets: "PCIe Gen4 x16, 64 GB/s" bidirectional); NVLink: H100 SXM 900 GB/s and A100
     # 600 GB/s bidirectional per GPU (H100 / A100 data sheets), so 450 / 300 per direction.
     gpu_link: str = "PCIe"

@@ -1,6 +1,6 @@
 """An environment's training job against its GPU's memory: the settings' side of the memory plan.
 
-training/memory_plan.py models one rank (pure Python, no torch); this maps the settings onto it the
+training/sizing/memory_plan.py models one rank (pure Python, no torch); this maps the settings onto it the
 way the RayJob runs (one Ray Train worker per GPU, `gpus` workers per node, the job's sharding,
 micro-batch and accumulation) and says what to change when the job would not fit. The GPU's usable
 memory comes from the instance catalogue (`Instance.gpu_memory_cuda_gib`).
@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from training.lora_spec import LoraSpec
-from training.loss_chunks import default_chunk_tokens
-from training.memory_plan import (
+from training.model.lora_spec import LoraSpec
+from training.model.sharding import mesh_shape
+from training.sizing.loss_chunks import default_chunk_tokens
+from training.sizing.memory_plan import (
     GIB,
     JobMemory,
     auto_micro_batch,
@@ -24,7 +25,6 @@ from training.memory_plan import (
     largest_micro_batch,
     plan,
 )
-from training.sharding import mesh_shape
 
 if TYPE_CHECKING:
     from config.catalogue import Instance
@@ -56,13 +56,13 @@ def plan_options(job: JobSettings, gpu: Instance, nodes: int, micro: int | None 
 
 
 def accumulation(global_batch: int, micro_batch: int, world: int) -> int:
-    """Micro-batches per optimizer step on each worker (training/trainer.py)."""
+    """Micro-batches per optimizer step on each worker (training/run/trainer.py)."""
     return max(1, global_batch // (micro_batch * world))
 
 
 def micro_batch(job: JobSettings, gpu: Instance, nodes: int) -> int:
     """The micro-batch the job runs: job.micro_batch_size, or for `auto` the memory plan's choice
-    for one GPU of `gpu` (training/memory_plan.py auto_micro_batch, the rule `python -m training
+    for one GPU of `gpu` (training/sizing/memory_plan.py auto_micro_batch, the rule `python -m training
     --micro-batch-size auto` applies on the worker). The RayJob carries the number chosen here."""
     if job.micro_batch_size != "auto":
         return job.micro_batch_size
@@ -79,8 +79,8 @@ def reshard_after_forward(
 ) -> bool:
     """Whether the job's workers free each layer's gathered parameters after its forward: the
     RayJob leaves --reshard-after-forward to the worker, which keeps them gathered when the memory
-    plan at its micro-batch still leaves AUTO_HEADROOM of the GPU free (training/memory_plan.py
-    auto_reshard_after_forward, applied by training/trainer.py). `loss_chunk_tokens`: a worker's
+    plan at its micro-batch still leaves AUTO_HEADROOM of the GPU free (training/sizing/memory_plan.py
+    auto_reshard_after_forward, applied by training/run/trainer.py). `loss_chunk_tokens`: a worker's
     --loss-chunk-tokens other than its default (not a job setting)."""
     world = nodes * gpu.gpus
     if not world:

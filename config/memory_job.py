@@ -13,7 +13,7 @@ from typing import Literal, Protocol
 
 from config.catalogue import Instance
 from config.models import ModelPlan
-from training.lora_spec import LoraSpec
+from training.model.lora_spec import LoraSpec
 
 
 class PlannedJob(Protocol):
@@ -30,7 +30,7 @@ class PlannedJob(Protocol):
     @property
     def model_plan(self) -> ModelPlan: ...
     @property
-    def shape(self) -> object: ...  # read as str(): a training.shapes preset name
+    def shape(self) -> object: ...  # read as str(): a training.model.shapes preset name
     @property
     def seq_len(self) -> int: ...
     @property
@@ -38,7 +38,7 @@ class PlannedJob(Protocol):
     @property
     def micro_batch_size(self) -> int | Literal["auto"]: ...
     @property
-    def sharding(self) -> object: ...  # read as str(): training.sharding's mesh rule
+    def sharding(self) -> object: ...  # read as str(): training.model.sharding's mesh rule
     @property
     def compile(self) -> bool: ...
     @property

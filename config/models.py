@@ -8,11 +8,11 @@ Where the dimensions come from, in this order:
   bucket (it runs offline and in CI without the model's credentials, and a change set must not
   depend on what a bucket held at synth time) and cannot see the container's file system.
   `aws s3 cp s3://BUCKET/PREFIX/config.json config/models/NAME.json` makes the copy.
-- `init: random`: `job.shape`, a name of the catalogue (training/model_configs/) or a test shape.
+- `init: random`: `job.shape`, a name of the catalogue (training/model/configs/) or a test shape.
 - a Hugging Face id the catalogue knows (its published id or the instruction-tuned twin).
 - `job.shape` naming the catalogue entry a hub model shares its architecture with.
 Otherwise the job is refused with one line: never a silent fallback to a default shape. The worker
-checks that the model it loads has these dimensions (`--planned-dims`, training/driver.py).
+checks that the model it loads has these dimensions (`--planned-dims`, training/run/driver.py).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from training.dims import ArchitectureError, Dims
-from training.shapes import CATALOGUE, SHAPES, catalogue_name_of
+from training.model.dims import ArchitectureError, Dims
+from training.model.shapes import CATALOGUE, SHAPES, catalogue_name_of
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -55,7 +55,7 @@ def resolve(model: str, init: str, shape: str | None, config_json: str | None) -
         plan = _from_file(config_json)
         name = catalogue_name_of(model) if init == "pretrained" else None
         # A config file left from another model would size this job wrongly: the catalogue knows
-        # this one (training/model_configs/).
+        # this one (training/model/configs/).
         diff = plan.dims.signature_mismatch(Dims.from_config(SHAPES[name]).signature()) if name else []
         if diff:
             raise ModelError(
@@ -91,7 +91,7 @@ def resolve(model: str, init: str, shape: str | None, config_json: str | None) -
         raise ModelError(
             "shape",
             f"{shape!r} is the text decoder of a multimodal release, kept for init: random only; "
-            f"the loop cannot fine-tune {model} from its checkpoint (training/model_configs/{shape}.json)",
+            f"the loop cannot fine-tune {model} from its checkpoint (training/model/configs/{shape}.json)",
         )
     if shape is not None and shape in CATALOGUE:
         return ModelPlan(_dims("shape", SHAPES[shape]), f"{model} as catalogue {shape}")
@@ -104,7 +104,7 @@ def resolve(model: str, init: str, shape: str | None, config_json: str | None) -
         )
     raise ModelError(
         "model",
-        f"{model!r} is not in the model catalogue (training/model_configs/), so its size is unknown: "
+        f"{model!r} is not in the model catalogue (training/model/configs/), so its size is unknown: "
         "set job.config_json to a local copy of its config.json, or job.shape to the catalogue "
         f"entry with its architecture ({', '.join(CATALOGUE)})",
         unknown=True,

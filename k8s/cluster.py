@@ -33,7 +33,7 @@ from k8s.pods import (
     pod_security,
     resources,
 )
-from training.netprobe import GATE_LOG_ENV
+from training.network.probe import GATE_LOG_ENV
 
 # Node labels and the GPU taint are the node groups' own (one definition for EKS and the pods).
 SYSTEM_NODE_SELECTOR = dict(SYSTEM_NODE_LABELS)

@@ -72,7 +72,7 @@ def deployed_run_name(settings: Settings, rayjob: str) -> str:
     A deploy that changes the job makes a new RayJob (rayjob_name), which then starts a new run
     instead of finding the previous job's checkpoint at or past job.steps and training nothing
     (dev's smoke job, deployed again and again); KubeRay's retry of the same RayJob keeps the name
-    and resumes (training/run_state.py). With job.resume every deploy continues job.run_name."""
+    and resumes (training/checkpoint/run_state.py). With job.resume every deploy continues job.run_name."""
     if settings.job.resume:
         return settings.job.run_name
     return f"{settings.job.run_name}-{rayjob.rsplit('-', 1)[-1]}"
@@ -135,13 +135,13 @@ def training_args(
     if job_id is not None:
         args += ["--job-id", job_id]
     if settings.observability.metrics:
-        # Step metrics as CloudWatch EMF lines (training/emf.py), dimension ClusterName.
+        # Step metrics as CloudWatch EMF lines (training/reporting/emf.py), dimension ClusterName.
         args += ["--metrics-cluster", settings.cluster.name]
     return args
 
 
 def _eval_args(job: Any) -> list[str]:
-    """The held-out evaluation flags (training/evaluate.py), only where the job sets them."""
+    """The held-out evaluation flags (training/methods/evaluate.py), only where the job sets them."""
     args: list[str] = []
     if job.eval_data:
         args += ["--eval-data", job.eval_data]

@@ -1,6 +1,6 @@
 """`raytrain plan --env NAME`: will the environment's training job fit its GPUs?
 
-Prints one rank's peak GPU memory, term by term (training/memory_plan.py: sharded fp32 master
+Prints one rank's peak GPU memory, term by term (training/sizing/memory_plan.py: sharded fp32 master
 weights and AdamW state, gradients, FSDP's unsharded gradients when accumulating, gathered bf16
 parameters, activations, the loss, allocator slack, CUDA context, NCCL), against the memory of one
 GPU of the node group's instance type, then the largest micro-batch per sequence length for that
@@ -33,9 +33,9 @@ from config.settings import Settings
 from raytrain.plan_compare import EXIT_DOES_NOT_FIT, EXIT_FITS, EXIT_UNUSABLE
 from raytrain.plan_compare import run as compare
 from raytrain.prediction import predict
-from training.loss_chunks import LOSS_CHUNK_TOKENS
-from training.memory_plan import AUTO_HEADROOM, GIB
-from training.sharding import mesh_shape
+from training.model.sharding import mesh_shape
+from training.sizing.loss_chunks import LOSS_CHUNK_TOKENS
+from training.sizing.memory_plan import AUTO_HEADROOM, GIB
 
 SEQ_LENS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 
@@ -281,7 +281,7 @@ def breakdown(settings: Settings) -> Table:
             ("activation checkpointing", job.activation_checkpointing),
             ("Liger loss", job.liger),
             ("float8 linears", job.float8_on(gpu)),
-            # The workers' --reshard-after-forward default (training/memory_plan.py).
+            # The workers' --reshard-after-forward default (training/sizing/memory_plan.py).
             (
                 f"parameters kept gathered ({AUTO_HEADROOM:.0%} of the GPU still free)",
                 not opts["reshard_after_forward"],

@@ -1,6 +1,6 @@
 """`raytrain plan --env NAME --compare MODEL ...`: the environment's job with other models, each as
 a full fine-tune and with LoRA, sharded HSDP and full: whether it fits the GPUs, the micro-batch
-`auto` takes, the predicted tokens/s and dollars per billion tokens (training/step_time.py; LoRA's
+`auto` takes, the predicted tokens/s and dollars per billion tokens (training/sizing/step_time.py; LoRA's
 terms are predictions until measured). Offline, like `raytrain plan`: a MODEL is a catalogue name,
 a Hugging Face id the catalogue knows, or a local config.json (or a folder holding one), which is
 how a model in S3 or one the catalogue lacks is compared (`job.config_json`, config/models.py).
@@ -19,8 +19,8 @@ from rich.table import Table
 from config.loader import SettingsError, load_settings
 from config.memory import accumulation, capacity_bytes, job_memory
 from config.models import ModelError, resolve
-from training.memory_plan import GIB
-from training.shapes import CATALOGUE
+from training.model.shapes import CATALOGUE
+from training.sizing.memory_plan import GIB
 
 SHARDINGS = ("hsdp", "full")
 # raytrain plan's exit codes (raytrain/plan.py imports this module, not the other way round)
@@ -82,7 +82,7 @@ def model_id(name: str) -> str:
     known = ", ".join(n for n, e in CATALOGUE.items() if e["hf_ids"])
     if entry is not None and not entry["hf_ids"]:
         # Gemma 3's 4B and larger ship as multimodal checkpoints: their text decoder is in the
-        # catalogue for --init random sizing only (training/model_configs/*.json, "note").
+        # catalogue for --init random sizing only (training/model/configs/*.json, "note").
         raise ValueError(
             "a catalogue shape with no release the loop can fine-tune (the text decoder of a "
             f"multimodal checkpoint); compare one of {known}"

@@ -1,4 +1,4 @@
-"""The step-time model's prediction for an environment's job (training/step_time.py): what
+"""The step-time model's prediction for an environment's job (training/sizing/step_time.py): what
 `raytrain plan` and its --compare table both print. Apart from raytrain/plan.py so that the
 comparison (raytrain/plan_compare.py), which plan.py runs, and plan.py share it without importing
 each other."""
@@ -10,9 +10,9 @@ from typing import Any
 from config.memory import accumulation, reshard_after_forward
 from config.settings import Settings
 from config.settings.workload import DataFormat
-from training.loss_chunks import default_chunk_tokens
-from training.sharding import mesh_shape
-from training.step_time import Hardware, StepTime, step_time
+from training.model.sharding import mesh_shape
+from training.sizing.loss_chunks import default_chunk_tokens
+from training.sizing.step_time import Hardware, StepTime, step_time
 
 
 def hardware(settings: Settings) -> Hardware:

@@ -193,7 +193,7 @@ class WorkloadStack(cdk.Stack):
             namespaced_access_entry(self, f"JobSubmitter{i}", cluster, arn, JOB_SUBMITTER_GROUP)
             for i, arn in enumerate(settings.cluster.job_submitter_principals)
         ]
-        # No s3:prefix condition: pyarrow's S3 filesystem (Ray Train's storage, training/summary.py)
+        # No s3:prefix condition: pyarrow's S3 filesystem (Ray Train's storage, training/reporting/summary.py)
         # sends HeadBucket when it creates a directory, and S3 authorises HeadBucket with
         # s3:ListBucket (S3 API reference, HeadBucket "Permissions"); that request carries no prefix,
         # so a prefix-conditioned grant denies it. The bucket holds only this job's checkpoints.

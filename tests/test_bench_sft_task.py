@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 
 from bench import sft_task
-from training.sft import ChatRenderer, conversation
+from training.methods.sft import ChatRenderer, conversation
 
 
 def test_task_split_tokenizer_and_check(tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from training.model import build_model
+    from training.model.build import build_model
 
     made = sft_task.make(tmp_path / "task", 300, 40, seed=3)
     assert (made["train"], made["eval"]) == (300, 40)

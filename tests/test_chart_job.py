@@ -80,7 +80,7 @@ def test_entrypoint_carries_the_job_settings(name: str) -> None:
         "--seed": str(job.seed),
         "--sharding": job.sharding.value,
         "--expect-transport": "auto",
-        # CloudWatch step metrics where the environment turns them on (training/emf.py).
+        # CloudWatch step metrics where the environment turns them on (training/reporting/emf.py).
         **({"--metrics-cluster": s.cluster.name} if s.observability.metrics else {}),
         # Text or chat data the job prepares itself (k8s/job.py prepared_data_uri).
         **(
@@ -99,7 +99,7 @@ def test_entrypoint_carries_the_job_settings(name: str) -> None:
         **({"--eval-fraction": repr(job.eval_fraction)} if job.eval_fraction else {}),
         **({"--eval-every": str(job.eval_every)} if job.eval_every else {}),
         **({"--early-stop-patience": str(job.early_stop_patience)} if job.early_stop_patience else {}),
-        # LoRA's settings as the training CLI reads them (training/lora_spec.py LoraSpec.as_args).
+        # LoRA's settings as the training CLI reads them (training/model/lora_spec.py LoraSpec.as_args).
         **(
             dict(zip(job.lora_spec.as_args()[::2], job.lora_spec.as_args()[1::2], strict=True))
             if job.lora
@@ -117,8 +117,8 @@ def test_entrypoint_carries_the_job_settings(name: str) -> None:
 
 
 def test_lora_job_passes_its_settings_and_the_cli_reads_them_back() -> None:
-    from training.lora_spec import LoraSpec
-    from training.options import parse_args
+    from training.model.lora_spec import LoraSpec
+    from training.options.train import parse_args
 
     lora = {"rank": 8, "alpha": 16, "dropout": 0.05, "target_modules": ["q_proj", "v_proj"]}
     s = variant("dev", job={"model": "Qwen/Qwen2.5-7B", "lora": lora, "export_merged": True})

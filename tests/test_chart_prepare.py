@@ -13,8 +13,8 @@ import pytest
 from config.loader import ENVIRONMENTS_DIR, SettingsError, environment_names, load_settings, parse_settings
 from k8s.job import PREPARED_DIR
 from tests.chart_render import CHECKPOINT_URI, crd_errors, render, variant
-from training.options import build_parser as training_parser
-from training.prepare import build_parser as prepare_parser
+from training.options.train import build_parser as training_parser
+from training.run.prepare import build_parser as prepare_parser
 
 TEXT = {"data": "s3://corpus-bucket/text/", "text_field": "body", "seq_len": 1024, "prepare_data": True,
         "max_skipped_fraction": 0.001}  # fmt: skip

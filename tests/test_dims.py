@@ -7,16 +7,16 @@ from typing import Any
 
 import pytest
 
-from training.dims import ArchitectureError, Dims
-from training.flops import flops_per_token
-from training.shapes import CATALOGUE, SHAPES, catalogue_name_of
+from training.model.dims import ArchitectureError, Dims
+from training.model.shapes import CATALOGUE, SHAPES, catalogue_name_of
+from training.sizing.flops import flops_per_token
 
 
 def _meta_model(name: str) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from training.model import shape_config
+    from training.model.build import shape_config
 
     with torch.device("meta"):
         return AutoModelForCausalLM.from_config(shape_config(name))

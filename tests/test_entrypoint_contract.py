@@ -1,5 +1,5 @@
 """The contract between the settings and the training job: every environment's RayJob entry point,
-as the chart renders it, parses with `training.options`' own parser into the settings' values."""
+as the chart renders it, parses with `training.options.train`' own parser into the settings' values."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from config import image
 from config.loader import environment_names, load_settings
 from k8s.chart import render_manifests
 from k8s.job import deployed_run_name, rayjob_name
-from training.batch import accumulation_steps
-from training.options import parse_args
+from training.options.train import parse_args
+from training.sizing.batch import accumulation_steps
 
 CHECKPOINT_URI = "s3://ray-train-checkpoints-111122223333-us-west-2/checkpoints"
 

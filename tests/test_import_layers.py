@@ -23,7 +23,7 @@ GENERATED = ("k8s.imports",)  # `cdk8s import`'s classes
 @pytest.fixture(scope="module")
 def project_edges():
     found = modules(ROOT, PACKAGES, exclude=GENERATED)
-    assert {"training.options", "config.memory", "raytrain.job.api", "app"} <= set(found)
+    assert {"training.options.train", "config.memory", "raytrain.job.api", "app"} <= set(found)
     return edges(found)
 
 

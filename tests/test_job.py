@@ -267,7 +267,7 @@ def test_status_shows_the_jobs_progress_from_its_driver_log(
     tmp_path: Path, api_server: FakeApi, settings: Settings
 ) -> None:
     """Issue 41: step, percent, loss, the latest held-out loss, rate and ETA, as the driver last
-    printed them (training/progress.py) in the submitter's log."""
+    printed them (training/reporting/progress.py) in the submitter's log."""
     api_server.routes = cluster_routes(settings)
     api_server.logs = {f"{JOB}-sub1": [
         "[train] data: 40 blocks of 2048 tokens in 1 shards (s3://b/p/manifest.json)",

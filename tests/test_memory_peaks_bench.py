@@ -1,6 +1,6 @@
 """bench/memory_peaks.py: its variant grammar, and one real run end to end on the CPU (tiny shape).
 
-The peaks themselves need a GPU (the lead runs it; results feed training/memory_plan.py's tests)."""
+The peaks themselves need a GPU (the lead runs it; results feed training/sizing/memory_plan.py's tests)."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def test_float8_variant_is_refused_without_fp8_tensor_cores(capsys: pytest.Captu
 
 
 def test_one_json_line_per_point_through_the_real_model_code() -> None:
-    # A real world-size-1 gloo run of the tiny shape: proves the bench drives training.model's
+    # A real world-size-1 gloo run of the tiny shape: proves the bench drives training.model.build's
     # build/shard/step path with accumulation (the GPU fields are null on the CPU).
     args = ["--device", "cpu", "--shape", "tiny", "--seq-len", "32", "--batches", "2,1", "--accum", "2"]
     out = subprocess.run(

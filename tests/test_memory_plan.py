@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from training.memory_plan import (
+from training.sizing.memory_plan import (
     GIB,
     Dims,
     JobMemory,
@@ -79,7 +79,7 @@ def test_plan_within_ten_percent_of_each_bench_point(point: dict[str, Any] | Non
 def test_importing_the_plan_loads_no_torch() -> None:
     # Synthesis imports it: it must stay light (no torch, ray or transformers).
     code = (
-        "import sys, training.memory_plan; "
+        "import sys, training.sizing.memory_plan; "
         "heavy = [m for m in ('torch', 'ray', 'transformers') if m in sys.modules]; "
         "assert not heavy, heavy"
     )
@@ -91,8 +91,8 @@ def test_parameter_counts_match_the_model_transformers_builds(shape: str) -> Non
     torch = pytest.importorskip("torch")
     from transformers import AutoModelForCausalLM
 
-    from training.flops import count_params
-    from training.model import shape_config, sharding_plan
+    from training.model.build import shape_config, sharding_plan
+    from training.sizing.flops import count_params
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(shape_config(shape))
@@ -110,7 +110,7 @@ def test_saved_activations_of_an_eager_layer_match_the_formula() -> None:
     torch = pytest.importorskip("torch")
     from transformers import AutoModelForCausalLM
 
-    from training.model import shape_config
+    from training.model.build import shape_config
 
     cfg = shape_config("tiny")
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation="sdpa")
@@ -150,8 +150,8 @@ import json, os, sys
 sys.path.insert(0, {str(ROOT)!r})
 import torch, torch.distributed as dist
 import torch.multiprocessing as mp
-from training.model import apply_fsdp, build_model, make_mesh
-from training.memory_plan import Dims
+from training.model.build import apply_fsdp, build_model, make_mesh
+from training.sizing.memory_plan import Dims
 
 def run(rank):
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{_free_port()}", rank=rank, world_size=2)
@@ -325,8 +325,8 @@ LORA_POINTS = [json.loads(line) for line in LORA_PEAKS.read_text().splitlines()]
 
 
 def _lora_plan(point: dict[str, Any]) -> JobMemory:
-    from training.lora_spec import LoraSpec
-    from training.loss_chunks import default_chunk_tokens
+    from training.model.lora_spec import LoraSpec
+    from training.sizing.loss_chunks import default_chunk_tokens
 
     assert point["lora_rank"] == LoraSpec().rank  # the bench's r=16, alpha 32: the defaults
     return plan(
@@ -368,8 +368,8 @@ def test_7b_plan_within_five_percent_of_the_second_leases_peaks(options: dict, m
     """The second lease's 7B points on one H200 (bench/lora_bench.py --points lora:8 / full-ac:1,
     BENCHMARKS.md "The full fine-tune and a larger LoRA micro-batch at 7B"):
     torch.cuda.max_memory_allocated over the measured steps."""
-    from training.lora_spec import LoraSpec
-    from training.loss_chunks import default_chunk_tokens
+    from training.model.lora_spec import LoraSpec
+    from training.sizing.loss_chunks import default_chunk_tokens
 
     options = dict(options)
     if options.pop("lora", None):

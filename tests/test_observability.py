@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from cdk_constructs import observability as obs
-from training import emf
-from training.options import build_parser
+from training.options.train import build_parser
+from training.reporting import emf
 
 # Fluent Bit's built-in `cri` parser (what `multiline.parser cri` applies to containerd's files).
 CRI = re.compile(r"^(?P<time>[^ ]+) (?P<stream>stdout|stderr) (?P<p>[^ ]*) (?P<log>.*)$")
@@ -325,7 +325,7 @@ def test_dashboard_plots_gpu_efa_nodes_and_the_jobs_metrics(prod: Any) -> None:
         assert f'{per_node} MetricName="{metric}" ClusterName="{name}"' in text, metric
     for metric in ("cluster_node_count", "cluster_failed_node_count"):
         assert f'MetricName="{metric}"' in text
-    # The job's metrics: the names and dimensions the loop writes (training/emf.py), written once.
+    # The job's metrics: the names and dimensions the loop writes (training/reporting/emf.py), written once.
     schema = "{" + ",".join((emf.NAMESPACE, *emf.DIMENSIONS)) + "}"
     for metric in (emf.TOKENS_PER_SECOND, emf.MFU, emf.LOSS):
         assert f'{schema} MetricName="{metric}" ClusterName="{name}"' in text, metric
@@ -345,7 +345,8 @@ def test_dashboard_plots_exactly_the_step_metrics_the_loop_emits(prod: Any) -> N
     def job_metrics(series: list[dict[str, Any]]) -> list[str]:
         return [n for s in series for n in re.findall(schema + r' MetricName="(\w+)"', s["expression"])]
 
-    # Every metric of training/emf.py has a graph, and no graph searches for a name it does not write.
+    # Every metric of training/reporting/emf.py has a graph, and no graph searches for a name it
+    # does not write.
     plotted = [n for series in graphs.values() for n in job_metrics(series)]
     assert sorted(plotted) == sorted(emf.METRICS)
     # Training and held-out loss on one graph, each line labelled with its run and its kind.

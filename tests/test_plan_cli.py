@@ -12,7 +12,7 @@ from rich.console import Console
 from config.loader import ENVIRONMENTS_DIR
 from raytrain import plan as plan_cmd
 from raytrain.cli import build_parser
-from training.shapes import CATALOGUE
+from training.model.shapes import CATALOGUE
 
 
 @pytest.fixture
@@ -200,7 +200,7 @@ def test_compare_refuses_what_it_cannot_size_one_line_each(envdir: Path) -> None
         "cp s3://bucket/m/config.json config/models/NAME.json`, then --compare config/models/NAME.json)",
         "refused /models/x: no such local file or folder; a model read inside the job's container is "
         "compared by a local copy of its config.json (--compare FILE)",
-        "refused someone/x-7b: 'someone/x-7b' is not in the model catalogue (training/model_configs/), so "
+        "refused someone/x-7b: 'someone/x-7b' is not in the model catalogue (training/model/configs/), so "
         "its size is unknown; compare a local copy of its config.json (--compare FILE, or a folder "
         "holding one)",
         "refused qwen/qwen2.5-7b: 'qwen/qwen2.5-7b' is not in the model catalogue; did you mean "
@@ -214,7 +214,7 @@ def test_compare_takes_a_local_config_and_exits_by_what_fits(
 ) -> None:
     import json
 
-    from training.shapes import SHAPES
+    from training.model.shapes import SHAPES
 
     # A model in S3 or one the catalogue lacks is compared by a local copy of its config.json:
     # a Mistral-7B-shaped config under another name, as a folder and as the file itself.

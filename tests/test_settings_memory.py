@@ -20,10 +20,10 @@ from config.memory import (
     valid_micro_batches,
 )
 from k8s.job import training_args
-from training.loop import planned_micro_batch, planned_reshard
-from training.loss_chunks import SMALL_GPU_CHUNK_TOKENS
-from training.memory_plan import AUTO_HEADROOM, GIB, plan
-from training.options import parse_args
+from training.options.train import parse_args
+from training.run.loop import planned_micro_batch, planned_reshard
+from training.sizing.loss_chunks import SMALL_GPU_CHUNK_TOKENS
+from training.sizing.memory_plan import AUTO_HEADROOM, GIB, plan
 
 SOURCE = "config/environments/dev.yaml"
 # The headroom the shipped jobs keep on a 24 GB L4 (docs/training.md states it).
@@ -118,7 +118,7 @@ def test_the_plan_follows_the_jobs_sharding() -> None:
     assert auto.inputs["shard"] == 4 and full.inputs["shard"] == 8
     one_node = job_memory(settings.job, gpu, 1)
     assert one_node.inputs["shard"] == 4
-    # The loop's loss chunk on a 24 GB L4 (training/loss_chunks.py) is the plan's too.
+    # The loop's loss chunk on a 24 GB L4 (training/sizing/loss_chunks.py) is the plan's too.
     assert auto.inputs["loss_chunk_tokens"] == SMALL_GPU_CHUNK_TOKENS
     # dev's micro_batch_size is auto: 2 sequences per GPU per step, in one micro-batch; with the
     # parameters kept gathered the plan still leaves the headroom, so the workers keep them.
@@ -152,7 +152,7 @@ def _without_data(args: list[str]) -> list[str]:
 
 
 def _workers_reshard(settings: Any, opts: Any, micro: int, accum: int) -> bool:
-    """--reshard-after-forward as a worker of the job would resolve it (training/trainer.py), with the
+    """--reshard-after-forward as a worker of the job would resolve it (training/run/trainer.py), with the
     layers as a rank built them (Liger and torchao are the pods' packages, not this machine's)."""
     gpu, job = settings.gpu_nodes.instance, settings.job
     return planned_reshard(

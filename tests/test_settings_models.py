@@ -14,10 +14,10 @@ from ruamel.yaml import YAML
 from config.loader import ENVIRONMENTS_DIR, SettingsError, parse_settings
 from config.memory import job_memory, plan_options
 from config.settings import Settings
-from training.dims import Dims
-from training.lora_spec import LoraSpec
-from training.memory_plan import GIB
-from training.shapes import SHAPES
+from training.model.dims import Dims
+from training.model.lora_spec import LoraSpec
+from training.model.shapes import SHAPES
+from training.sizing.memory_plan import GIB
 
 SOURCE = "config/environments/prod.yaml"
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from training.memory_plan import Dims
-from training.step_time import Hardware, original_recipe_step, step_time
+from training.sizing.memory_plan import Dims
+from training.sizing.step_time import Hardware, original_recipe_step, step_time
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPE = "qwen2.5-1.5b"
@@ -245,7 +245,7 @@ def test_bad_values_are_refused_by_name() -> None:
 
 def test_importing_the_model_loads_no_torch() -> None:
     code = (
-        "import sys, training.step_time; "
+        "import sys, training.sizing.step_time; "
         "heavy = [m for m in ('torch', 'ray', 'transformers') if m in sys.modules]; assert not heavy, heavy"
     )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)
@@ -300,8 +300,8 @@ def test_a_larger_model_takes_longer_per_token() -> None:
 
 
 def test_lora_terms() -> None:
-    from training.flops import flops_per_token, lora_flops_per_token
-    from training.lora_spec import LoraSpec
+    from training.model.lora_spec import LoraSpec
+    from training.sizing.flops import flops_per_token, lora_flops_per_token
 
     dims = Dims.of("qwen2.5-7b")
     mesh = (2, 4)
@@ -327,7 +327,7 @@ def test_lora_step_at_7b_on_one_h200_within_ten_percent() -> None:
     """The first measured LoRA step (BENCHMARKS.md "LoRA at 7B on one H200"): Qwen2.5-7B, r=16,
     seq 4096, micro-batch 4, parameters kept gathered, 0.967 s (16,948 tokens/s). The LoRA terms
     were predictions before it; the model predicts 1.027 s here (6 % slow), inside a lease's spread."""
-    from training.lora_spec import LoraSpec
+    from training.model.lora_spec import LoraSpec
 
     got = step_time(
         Dims.of("qwen2.5-7b"), H200, seq_len=4096, micro_batch=4, lora=LoraSpec(), reshard_after_forward=False
@@ -347,7 +347,7 @@ def test_7b_steps_of_the_second_lease_within_ten_percent(options: dict, measured
     """Qwen2.5-7B at seq 4096 on one H200, parameters freed after the forward (BENCHMARKS.md "The
     full fine-tune and a larger LoRA micro-batch at 7B"): the model predicts 2.046 s (3 % slow) and
     0.625 s (9 % slow)."""
-    from training.lora_spec import LoraSpec
+    from training.model.lora_spec import LoraSpec
 
     options = dict(options)
     if options.pop("lora", False):

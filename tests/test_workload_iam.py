@@ -2,7 +2,7 @@
 
 The synthesized policy document of the Pod Identity role is loaded into moto running as a server with
 IAM access control on; temporary credentials of that role (as Pod Identity hands out) then drive
-pyarrow's S3FileSystem -- the client Ray Train uses for its storage path and training/summary.py for
+pyarrow's S3FileSystem -- the client Ray Train uses for its storage path and training/reporting/summary.py for
 the summary -- and boto3 (Ray's runtime_env downloads the s3:// working_dir with it) through what a
 run does: HeadBucket and directory markers at start, ListObjectsV2 under the prefix, Put/Get and a
 multipart upload of checkpoint files, deletes of old checkpoints, and GetObject of the code asset.
@@ -235,7 +235,7 @@ def test_role_policy_has_no_conditions_moto_cannot_evaluate(aws: Aws) -> None:
 
 
 def test_job_storage_calls_are_allowed_through_pyarrow(aws: Aws, enforced: None, tmp_path: Any) -> None:
-    """What Ray Train (and training/summary.py) do with the storage path, through pyarrow."""
+    """What Ray Train (and training/reporting/summary.py) do with the storage path, through pyarrow."""
     fs = aws.pyarrow_fs()
     run_dir = f"{aws.bucket}/checkpoints/{RUN}"
     # Ray Train at start: creates the run folder (HeadBucket, then directory markers) and writes a file.
@@ -428,9 +428,9 @@ def test_job_reads_its_data_and_model_through_the_training_code(
 ) -> None:
     """The training code's own calls (pyarrow from the s3:// URI): the folder's files, the first
     record's fields, sizes for the fingerprint, and the model prefix copied to a node."""
-    from training.model import fetch_s3_dir
-    from training.options import check_data_path, check_text_field
-    from training.prepare import list_inputs
+    from training.model.build import fetch_s3_dir
+    from training.options.train import check_data_path, check_text_field
+    from training.run.prepare import list_inputs
 
     files = check_data_path(DATA)
     assert files == [f"{DATA}/more/part-1.jsonl", f"{DATA}/part-0.jsonl"]

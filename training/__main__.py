@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import sys
 
-from training.driver import TransportGateFailed, run
-from training.errors import INPUT_ERROR_EXIT, InputError
-from training.options import OptionError, parse_args
+from training.common.errors import INPUT_ERROR_EXIT, InputError
+from training.options.train import OptionError, parse_args
+from training.run.driver import TransportGateFailed, run
 
 PROG = "python -m training"
 

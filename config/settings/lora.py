@@ -1,4 +1,4 @@
-"""job.lora: LoRA's settings as an environment file writes them (training/lora_spec.py holds the
+"""job.lora: LoRA's settings as an environment file writes them (training/model/lora_spec.py holds the
 rules, which the training CLI applies to its flags too)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from config.settings.base import FieldError, SettingsModel
-from training.lora_spec import (
+from training.model.lora_spec import (
     DEFAULT_ALPHA,
     DEFAULT_RANK,
     DEFAULT_TARGETS,
@@ -19,7 +19,7 @@ from training.lora_spec import (
 
 
 class LoraSettings(SettingsModel):
-    """LoRA (training/lora_spec.py): a frozen bf16 base, low-rank adapters trained with FSDP2."""
+    """LoRA (training/model/lora_spec.py): a frozen bf16 base, low-rank adapters trained with FSDP2."""
 
     rank: int = DEFAULT_RANK
     alpha: int = DEFAULT_ALPHA  # peft's lora_alpha is a whole number

@@ -32,7 +32,7 @@ from config.settings.infrastructure import (
 from config.settings.observability import ObservabilitySettings
 from config.settings.pipeline import PipelineSettings
 from config.settings.workload import IMAGE, JobSettings, Transport, WorkloadSettings, check_kms_key_arn
-from training.batch import accumulation_steps
+from training.sizing.batch import accumulation_steps
 
 _ACCOUNT_RE = re.compile(r"^\d{12}$")
 _REGION_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
@@ -298,7 +298,7 @@ class Settings(SettingsModel):
 
     @model_validator(mode="after")
     def _job_fits_gpu(self, info: ValidationInfo) -> Settings:
-        # Will it fit? One rank's peak GPU memory (training/memory_plan.py) against the GPU's.
+        # Will it fit? One rank's peak GPU memory (training/sizing/memory_plan.py) against the GPU's.
         # `raytrain plan` skips this (context skip_memory_check) to show why a job does not fit.
         if (info.context or {}).get("skip_memory_check"):
             return self

@@ -16,11 +16,11 @@ from config.models import ModelError, ModelPlan, resolve
 from config.names import KUBERAY_NAMESPACE, RAY_NAMESPACE
 from config.settings.base import SEMVER_RE, FieldError, SettingsModel
 from config.settings.lora import LoraSettings
-from training.lora_spec import LoraSpec
-from training.netprobe import GATE_LOG_ENV, gate_log_problem
-from training.precision import FLOAT8_MIN_TOKENS
-from training.uri import LocationError
-from training.uri import parse as parse_location
+from training.common.uri import LocationError
+from training.common.uri import parse as parse_location
+from training.model.lora_spec import LoraSpec
+from training.model.precision import FLOAT8_MIN_TOKENS
+from training.network.probe import GATE_LOG_ENV, gate_log_problem
 
 _DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _IMAGE_DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -35,7 +35,7 @@ _ABS_PATH_RE = re.compile(r"^/\S*$")
 
 
 def _is_s3_uri(value: str, field: str) -> bool:
-    """An s3:// URI by the training CLI's own rule (training.uri): what passes here, the job
+    """An s3:// URI by the training CLI's own rule (training.common.uri): what passes here, the job
     accepts. A malformed one is refused with that rule's reason."""
     if not value.lower().startswith("s3:"):
         return False
@@ -271,7 +271,7 @@ class JobSettings(SettingsModel):
     # architecture sizes the job at synthesis (config/models.py; docs/models.md).
     model: str = "Qwen/Qwen2.5-1.5B"
     init: ModelInit = ModelInit.PRETRAINED
-    # A name of the model catalogue (training/model_configs/: qwen2.5-7b, llama-3.1-8b, ...) or a
+    # A name of the model catalogue (training/model/configs/: qwen2.5-7b, llama-3.1-8b, ...) or a
     # test shape (tiny, small): the architecture `init: random` builds, or, for a hub model the
     # catalogue does not know by id, the entry whose architecture it shares (the job checks).
     shape: str | None = None
@@ -285,7 +285,7 @@ class JobSettings(SettingsModel):
     export_merged: bool = False
     # "random" (synthetic token ids), an s3:// URI, or an absolute path inside the container:
     # prepared token shards (a manifest.json there), or jsonl/parquet text, which the training job
-    # tokenizes first into <checkpoint prefix>/_prepared/<run_name> (training.prepare).
+    # tokenizes first into <checkpoint prefix>/_prepared/<run_name> (training.run.prepare).
     data: str = "random"
     # The text field of the jsonl/parquet records.
     text_field: str = Field(default="text", min_length=1, max_length=200)
@@ -345,7 +345,7 @@ class JobSettings(SettingsModel):
     # bf16's 1.31x on an H200 at micro-batch 16 x 2048, and its loss follows bf16's within the
     # spread of data orders over 600 steps (BENCHMARKS.md). Unset: on with compiled layers where
     # the GPU node type has FP8 tensor cores (L4, L40S, H100, H200) and a micro-batch holds at
-    # least 16,384 tokens (the smallest measured to pay: training.precision.FLOAT8_MIN_TOKENS); off
+    # least 16,384 tokens (the smallest measured to pay: training.model.precision.FLOAT8_MIN_TOKENS); off
     # elsewhere, so the L4 environments' micro-batches (dev 2 x 2048, prod 4 x 2048) stay bf16.
     # `true` turns it on wherever the GPU has FP8 tensor cores (refused on others: A10G, A100),
     # `false` off. torchao travels in the code asset (config/image.toml [job_packages]).
@@ -458,7 +458,7 @@ class JobSettings(SettingsModel):
     @field_validator("shape")
     @classmethod
     def _shape(cls, value: str | None) -> str | None:
-        from training.shapes import SHAPES
+        from training.model.shapes import SHAPES
 
         if value is not None and value not in SHAPES:
             raise ValueError(f"{value!r} is not a known shape; known: {', '.join(SHAPES)}")
@@ -558,7 +558,7 @@ class JobSettings(SettingsModel):
         """Whether the job trains with float8 linears on `gpu`'s node type at micro-batch `micro`
         (default: the job's); unset: where the GPU has FP8 tensor cores, with compiled layers, at
         micro-batches where it was measured to pay (the training CLI's own rule,
-        training.precision.float8_by_default)."""
+        training.model.precision.float8_by_default)."""
         if self.lora is not None:
             return False  # LoRA's frozen bf16 base is not converted (the training CLI refuses both)
         if self.float8 is not None:

@@ -17,7 +17,7 @@ from raytrain.job.api import JobApi
 from raytrain.job.common import EXIT_FAILED, EXIT_OK, JOBS_SELECTOR, JobError, consoles
 from raytrain.job.entry import guarded
 from raytrain.job.find import Target, _created, _meta, _pod_ready, _restarts, _role, finished, gpu_nodes_held
-from training import progress
+from training.reporting import progress
 
 # Events that say why a pod waits: the scheduler's, and the Cluster Autoscaler's (it reports on
 # the pod whether it started a node for it, and why not, e.g. "max node group size reached").
@@ -175,7 +175,7 @@ PROGRESS_TAIL = 400
 
 
 def progress_text(target: Target) -> str | None:
-    """The job's progress as its driver last printed it (training/progress.py), read from the newest
+    """The job's progress as its driver last printed it (training/reporting/progress.py), read from the newest
     submitter pod's log (`ray job submit` follows the driver there): step, percent, loss, the latest
     held-out loss, tokens/s and the ETA. None before the first step, or without a log to read."""
     pods = sorted(target.submitter_pods(), key=_created, reverse=True)

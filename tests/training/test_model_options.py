@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from training.dims import Dims
-from training.options import OptionError, parse_args
+from training.model.dims import Dims
+from training.options.train import OptionError, parse_args
 
 BASE = ["--global-batch-size", "8", "--num-workers", "2"]
 
@@ -18,7 +18,7 @@ def test_a_malformed_signature_is_refused_by_name() -> None:
 
 
 def test_the_driver_stops_on_a_model_of_other_dimensions() -> None:
-    from training.driver import check_model
+    from training.run.driver import check_model
 
     planned = Dims.of("qwen2.5-7b").signature()
     opts = parse_args([*BASE, "--init", "random", "--shape", "tiny", "--planned-dims", planned])

@@ -1,4 +1,4 @@
-"""The batch rule (training.batch) decides alike for the settings, the options and the driver."""
+"""The batch rule (training.sizing.batch) decides alike for the settings, the options and the driver."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from training.batch import accumulation_steps
-from training.options import OptionError, parse_args
+from training.options.train import OptionError, parse_args
+from training.sizing.batch import accumulation_steps
 
 sizes = st.integers(min_value=1, max_value=64)
 

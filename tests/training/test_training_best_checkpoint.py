@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from training import best_checkpoint
+from training.checkpoint import best as best_checkpoint
 
 pytest.importorskip("ray.train")
 # Ray's snapshot uses pydantic's deprecated .json(): not ours to fix.

@@ -1,5 +1,5 @@
 """The published chat templates of the common families (tests/fixtures/chat_templates, with their
-sources) rendered through training/chat_template.py: exact assistant masks, each answer through
+sources) rendered through training/chat/template.py: exact assistant masks, each answer through
 its family's end-of-turn token, or a refusal naming the record, the cause and what to do.
 
 The tokenizers are built here (byte-level BPE with each family's control tokens added as special
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from bench import chat_tokenizer
-from training.chat_template import ChatRenderer, RecordError, end_of_turn_tokens
+from training.chat.template import ChatRenderer, RecordError, end_of_turn_tokens
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "fixtures" / "chat_templates"
 QWEN = {
@@ -255,8 +255,8 @@ def test_qwen3_with_generation_markers_is_not_held_to_rendered_prefixes() -> Non
 
 def test_prepare_refuses_such_a_template_in_one_line_naming_model(tmp_path: Path) -> None:
     """Before any record is read or any Ray task starts (exit 2 on the CLI)."""
-    from training.options import OptionError
-    from training.prepare import prepare
+    from training.options.train import OptionError
+    from training.run.prepare import prepare
 
     tok = chat_tokenizer.build(["Hi there"])
     tok.chat_template = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"

@@ -11,8 +11,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from training import checkpoint
-from training.model import apply_fsdp, build_model, make_mesh
+from training.checkpoint import dcp as checkpoint
+from training.model.build import apply_fsdp, build_model, make_mesh
 
 STEP, POSITION = 3, 48
 

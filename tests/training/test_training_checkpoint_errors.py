@@ -13,10 +13,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
-from training import checkpoint
-from training.errors import CheckpointError, InputError
-from training.model import apply_fsdp, make_mesh
-from training.shapes import SHAPES
+from training.checkpoint import dcp as checkpoint
+from training.common.errors import CheckpointError, InputError
+from training.model.build import apply_fsdp, make_mesh
+from training.model.shapes import SHAPES
 
 STEP = 7
 

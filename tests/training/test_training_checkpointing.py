@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 import torch
 
-import training.loop as loop
-import training.trainer as trainer
+import training.run.loop as loop
+import training.run.trainer as trainer
 from tests.training.test_training_loss import _blocks, write_chat_blocks
-from training.model import apply_fsdp
-from training.options import parse_args
+from training.model.build import apply_fsdp
+from training.options.train import parse_args
 
 
 def _step(data: str, extra: list[str]) -> tuple[float, dict[str, torch.Tensor]]:

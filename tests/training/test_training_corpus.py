@@ -13,9 +13,9 @@ import pytest
 
 from tests.training.unprivileged import as_unprivileged
 from training.__main__ import main
-from training.errors import DataError
-from training.options import OptionError, corpus_listing
-from training.prepare import Settings, _segment_texts, plan_segments, write_segment
+from training.common.errors import DataError
+from training.options.train import OptionError, corpus_listing
+from training.run.prepare import Settings, _segment_texts, plan_segments, write_segment
 
 TINY = ["--init", "random", "--shape", "tiny"]
 GOOD = [{"text": f"document {i} " * 20} for i in range(6)]
@@ -60,7 +60,7 @@ def test_each_kind_of_file_gets_its_own_message(
 def test_a_byte_order_mark_is_accepted(tmp_path: Path) -> None:
     path = tmp_path / "bom.jsonl"
     path.write_bytes(b"\xef\xbb\xbf" + _lines(GOOD))
-    from training.options import parse_args
+    from training.options.train import parse_args
 
     parse_args([*TINY, "--data", str(path), "--output-dir", str(tmp_path / "run")])
     seg = plan_segments([{"uri": str(path), "size": path.stat().st_size, "mtime_ns": 0}], 1 << 20)[0]
@@ -178,11 +178,11 @@ def test_an_unreadable_subfolder_is_refused_not_skipped(tmp_path: Path) -> None:
 
 
 def test_the_threshold_is_a_share(capsys: pytest.CaptureFixture[str]) -> None:
-    from training.prepare import main as prepare_main
+    from training.run.prepare import main as prepare_main
 
     assert prepare_main(["--data", "x", "--out", "y", "--max-skipped-fraction", "1.5"]) == 2
     assert "--max-skipped-fraction: a share of the records" in capsys.readouterr().err
     with pytest.raises(OptionError):
-        from training.options import check_skipped_fraction
+        from training.options.train import check_skipped_fraction
 
         check_skipped_fraction(-0.1)

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from training.data import (
+from training.data.batches import (
     EOS_BYTE,
     Batches,
     ByteTokenizer,
@@ -19,7 +19,7 @@ from training.data import (
     rank_slice,
     sequence_indices,
 )
-from training.options import SAMPLE_DATA
+from training.options.train import SAMPLE_DATA
 
 
 def test_byte_tokenizer_round_trip() -> None:

@@ -1,4 +1,4 @@
-"""Step metrics as CloudWatch embedded-metric-format lines (training/emf.py)."""
+"""Step metrics as CloudWatch embedded-metric-format lines (training/reporting/emf.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from training import emf
-from training.options import OptionError, parse_args
+from training.options.train import OptionError, parse_args
+from training.reporting import emf
 
 # Units CloudWatch accepts (PutMetricData StandardUnit), which EMF metric directives use.
 _UNITS = {
@@ -85,7 +85,7 @@ def test_non_finite_and_missing_values_are_left_out() -> None:
     assert "Loss" not in record and "MFU" not in record
 
 
-# What training/evaluate.py returns, merged into the step's metrics on the steps that evaluate.
+# What training/methods/evaluate.py returns, merged into the step's metrics on the steps that evaluate.
 EVAL_FIGURES = {
     "eval_loss": 1.25,
     "eval_perplexity": math.exp(1.25),
@@ -180,6 +180,6 @@ def test_emf_imports_nothing_heavy() -> None:
     import subprocess
     import sys
 
-    code = "import sys, training.emf; print(sorted(m for m in ('torch','ray') if m in sys.modules))"
+    code = "import sys, training.reporting.emf; print(sorted(m for m in ('torch','ray') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

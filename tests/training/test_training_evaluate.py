@@ -14,9 +14,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from tests.training.test_training_loss import write_chat_blocks
-from training import emf, shards
-from training.evaluate import EarlyStop, held_out_split, rank_share
-from training.loss import IGNORE_INDEX, labels_and_positions
+from training.data import shards
+from training.methods.evaluate import EarlyStop, held_out_split, rank_share
+from training.methods.loss import IGNORE_INDEX, labels_and_positions
+from training.reporting import emf
 
 SEQ, N_BLOCKS, FRACTION = 16, 10, 0.3  # 3 held-out blocks: uneven over 2 ranks
 
@@ -57,8 +58,8 @@ def _data(tmp: Path) -> tuple[str, np.ndarray, np.ndarray]:
 
 
 def _eval_worker(rank: int, world: int, port: int, data: str, out: str) -> None:
-    from training.loop import _Trainer
-    from training.options import parse_args
+    from training.options.train import parse_args
+    from training.run.loop import _Trainer
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
@@ -84,7 +85,7 @@ def _eval_worker(rank: int, world: int, port: int, data: str, out: str) -> None:
 def test_eval_figures_are_the_same_on_one_and_two_ranks_and_match_a_direct_computation(
     tmp_path: Path,
 ) -> None:
-    from training.model import (
+    from training.model.build import (
         apply_fsdp,  # noqa: F401  (the loop's FSDP2, bf16 compute, in the workers)
         build_model,
     )
@@ -117,14 +118,14 @@ def test_eval_figures_are_the_same_on_one_and_two_ranks_and_match_a_direct_compu
         assert got["eval_accuracy"] == pytest.approx(float(acc), abs=1.5 / int(keep.sum()))
     assert one["figures"]["eval_loss"] == pytest.approx(two["figures"]["eval_loss"], rel=1e-3)
     # The loop merges these figures into the step's metrics: exactly the held-out CloudWatch
-    # metrics come of them (training/emf.py), the ones the dashboard plots.
+    # metrics come of them (training/reporting/emf.py), the ones the dashboard plots.
     record = emf.emf_record(one["figures"], cluster="c", run_name="r", timestamp_ms=1)
     names = {m["Name"] for m in record["_aws"]["CloudWatchMetrics"][0]["Metrics"]}
     assert names == {emf.EVAL_LOSS, emf.EVAL_PERPLEXITY, emf.EVAL_ACCURACY}
 
 
 def test_eval_options_are_checked(tmp_path: Path) -> None:
-    from training.options import OptionError, parse_args
+    from training.options.train import OptionError, parse_args
 
     data, _, _ = _data(tmp_path / "data")
     base = ["--init", "random", "--shape", "tiny", "--output-dir", str(tmp_path / "run")]

@@ -15,8 +15,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from bench import chat_tokenizer
-from training import checkpoint
-from training.export import INDEX_FILE, export, main
+from training.checkpoint import dcp as checkpoint
+from training.export.command import INDEX_FILE, export, main
 
 IDS = torch.tensor([[1, 70, 71, 72, 2, 201, 1, 80, 81, 90, 91, 92]])
 
@@ -28,8 +28,8 @@ def _free_port() -> int:
 
 
 def _train_and_save(rank: int, world: int, port: int, tok_dir: str, out: str) -> None:
-    from training.loop import _Trainer
-    from training.options import parse_args
+    from training.options.train import parse_args
+    from training.run.loop import _Trainer
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
@@ -95,7 +95,7 @@ def test_exported_folder_loads_in_transformers_alone_with_the_loops_logits(
     torch.testing.assert_close(logits, loop_logits, rtol=2e-2, atol=2e-2)
     assert (logits.argmax(-1) == loop_logits.argmax(-1)).float().mean() > 0.9
     # Trained weights, not the initial ones: the export is of the checkpoint.
-    from training.model import build_model
+    from training.model.build import build_model
 
     with torch.no_grad():
         init = build_model("random", "tiny", "", seed=0)(input_ids=IDS).logits

@@ -19,9 +19,10 @@ from typing import Any
 import pytest
 import torch
 
-from training import checkpoint, shards
-from training.driver import run
-from training.options import SAMPLE_DATA, parse_args
+from training.checkpoint import dcp as checkpoint
+from training.data import shards
+from training.options.train import SAMPLE_DATA, parse_args
+from training.run.driver import run
 
 # Ray's own DeprecationWarnings (its DataContext) are not ours to fix.
 pytestmark = [pytest.mark.ray, pytest.mark.filterwarnings("ignore::DeprecationWarning:ray.*")]
@@ -236,7 +237,7 @@ def test_input_error_in_a_worker_stops_the_run_without_retries(
     from ray.util.state import list_actors
 
     from training.__main__ import main
-    from training.errors import INPUT_ERROR_EXIT
+    from training.common.errors import INPUT_ERROR_EXIT
 
     first, at = two_hosts["argv"], two_hosts["at"]
     assert two_hosts["rc"] == 0

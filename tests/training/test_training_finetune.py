@@ -10,8 +10,8 @@ import pytest
 
 from bench import chat_tokenizer
 from tests.training.test_training_sft import CHATS, CORPUS
-from training import emf
-from training.summary import SUMMARY_FILE
+from training.reporting import emf
+from training.reporting.summary import SUMMARY_FILE
 
 pytestmark = [pytest.mark.ray, pytest.mark.filterwarnings("ignore::DeprecationWarning:ray.*")]
 
@@ -39,7 +39,7 @@ def test_chat_run_evaluates_and_exports(
     out = captured.out
     assert rc == 0, out
     # Quiet logs (issue 41): neither Ray Train's report records nor Ray Data's progress blocks nor
-    # torchao's import notes on the console, from the driver or the workers (training/quiet.py).
+    # torchao's import notes on the console, from the driver or the workers (training/run/quiet.py).
     console = out + captured.err
     for chatter in ("TrainingReport(", "Running Dataset", "Execution plan of Dataset", "Failed to load"):
         assert chatter not in console, chatter

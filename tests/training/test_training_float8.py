@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from training.model import (
+from training.model.build import (
     apply_float8,
     check_float8_device,
     float8_filter,
     shape_config,
 )
-from training.options import OptionError, parse_args
-from training.precision import FLOAT8_MIN_TOKENS, float8_by_default
+from training.model.precision import FLOAT8_MIN_TOKENS, float8_by_default
+from training.options.train import OptionError, parse_args
 
 
 def _qwen_on_meta() -> torch.nn.Module:

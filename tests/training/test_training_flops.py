@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from training.flops import count_params, flops_per_token, mfu, peak_tflops
-from training.model import SHAPES, shape_config
+from training.model.build import SHAPES, shape_config
+from training.sizing.flops import count_params, flops_per_token, mfu, peak_tflops
 
 
 def _meta_model(shape: str) -> torch.nn.Module:

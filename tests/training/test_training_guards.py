@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from bench.prepared import write_prepared
-from training.loop import SKIP_GUARDS_AFTER, _Trainer
-from training.options import OptionError, parse_args
+from training.options.train import OptionError, parse_args
+from training.run.loop import SKIP_GUARDS_AFTER, _Trainer
 
 BASE = ["--init", "random", "--shape", "tiny", "--seq-len", "32", "--micro-batch-size", "1",
         "--global-batch-size", "2", "--steps", "4"]  # fmt: skip

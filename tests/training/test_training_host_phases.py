@@ -15,8 +15,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.gpu_busy import HostPhases, split_config  # noqa: E402
-from training.loop import _Trainer  # noqa: E402
-from training.options import parse_args  # noqa: E402
+from training.options.train import parse_args  # noqa: E402
+from training.run.loop import _Trainer  # noqa: E402
 
 
 def _trainer() -> _Trainer:

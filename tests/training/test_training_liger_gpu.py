@@ -11,7 +11,7 @@ import importlib.util
 import pytest
 import torch
 
-from training.loss import IGNORE_INDEX, count_targets
+from training.methods.loss import IGNORE_INDEX, count_targets
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or importlib.util.find_spec("liger_kernel") is None,
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def test_liger_loss_and_gradients_match_transformers_on_masked_labels_with_the_step_divisor() -> None:
-    from training.model import apply_liger, build_model
+    from training.model.build import apply_liger, build_model
 
     torch.manual_seed(0)
     plain = build_model("random", "tiny", "", seed=0).cuda()

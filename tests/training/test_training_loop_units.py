@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from training.loop import EXPECT_ENV, StepProfiler, emulated_host_id, lr_at, resolve_expect
-from training.model import host_layout
-from training.netprobe import host_key
-from training.options import parse_args
-from training.summary import PLOT_FILE, SUMMARY_FILE, summarize, write
+from training.model.build import host_layout
+from training.network.probe import host_key
+from training.options.train import parse_args
+from training.reporting.summary import PLOT_FILE, SUMMARY_FILE, summarize, write
+from training.run.loop import EXPECT_ENV, StepProfiler, emulated_host_id, lr_at, resolve_expect
 
 # The image the job runs in has no matplotlib (config/image.toml): there the plot is skipped.
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
@@ -162,7 +162,7 @@ def test_step_profiler_writes_trace_and_table_on_rank0_only(tmp_path: Path) -> N
 def test_recompute_materialized_pointwise_sets_the_partitioner_flag() -> None:
     import torch._functorch.config as functorch_config
 
-    from training.model import recompute_materialized_pointwise
+    from training.model.build import recompute_materialized_pointwise
 
     before = functorch_config.ban_recompute_materialized_backward
     try:

@@ -18,10 +18,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from bench import chat_tokenizer
-from training import checkpoint
-from training.errors import InputError
-from training.export import main as export_main
-from training.lora_spec import LoraSpec
+from training.checkpoint import dcp as checkpoint
+from training.common.errors import InputError
+from training.export.command import main as export_main
+from training.model.lora_spec import LoraSpec
 
 # peft (and accelerate) reach the job through the code asset (wheels/, config/image.toml
 # [job_packages]), not the image's virtualenv that `make test-image` builds: CI runs these in
@@ -40,7 +40,7 @@ def _free_port() -> int:
 
 
 def _opts(base: str, world: int) -> Any:
-    from training.options import parse_args
+    from training.options.train import parse_args
 
     return parse_args(
         ["--init", "pretrained", "--model", base, "--data", "random", "--seq-len", "32",
@@ -51,7 +51,7 @@ def _opts(base: str, world: int) -> Any:
 
 
 def _train(rank: int, world: int, port: int, base: str, out: str) -> None:
-    from training.loop import _Trainer
+    from training.run.loop import _Trainer
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
@@ -101,7 +101,7 @@ def _train(rank: int, world: int, port: int, base: str, out: str) -> None:
 def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
-    from training.model import shape_config
+    from training.model.build import shape_config
 
     tmp = tmp_path_factory.mktemp("lora")
     base = tmp / "base"
@@ -121,8 +121,8 @@ def test_only_the_adapters_train_on_a_frozen_bf16_base_and_only_they_are_checkpo
     # 4 layers x 7 linears x (A, B): every default target got its adapters.
     assert len(run["trained"]) == 4 * 7 * 2
     assert run["frozen_dtypes"] == ["torch.bfloat16"]
-    from training.export import model_tensors
-    from training.shards import filesystem
+    from training.data.shards import filesystem
+    from training.export.command import model_tensors
 
     fs, path = filesystem(str(run["ckpt"]))
     saved = set(model_tensors(fs, path))
@@ -194,7 +194,7 @@ def test_merging_onto_another_base_is_refused_naming_the_model(
 ) -> None:
     from transformers import AutoModelForCausalLM
 
-    from training.model import shape_config
+    from training.model.build import shape_config
 
     other = tmp_path / "other"
     AutoModelForCausalLM.from_config(shape_config("small")).save_pretrained(other)
@@ -213,7 +213,7 @@ def test_an_adapter_for_another_base_is_refused_naming_the_model(
 ) -> None:
     from transformers import AutoModelForCausalLM
 
-    from training.model import shape_config
+    from training.model.build import shape_config
 
     other = tmp_path / "other"
     AutoModelForCausalLM.from_config(shape_config("small")).save_pretrained(other)
@@ -243,8 +243,8 @@ def test_merged_export_of_a_full_fine_tune_is_refused(
 def test_unknown_target_is_refused_naming_the_flag_and_the_model_layers() -> None:
     from transformers import AutoModelForCausalLM
 
-    from training.lora import apply_lora
-    from training.model import shape_config
+    from training.model.build import shape_config
+    from training.model.lora import apply_lora
 
     model = AutoModelForCausalLM.from_config(shape_config("tiny"))
     with pytest.raises(InputError, match=r"--lora-targets: qkv_proj not in .* down_proj, gate_proj"):
@@ -265,7 +265,7 @@ def test_unknown_target_is_refused_naming_the_flag_and_the_model_layers() -> Non
     ],
 )
 def test_bad_lora_options_are_one_line_naming_the_flag(argv: list[str], message: str) -> None:
-    from training.options import OptionError, parse_args
+    from training.options.train import OptionError, parse_args
 
     base = ["--data", "random", "--global-batch-size", "8", "--init", "pretrained"]
     if "--init" in argv:
@@ -279,9 +279,9 @@ def test_a_rank_too_large_or_a_missing_target_is_refused_before_anything_starts(
     k_proj is 128 -> 64, so rank 64 is no low-rank update."""
     from transformers import AutoModelForCausalLM
 
-    from training.driver import check_model
-    from training.model import shape_config
-    from training.options import OptionError, parse_args
+    from training.model.build import shape_config
+    from training.options.train import OptionError, parse_args
+    from training.run.driver import check_model
 
     base = tmp_path / "base"
     AutoModelForCausalLM.from_config(shape_config("tiny")).save_pretrained(base)
@@ -300,8 +300,8 @@ def test_a_relative_model_folder_reaches_the_workers_as_an_absolute_path(
     """Ray Train's workers do not run in the driver's working directory."""
     from transformers import AutoModelForCausalLM
 
-    from training.model import shape_config
-    from training.options import parse_args
+    from training.model.build import shape_config
+    from training.options.train import parse_args
 
     AutoModelForCausalLM.from_config(shape_config("tiny")).save_pretrained(tmp_path / "runs" / "base")
     monkeypatch.chdir(tmp_path)
@@ -309,6 +309,6 @@ def test_a_relative_model_folder_reaches_the_workers_as_an_absolute_path(
                        "--model", "runs/base", "--lora-rank", "8"])  # fmt: skip
     assert opts.model == str(tmp_path / "runs" / "base")
     # Data prepared with the relative path is the same model's.
-    from training.driver import _same_model
+    from training.run.driver import _same_model
 
     assert _same_model("runs/base", opts.model) and not _same_model("runs", opts.model)

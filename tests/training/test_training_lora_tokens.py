@@ -12,10 +12,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from bench import chat_tokenizer
-from training.chat_template import end_of_turn_tokens
-from training.errors import InputError
-from training.lora import check_end_of_turn_trained, untrained_tokens
-from training.model import shape_config
+from training.chat.template import end_of_turn_tokens
+from training.common.errors import InputError
+from training.model.build import shape_config
+from training.model.lora import check_end_of_turn_trained, untrained_tokens
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +64,8 @@ def test_the_trainer_checks_before_it_adds_adapters_for_chat_data_only(
 ) -> None:
     """Trainer._build_model: pretrained weights with LoRA on chat data is checked; text data (no
     chat template ends its answers) is not."""
-    from training.options import parse_args
-    from training.trainer import Trainer
+    from training.options.train import parse_args
+    from training.run.trainer import Trainer
 
     folder, tok = base
     zeroed = tmp_path / "zeroed"

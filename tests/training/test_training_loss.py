@@ -16,8 +16,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from bench.prepared import write_prepared
-from training import shards
-from training.loss import IGNORE_INDEX, count_targets, labels_and_positions
+from training.data import shards
+from training.methods.loss import IGNORE_INDEX, count_targets, labels_and_positions
 
 SEQ = 16
 # Targets per block: very different, so a per-micro-batch mean would weight them wrongly.
@@ -60,10 +60,10 @@ def test_labels_mask_non_targets_and_positions_restart_per_conversation() -> Non
 
 
 def _grads_worker(rank: int, world: int, port: int, data: str, out: str) -> None:
-    import training.loop as loop
-    import training.trainer as trainer
-    from training.model import apply_fsdp
-    from training.options import parse_args
+    import training.run.loop as loop
+    import training.run.trainer as trainer
+    from training.model.build import apply_fsdp
+    from training.options.train import parse_args
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
@@ -100,7 +100,7 @@ def test_one_rank_by_four_equals_two_ranks_by_two_equals_one_global_mean(tmp_pat
     one, two = (torch.load(tmp_path / f"w{w}.pt") for w in (1, 2))
 
     # The reference: the same four sequences in one batch, one mean over their target tokens.
-    from training.model import build_model
+    from training.model.build import build_model
 
     ids = torch.cat(torch.load(tmp_path / "w1-rank0-ids.pt"))
     by_layout = sorted(
@@ -140,7 +140,7 @@ def test_one_rank_by_four_equals_two_ranks_by_two_equals_one_global_mean(tmp_pat
 def test_text_data_loss_is_unchanged_by_the_global_divisor() -> None:
     """Without flags every token is a target: dividing sums by the step's count equals the old
     per-micro-batch mean / accumulation steps."""
-    from training.model import build_model
+    from training.model.build import build_model
 
     ids = torch.randint(0, 257, (2, SEQ), generator=torch.Generator().manual_seed(1))
     model = build_model("random", "tiny", "", seed=0)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from training.loss_chunks import chunk_mem_const, chunk_tokens
-from training.memory_plan import Dims
+from training.sizing.loss_chunks import chunk_mem_const, chunk_tokens
+from training.sizing.memory_plan import Dims
 
 QWEN = Dims.of("qwen2.5-1.5b")
 

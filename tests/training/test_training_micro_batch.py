@@ -11,8 +11,8 @@ import re
 import pytest
 import torch
 
-from training.loop import _Trainer
-from training.options import OptionError, parse_args
+from training.options.train import OptionError, parse_args
+from training.run.loop import _Trainer
 
 BASE = ["--init", "random", "--shape", "tiny", "--seq-len", "32", "--steps", "2"]
 NEEDS_NUMBER = "--micro-batch-size: must be a positive integer or 'auto'"
@@ -57,14 +57,14 @@ def test_an_explicit_micro_batch_is_kept(single_rank_group: None) -> None:
 def test_the_plan_sizes_the_model_the_worker_built(shape: str) -> None:
     """A worker plans `auto` for the model it built (a pretrained --model decides its shape), read
     from the model's config: for the named shapes, the same sizes as the shape table's."""
-    from training.memory_plan import Dims
-    from training.model import shape_config
+    from training.model.build import shape_config
+    from training.sizing.memory_plan import Dims
 
     assert Dims.from_config(shape_config(shape).to_dict()) == Dims.of(shape)
 
 
 def test_the_summary_keeps_auto_beside_the_choice() -> None:
-    from training.summary import summarize
+    from training.reporting.summary import summarize
 
     options = {"run_name": "r", "micro_batch_size": None}
     summary = summarize({"micro_batch_size": 4, "accum_steps": 1}, options, 1.0)
@@ -78,7 +78,7 @@ def test_parameters_are_freed_by_default_on_the_cpu_and_kept_when_asked(single_r
     (tests/test_memory_plan.py, tests/test_settings_memory.py); a CPU worker, whose host memory is
     not planned, frees them as FSDP2 does by default. Kept through two accumulated micro-batches,
     the step trains the same as freed."""
-    from training.summary import summarize
+    from training.reporting.summary import summarize
 
     argv = ["--micro-batch-size", "1", "--global-batch-size", "2", "--data", "random", "--seed", "0"]
     freed = _trainer(argv)
@@ -92,7 +92,7 @@ def test_parameters_are_freed_by_default_on_the_cpu_and_kept_when_asked(single_r
 
 
 def test_kept_parameters_train_as_freed_around_a_forward_without_gradients(single_rank_group: None) -> None:
-    """An evaluation between steps (training/evaluate.py: eval mode, no gradients) leaves kept
+    """An evaluation between steps (training/methods/evaluate.py: eval mode, no gradients) leaves kept
     parameters gathered, as nothing reshards them without a backward; the next steps still train as
     with parameters freed, and the checkpoint's state dict stays sharded."""
     argv = ["--micro-batch-size", "1", "--global-batch-size", "2", "--data", "random", "--seed", "0"]

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from training import netprobe
-from training.netprobe import (
+from training.network import probe as netprobe
+from training.network.probe import (
     TransportGateError,
     bus_bandwidth,
     find_own_log,
     gate_message,
     nccl_env,
 )
-from training.transport import classify_files
+from training.network.transport import classify_files
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "nccl"
 
@@ -220,7 +220,7 @@ def test_gate_gathers_every_ranks_log(gloo_runs: dict[str, list[dict[str, object
     ],
 )
 def test_gate_log_problem(env, problem):
-    from training.netprobe import gate_log_problem
+    from training.network.probe import gate_log_problem
 
     found = gate_log_problem(env)
     assert (found is None) if problem is None else (problem in (found or "")), found
@@ -232,7 +232,7 @@ def test_gate_log_problem(env, problem):
 def test_gate_refuses_to_judge_blind_logs_before_any_collective(monkeypatch, env):
     """A worker_env that hides NCCL's network lines stops the gate with the reason, not with
     'no NCCL network lines' after the probe (no process group is needed to get there)."""
-    from training.netprobe import TransportGateError, run_transport_gate
+    from training.network.probe import TransportGateError, run_transport_gate
 
     monkeypatch.delenv("NCCL_DEBUG_SUBSYS", raising=False)
     for key, value in env.items():

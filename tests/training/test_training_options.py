@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from training.__main__ import main
-from training.options import SAMPLE_DATA, OptionError, parse_args
+from training.options.train import SAMPLE_DATA, OptionError, parse_args
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--init", "random", "--shape", "tiny"]
@@ -148,7 +148,7 @@ def test_cli_exit_code_and_single_line() -> None:
 
 
 def test_profile_range_and_defaults() -> None:
-    from training.options import profile_range
+    from training.options.train import profile_range
 
     opts = parse_args([*TINY, "--steps", "10", "--profile", " 4 : 6 "])
     assert opts.profile == "4:6" and profile_range(opts.profile) == (4, 6)

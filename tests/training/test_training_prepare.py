@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from training import shards
-from training.data import EOS_BYTE, Batches, ByteTokenizer, pack
-from training.options import SAMPLE_DATA
-from training.prepare import _segment_texts, list_inputs, plan_segments, prepare
+from training.data import shards
+from training.data.batches import EOS_BYTE, Batches, ByteTokenizer, pack
+from training.options.train import SAMPLE_DATA
+from training.run.prepare import _segment_texts, list_inputs, plan_segments, prepare
 
 pytestmark = [pytest.mark.ray, pytest.mark.filterwarnings("ignore::DeprecationWarning:ray.*")]
 
@@ -159,8 +159,8 @@ def test_bad_records_fail_the_preparation_or_are_counted(
 ) -> None:
     """Through the Ray Data tasks: strict by default, one line naming the file and line, exit 4,
     no manifest; with --max-skipped-fraction the records are skipped and counted in the manifest."""
-    from training.errors import INPUT_ERROR_EXIT
-    from training.prepare import main as prepare_main
+    from training.common.errors import INPUT_ERROR_EXIT
+    from training.run.prepare import main as prepare_main
 
     corpus = tmp_path / "c.jsonl"
     docs = _docs()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from training import progress
+from training.reporting import progress
 
 
 def _step(step: int, end: float, **kw: Any) -> dict[str, Any]:

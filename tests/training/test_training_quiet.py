@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from training import quiet
+from training.run import quiet
 
 
 @pytest.fixture
@@ -77,8 +77,8 @@ def test_input_error_tracebacks_stay_off_the_console_only() -> None:
     controller with exc_info); for an input error only the console handlers drop it."""
     import io
 
-    from training.errors import DataError
-    from training.quiet import InputErrorTracebacks, hide_input_error_tracebacks
+    from training.common.errors import DataError
+    from training.run.quiet import InputErrorTracebacks, hide_input_error_tracebacks
 
     logger = logging.getLogger("ray.train")
     console_out, file_out = io.StringIO(), io.StringIO()

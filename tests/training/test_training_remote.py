@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from training.model import local_model_dir
-from training.options import check_text_field, data_files, parse_args
-from training.summary import summarize, write
+from training.model.build import local_model_dir
+from training.options.train import check_text_field, data_files, parse_args
+from training.reporting.summary import summarize, write
 
 
 def test_remote_data_listing(tmp_path: Path) -> None:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from training import run_state
-from training.options import OptionError, TrainOptions, parse_args
+from training.checkpoint import run_state
+from training.options.train import OptionError, TrainOptions, parse_args
 
 
 def _opts(tmp: Path, *extra: str, steps: int = 50) -> TrainOptions:

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from bench import chat_tokenizer
-from training import shards
-from training.loss import IGNORE_INDEX, labels_and_positions
-from training.prepare import Segment, Settings
-from training.sft import ChatRenderer, RecordError, conversation, segment_records, write_segment
+from training.data import shards
+from training.methods.loss import IGNORE_INDEX, labels_and_positions
+from training.methods.sft import ChatRenderer, RecordError, conversation, segment_records, write_segment
+from training.run.prepare import Segment, Settings
 
 CHATS: list[dict[str, Any]] = [
     {"messages": [{"role": "user", "content": "What is 2+3?"}, {"role": "assistant", "content": "5"}]},
@@ -221,7 +221,7 @@ def test_a_packed_block_gives_each_conversation_its_loss_alone(
     """Position ids restarting per conversation make transformers' sdpa path mask attention
     block-diagonally (masking_utils.find_packed_sequence_indices): every target token's loss in
     the packed block equals its loss with the conversation alone. Without them it does not."""
-    from training.model import build_model
+    from training.model.build import build_model
 
     (tmp_path / "tok").symlink_to(tok_dir)
     seq = 512
@@ -256,9 +256,9 @@ def test_a_packed_block_gives_each_conversation_its_loss_alone(
 def test_prepare_on_ray_writes_chat_shards_and_refuses_a_bad_record_by_name(
     ray_session: str, tmp_path: Path, tok_dir: str
 ) -> None:
-    from training.data import Batches
-    from training.errors import DataError
-    from training.prepare import prepare
+    from training.common.errors import DataError
+    from training.data.batches import Batches
+    from training.run.prepare import prepare
 
     corpus = tmp_path / "chats.jsonl"
     corpus.write_text("".join(json.dumps(c) + "\n" for c in CHATS * 30))
@@ -282,7 +282,7 @@ def test_prepare_on_ray_writes_chat_shards_and_refuses_a_bad_record_by_name(
     bad = tmp_path / "bad.jsonl"
     good = json.dumps(CHATS[0]) + "\n"
     bad.write_text(good * 3 + json.dumps({"messages": [{"role": "user", "content": "x"}]}) + "\n")
-    # An input error like a bad text record (training/errors.py): one line, exit 4 on the CLI.
+    # An input error like a bad text record (training/common/errors.py): one line, exit 4 on the CLI.
     with pytest.raises(DataError) as err:
         prepare(str(bad), str(tmp_path / "bad-out"), data_format="chat", **kw)
     msg = str(err.value)
@@ -294,7 +294,7 @@ def test_prepare_on_ray_writes_chat_shards_and_refuses_a_bad_record_by_name(
 
 
 def test_options_detect_chat_records_and_need_a_chat_tokenizer(tmp_path: Path, tok_dir: str) -> None:
-    from training.options import OptionError, parse_args
+    from training.options.train import OptionError, parse_args
 
     corpus = tmp_path / "chats.jsonl"
     corpus.write_text("".join(json.dumps(c) + "\n" for c in CHATS))
@@ -321,7 +321,7 @@ def test_options_detect_chat_records_and_need_a_chat_tokenizer(tmp_path: Path, t
 def test_the_manifest_identity_names_the_end_of_turn_token(tok: Any, tok_dir: str) -> None:
     """Data prepared before answers ended at their end-of-turn token (ChatML's "\\n" was a target)
     has another fingerprint, so it is prepared again rather than trusted."""
-    from training.sft import tokenizer_identity
+    from training.methods.sft import tokenizer_identity
 
     ident = tokenizer_identity(tok_dir)
     assert ident["end_of_turn"] == [tok.convert_tokens_to_ids("<|im_end|>")]

@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from training import shard_check, shards
-from training.data import Batches
-from training.driver import resolve_data
-from training.errors import InputError
-from training.options import SAMPLE_DATA, parse_args
-from training.prepare import Settings, plan_segments, write_segment
+from training.common.errors import InputError
+from training.data import shard_check, shards
+from training.data.batches import Batches
+from training.options.train import SAMPLE_DATA, parse_args
+from training.run.driver import resolve_data
+from training.run.prepare import Settings, plan_segments, write_segment
 
 SEQ = 32
 

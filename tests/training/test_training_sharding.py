@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from training.model import (
+from training.model.build import (
     apply_fsdp,
     build_model,
     make_mesh,

@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from training import shards
-from training.data import EOS_BYTE, Batches, ByteTokenizer, pack
-from training.options import SAMPLE_DATA, OptionError, parse_args
-from training.prepare import Settings, _segment_texts, plan_segments, write_segment
+from training.data import shards
+from training.data.batches import EOS_BYTE, Batches, ByteTokenizer, pack
+from training.options.train import SAMPLE_DATA, OptionError, parse_args
+from training.run.prepare import Settings, _segment_texts, plan_segments, write_segment
 
 TINY = {"shape": "tiny", "model": ""}
 
@@ -156,10 +156,10 @@ def test_options_take_seq_len_from_prepared_data(tmp_path: Path) -> None:
 def test_a_failed_preparation_removes_its_shards_unless_the_manifest_names_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """training.prepare's cleanup: an identical preparation that finished meanwhile keeps its files."""
+    """training.run.prepare's cleanup: an identical preparation that finished meanwhile keeps its files."""
     import pyarrow.fs as pafs
 
-    from training import prepare
+    from training.run import prepare
 
     mine = tmp_path / "shards-aaaa"
     mine.mkdir()

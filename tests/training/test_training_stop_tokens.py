@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from bench import chat_tokenizer
-from training import checkpoint
-from training.export import export
-from training.stop_tokens import end_of_turn_ids, stop_token_ids
+from training.chat.stop_tokens import end_of_turn_ids, stop_token_ids
+from training.checkpoint import dcp as checkpoint
+from training.export.command import export
 
 TURN = [
     {"role": "system", "content": "S"},
@@ -61,7 +61,7 @@ def test_greedy_generation_of_an_exported_chat_model_stops_after_its_answer(
 ) -> None:
     from transformers import AutoModelForCausalLM
 
-    from training.model import build_model
+    from training.model.build import build_model
 
     # A tiny model that has learnt the conversation, followed by another turn (never by <|endoftext|>).
     model = build_model("random", "tiny", "", seed=0)

@@ -8,8 +8,8 @@ import types
 
 import pytest
 
-from training import summary
-from training.loop import _Trainer as Trainer
+from training.reporting import summary
+from training.run.loop import _Trainer as Trainer
 
 
 def _summary(data: str, losses: list[float], **extra) -> dict:

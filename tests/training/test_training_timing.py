@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 import torch
 
-from training.loop import _Trainer
-from training.options import parse_args
-from training.timing import StepTimer, window_throughput
+from training.options.train import parse_args
+from training.reporting.timing import StepTimer, window_throughput
+from training.run.loop import _Trainer
 
 
 class _Events:

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from training import transport
-from training.transport import classify, classify_files, parse_files, parse_lines
+from training.network import transport
+from training.network.transport import classify, classify_files, parse_files, parse_lines
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "nccl"
 ROOT = Path(__file__).resolve().parents[2]
@@ -228,7 +228,7 @@ def test_bad_expectation_is_rejected() -> None:
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "training.transport", *args],
+        [sys.executable, "-m", "training.network.transport", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,

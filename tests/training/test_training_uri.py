@@ -9,7 +9,7 @@ import pytest
 
 from tests.training.unprivileged import as_unprivileged
 from training.__main__ import main
-from training.uri import Location, LocationError, check_input, check_output, parse
+from training.common.uri import Location, LocationError, check_input, check_output, parse
 
 TINY = ["--init", "random", "--shape", "tiny"]
 
@@ -102,7 +102,7 @@ def test_inputs_must_exist_and_outputs_be_creatable(tmp_path: Path) -> None:
 def test_training_cli_refuses_malformed_locations(
     flag: str, value: str, needle: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from training.options import SAMPLE_DATA
+    from training.options.train import SAMPLE_DATA
 
     extra = ["--data", str(SAMPLE_DATA)] if flag in ("--prepared-data",) else []
     if flag == "--model":
@@ -121,8 +121,8 @@ def test_training_cli_refuses_malformed_locations(
 def test_prepare_cli_refuses_malformed_locations(
     flag: str, value: str, needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from training.options import SAMPLE_DATA
-    from training.prepare import main as prepare_main
+    from training.options.train import SAMPLE_DATA
+    from training.run.prepare import main as prepare_main
 
     argv = {"--data": str(SAMPLE_DATA), "--out": str(tmp_path / "out"), flag: value}
     assert prepare_main([a for k, v in argv.items() for a in (k, v)] + ["--shape", "tiny"]) == 2

@@ -55,7 +55,7 @@ def test_liger_comes_from_the_asset(staged: Path) -> None:
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton, as the image has")
 def test_liger_loss_patch_imports_on_the_images_torch(staged: Path) -> None:
-    # training.model.apply_liger's import and lookup: Triton compiles nothing until a GPU runs it,
+    # training.model.build.apply_liger's import and lookup: Triton compiles nothing until a GPU runs it,
     # but reads every kernel's source at import (plain files, so it can).
     got = _in_working_dir(
         staged,
@@ -68,13 +68,13 @@ def test_liger_loss_patch_imports_on_the_images_torch(staged: Path) -> None:
 
 def test_torchao_float8_comes_from_the_asset_and_converts_on_the_images_torch(staged: Path) -> None:
     # The image has no torchao; the job's --float8 (on by default on FP8 GPUs) uses the asset's pure-
-    # Python copy with whatever torch the image has. training.model.apply_float8 on the real model
+    # Python copy with whatever torch the image has. training.model.build.apply_float8 on the real model
     # shape (on the meta device): the same conversion, filter and config the job runs.
     got = _in_working_dir(
         staged,
         "import json, importlib.metadata as m, torch, training, torchao; "
         "from transformers import AutoModelForCausalLM; "
-        "from training.model import apply_float8, shape_config\n"
+        "from training.model.build import apply_float8, shape_config\n"
         "with torch.device('meta'):\n"
         "    model = AutoModelForCausalLM.from_config(shape_config('qwen2.5-1.5b'))\n"
         "done = apply_float8(model, all_gather=True)\n"
@@ -90,17 +90,17 @@ def test_peft_from_the_asset_trains_and_writes_an_adapter_peft_loads_on_the_imag
     staged: Path,
 ) -> None:
     # LoRA's peft and accelerate reach the job only through the asset (the image has neither), so
-    # this is where they meet the image's transformers and torch: training.lora.apply_lora (peft's
+    # this is where they meet the image's transformers and torch: training.model.lora.apply_lora (peft's
     # inject_adapter_in_model) on a real model, a backward that reaches the adapters alone, then the
-    # export's adapter folder (training.export_lora.write_adapter) loaded by PeftModel.from_pretrained.
+    # export's adapter folder (training.export.lora.write_adapter) loaded by PeftModel.from_pretrained.
     got = _in_working_dir(
         staged,
         "import json, tempfile, importlib.metadata as m, torch, training, peft\n"
         "from transformers import AutoModelForCausalLM\n"
-        "from training.model import shape_config\n"
-        "from training.lora import apply_lora\n"
-        "from training.lora_spec import LoraSpec\n"
-        "from training.export_lora import write_adapter\n"
+        "from training.model.build import shape_config\n"
+        "from training.model.lora import apply_lora\n"
+        "from training.model.lora_spec import LoraSpec\n"
+        "from training.export.lora import write_adapter\n"
         "torch.manual_seed(0)\n"
         "base = tempfile.mkdtemp()\n"
         "AutoModelForCausalLM.from_config(shape_config('tiny')).save_pretrained(base)\n"

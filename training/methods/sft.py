@@ -1,0 +1,247 @@
+"""Chat (instruction) data: records rendered with the tokenizer's own chat template, the loss on the
+assistant's tokens only, conversations packed whole into blocks.
+
+Records (jsonl lines or parquet rows) hold either `messages`, a list of {"role", "content"} turns
+as Hugging Face chat data is written, or `prompt` and `completion` (strings: one user turn and one
+assistant turn; or lists of turns). Each is rendered with `tokenizer.apply_chat_template`, so the
+model is trained on exactly the format it is later prompted with.
+
+Which tokens are the assistant's: training/chat/template.py (its answers' tokens through the
+template's end-of-turn token, so the model learns to stop; a record whose answers cannot be
+located exactly is refused, saying why and what to do).
+
+Packing (training.data.shards CHAT_FORMAT): conversations go whole into seq_len blocks in input order; a
+conversation that does not fit in the rest of a block starts the next one, the rest is padding
+(no target, its own segment). Position ids restart at every conversation (FLAG_START), which
+transformers turns into a block-diagonal causal mask (training/methods/loss.py), so a conversation's loss
+is the same packed as alone. Longer than seq_len: dropped (default) or truncated to seq_len, and
+counted in the manifest either way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from training.chat.template import ChatRenderer, RecordError, TemplateError
+from training.data import corpus, shards
+
+__all__ = ["ChatRenderer", "RecordError", "TemplateError"]  # where callers have always found them
+
+FIELDS = ("messages", "prompt", "completion")
+TOO_LONG = ("drop", "truncate")
+
+
+def chat_fields(names: list[str]) -> bool:
+    """Whether records with these keys/columns are chat records."""
+    return "messages" in names or ("prompt" in names and "completion" in names)
+
+
+def _turns(value: Any, where: str, field: str) -> list[dict[str, str]]:
+    if not isinstance(value, list) or not value:
+        raise RecordError(
+            f"{where}: field {field!r}: a non-empty list of {{'role', 'content'}} turns expected"
+        )
+    turns = []
+    for i, turn in enumerate(value):
+        if not isinstance(turn, dict):
+            raise RecordError(f"{where}: field {field}[{i}]: a {{'role', 'content'}} object expected")
+        role, content = turn.get("role"), turn.get("content")
+        if not isinstance(role, str) or not role:
+            raise RecordError(f"{where}: field {field}[{i}].role: a role name expected, got {role!r}")
+        if not isinstance(content, str):
+            raise RecordError(
+                f"{where}: field {field}[{i}].content: text expected, got {type(content).__name__}"
+            )
+        turns.append({"role": role, "content": content})
+    return turns
+
+
+def conversation(record: dict[str, Any], where: str) -> list[dict[str, str]]:
+    """The record's turns: `messages`, or `prompt` + `completion` (strings or lists of turns)."""
+    if record.get("messages") is not None:
+        turns = _turns(record["messages"], where, "messages")
+        field = "messages"
+    elif record.get("prompt") is not None and record.get("completion") is not None:
+        prompt, completion = record["prompt"], record["completion"]
+        head = (
+            [{"role": "user", "content": prompt}]
+            if isinstance(prompt, str)
+            else _turns(prompt, where, "prompt")
+        )
+        tail = (
+            [{"role": "assistant", "content": completion}]
+            if isinstance(completion, str)
+            else _turns(completion, where, "completion")
+        )
+        turns, field = head + tail, "completion"
+    else:
+        raise RecordError(f"{where}: no 'messages' field and no 'prompt' and 'completion' fields")
+    if not any(t["role"] == "assistant" for t in turns):
+        raise RecordError(f"{where}: field {field!r}: no turn with role 'assistant' (nothing to train on)")
+    return turns
+
+
+_TOKENIZERS: dict[str, Any] = {}
+
+
+def load_chat_tokenizer(model: str) -> Any:
+    """The --model's tokenizer (chat data always uses a real one, whatever --shape)."""
+    tok = _TOKENIZERS.get(model)
+    if tok is None:
+        from transformers import AutoTokenizer
+
+        from training.model.build import local_model_dir
+
+        tok = _TOKENIZERS.setdefault(
+            model, AutoTokenizer.from_pretrained(local_model_dir(model, weights=False))
+        )
+    return tok
+
+
+def tokenizer_identity(model: str) -> dict[str, Any]:
+    """What decides a chat record's tokens and mask: the vocabulary and the chat template."""
+    tok = load_chat_tokenizer(model)
+    renderer = ChatRenderer(tok, model)
+    backend = getattr(tok, "backend_tokenizer", None)
+    text = backend.to_str() if backend is not None else json.dumps(sorted(tok.get_vocab().items()))
+    template = json.dumps(tok.chat_template, sort_keys=True)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    if pad is None:
+        raise ValueError(
+            f"--model: the tokenizer of {model!r} has neither a pad nor an EOS token to pad blocks"
+        )
+    return {"name": model, "vocab_size": len(tok), "eos_token_id": tok.eos_token_id, "pad_token_id": int(pad),
+            "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
+            "chat_template_sha256": hashlib.sha256(template.encode("utf-8")).hexdigest(),
+            "assistant_mask": renderer.method, "end_of_turn": renderer.end_ids}  # fmt: skip
+
+
+def segment_records(seg: Any) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(where, record) of a segment in order; `where` names the file and the record."""
+    import pyarrow.parquet as pq
+
+    fs, path = shards.filesystem(seg.uri)
+    with fs.open_input_file(path) as f:
+        if seg.parquet:
+            pf = pq.ParquetFile(f)
+            columns = [c for c in FIELDS if c in pf.schema_arrow.names]
+            row = sum(pf.metadata.row_group(rg).num_rows for rg in range(seg.start))
+            for batch in pf.iter_batches(512, row_groups=list(range(seg.start, seg.end)), columns=columns):
+                for record in batch.to_pylist():
+                    yield f"{seg.uri}: row {row}", record
+                    row += 1
+            return
+        size = f.size()
+        begin = corpus.line_start_at_or_after(f, seg.start, size)
+        stop = corpus.line_start_at_or_after(f, seg.end, size) if seg.end < size else size
+        raw = bytes(f.read_at(stop - begin, begin)) if stop > begin else b""
+    at = 0
+    while at < len(raw):
+        end = raw.find(b"\n", at)
+        end = len(raw) if end < 0 else end
+        line = raw[at:end]
+        where = f"{seg.uri}: line at byte {begin + at}"
+        if line.strip():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:  # worded as the text path words it (corpus.py)
+                raise RecordError(f"{where}: malformed JSON ({exc.msg} at column {exc.colno})") from None
+            except ValueError as exc:  # invalid UTF-8
+                raise RecordError(f"{where}: malformed JSON ({exc})") from None
+            if not isinstance(record, dict):
+                raise RecordError(f"{where}: not a JSON object")
+            yield where, record
+        at = end + 1
+
+
+class _Packer:
+    """Whole conversations into seq_len blocks, written to the tokens and flags streams."""
+
+    def __init__(self, seq_len: int, pad: int, tokens: Any, flags: Any) -> None:
+        self.seq, self.pad = seq_len, pad
+        self.out_tokens, self.out_flags = tokens, flags
+        self.tokens = np.full(seq_len, pad, dtype=shards.DTYPE)
+        self.flags = np.zeros(seq_len, dtype=np.uint8)
+        self.fill = self.blocks = self.pad_tokens = 0
+
+    def add(self, ids: np.ndarray, target: np.ndarray) -> None:
+        if self.fill + len(ids) > self.seq:
+            self.flush()
+        at, n = self.fill, len(ids)
+        self.tokens[at : at + n] = ids
+        self.flags[at : at + n] = np.where(target, shards.FLAG_TARGET, 0)
+        self.flags[at] = shards.FLAG_START  # its first token: predicted from nothing of its own
+        self.fill += n
+
+    def flush(self) -> None:
+        if not self.fill:
+            return
+        if self.fill < self.seq:  # padding: no target, a segment of its own
+            self.tokens[self.fill :] = self.pad
+            self.flags[self.fill :] = 0
+            self.flags[self.fill] = shards.FLAG_START
+            self.pad_tokens += self.seq - self.fill
+        self.out_tokens.write(self.tokens.tobytes())
+        self.out_flags.write(self.flags.tobytes())
+        self.blocks += 1
+        self.fill = 0
+
+
+def write_segment(seg: Any, settings: Any, out: str) -> dict[str, Any]:
+    """Render, pack and write one segment's conversations (tokens at `out`, flags beside it)."""
+    tok = load_chat_tokenizer(settings.model)
+    renderer = ChatRenderer(tok, settings.model)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    seq = settings.seq_len
+    fs, path = shards.filesystem(out)
+    _, flags_path = shards.filesystem(out + shards.FLAGS_SUFFIX)
+    kept = too_long = truncated = targets = 0
+    with fs.open_output_stream(path) as tokens_out, fs.open_output_stream(flags_path) as flags_out:
+        packer = _Packer(seq, int(pad), tokens_out, flags_out)
+        top = 0  # the largest token id written: the manifest's bound for the vocabulary check
+        for where, record in segment_records(seg):
+            ids, target = renderer.render(conversation(record, where), where)
+            if len(ids) > seq:
+                too_long += 1
+                if settings.too_long == "drop":
+                    continue
+                ids, target = ids[:seq], target[:seq]
+                target[0] = False
+                if not target.any():  # cut before its first answer: nothing left to learn
+                    continue
+                truncated += 1
+            target[0] = False
+            packer.add(ids, target)
+            top = max(top, int(ids.max()))
+            kept += 1
+            targets += int(target.sum())
+        packer.flush()
+    if packer.pad_tokens:
+        top = max(top, int(pad))
+    # "skipped": chat records are used or refused (RecordError), never skipped; the keys of the
+    # text path's rows (training/run/prepare.py), so both kinds of rows are tallied alike.
+    return {"index": seg.index, "blocks": packer.blocks, "documents": kept, "dropped_tokens": 0,
+            "bytes": packer.blocks * seq * shards.TOKEN_BYTES, "too_long": too_long,
+            "truncated": truncated, "pad_tokens": packer.pad_tokens, "target_tokens": targets,
+            "max_token": top, "skipped": json.dumps(corpus.Skipped().to_dict())}  # fmt: skip
+
+
+def manifest_counts(counts: list[dict[str, Any]], too_long: str) -> dict[str, Any]:
+    """The manifest's chat fields from the segments' counts (write_segment)."""
+    keys = ("too_long", "truncated", "pad_tokens", "target_tokens")
+    totals = {k: sum(int(r[k]) for r in counts) for k in keys}
+    return {**totals, "data_format": "chat", "too_long_policy": too_long, "text_field": None,
+            "dropped_too_long": totals["too_long"] - totals["truncated"]}  # fmt: skip
+
+
+def counts_line(m: dict[str, Any]) -> str:
+    return (
+        f"[prepare] chat: {m['documents']} conversations, {m['target_tokens']:,} target tokens, "
+        f"{m['too_long']} longer than --seq-len {m['seq_len']} ({m['truncated']} truncated, "
+        f"{m['dropped_too_long']} dropped), {m['pad_tokens']:,} padding tokens"
+    )
