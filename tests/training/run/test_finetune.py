@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench import chat_tokenizer
-from tests.training.test_training_sft import CHATS, CORPUS
+from tests.training.methods.test_sft import CHATS, CORPUS
 from training.reporting import emf
 from training.reporting.summary import SUMMARY_FILE
 

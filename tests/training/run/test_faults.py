@@ -1,7 +1,7 @@
 """Real processes on local Ray: a SIGKILLed worker and a killed driver both resume from the last
 checkpoint and end bitwise-identical to an uninterrupted run with the same seed, all three on real text
 read from prepared shards (the sample, crossing an epoch boundary). Random token ids: the other runs
-here (their resume position: test_training_data's random_sequences tests)."""
+here (their resume position: tests/training/data/test_batches.py's random_sequences tests)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from training.run.driver import run
 # Ray's own DeprecationWarnings (its DataContext) are not ours to fix.
 pytestmark = [pytest.mark.ray, pytest.mark.filterwarnings("ignore::DeprecationWarning:ray.*")]
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 STEPS, EVERY = 24, 4
 BASE = [
     "--init", "random", "--shape", "tiny", "--data", "random", "--seq-len", "64",

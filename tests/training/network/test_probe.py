@@ -20,7 +20,7 @@ from training.network.probe import (
 )
 from training.network.transport import classify_files
 
-FIX = Path(__file__).resolve().parents[1] / "fixtures" / "nccl"
+FIX = Path(__file__).resolve().parents[2] / "fixtures" / "nccl"
 
 
 def test_nccl_env_names_one_file_per_process(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import pytest
 from training.__main__ import main
 from training.options.train import SAMPLE_DATA, OptionError, parse_args
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TINY = ["--init", "random", "--shape", "tiny"]
 
 

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from tests.training.test_training_loss import write_chat_blocks
+from tests.training.methods.test_loss import write_chat_blocks
 from training.data import shards
 from training.methods.evaluate import EarlyStop, held_out_split, rank_share
 from training.methods.loss import IGNORE_INDEX, labels_and_positions

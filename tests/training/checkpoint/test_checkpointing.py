@@ -13,7 +13,7 @@ import torch
 
 import training.run.loop as loop
 import training.run.trainer as trainer
-from tests.training.test_training_loss import _blocks, write_chat_blocks
+from tests.training.methods.test_loss import _blocks, write_chat_blocks
 from training.model.build import apply_fsdp
 from training.options.train import parse_args
 

@@ -18,7 +18,7 @@ import pytest
 from bench import chat_tokenizer
 from training.chat.template import ChatRenderer, RecordError, end_of_turn_tokens
 
-TEMPLATES = Path(__file__).resolve().parents[1] / "fixtures" / "chat_templates"
+TEMPLATES = Path(__file__).resolve().parents[2] / "fixtures" / "chat_templates"
 QWEN = {
     "special": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
     "eos": "<|im_end|>",

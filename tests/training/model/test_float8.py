@@ -22,7 +22,7 @@ def _qwen_on_meta() -> torch.nn.Module:
         return AutoModelForCausalLM.from_config(shape_config("qwen2.5-1.5b"))
 
 
-# torchao is not installed in the image (it travels in the code asset: test_training_vendored runs it
+# torchao is not installed in the image (it travels in the code asset: tests/training/test_vendored.py runs it
 # there); here it is .venv's, the version config/image.toml vendors, on the same torch.
 @pytest.mark.dev_packages
 def test_float8_converts_the_large_projections_and_keeps_kv_and_lm_head_in_bf16() -> None:

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from training.network import transport
 from training.network.transport import classify, classify_files, parse_files, parse_lines
 
-FIX = Path(__file__).resolve().parents[1] / "fixtures" / "nccl"
-ROOT = Path(__file__).resolve().parents[2]
+FIX = Path(__file__).resolve().parents[2] / "fixtures" / "nccl"
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def logs(case: str) -> list[Path]:
