@@ -6,6 +6,7 @@ imports alike. bench/ sits on top (it measures the code, nothing imports it); te
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import pytest
@@ -77,3 +78,85 @@ def test_checker_finds_an_import_up_the_layers_and_between_siblings(tmp_path):
     ]
     # The upward import closes a circle as well.
     assert cycles(found) == [["high.y", "low.x", "mid1", "mid2"]]
+
+
+# training/'s rooms, lowest first (docs/layout.md draws them; each room's __init__.py says what it owns).
+# A room imports only rooms below it; the package's face (training/__init__.py, __main__.py, prepare.py)
+# is above them all and nothing in a room imports it.
+ROOMS = [
+    "common",
+    "chat",
+    "model",
+    "sizing",
+    "data",
+    "methods",
+    "reporting",
+    "network",
+    "options",
+    "checkpoint",
+    "export",
+    "run",
+]
+
+
+def _room(module: str) -> str | None:
+    """The room of a training module (None for the package's face)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in ROOMS) else None
+
+
+@pytest.fixture(scope="module")
+def training_edges():
+    return edges(modules(ROOT, ["training"]))
+
+
+def test_every_training_module_lives_in_a_room(training_edges):
+    found = modules(ROOT, ["training"])
+    rooms = {_room(m) for m in found} - {None}
+    assert rooms == set(ROOMS)
+    face = sorted(m for m in found if _room(m) is None)
+    assert face == ["training", "training.__main__", "training.prepare"]
+    for room in ROOMS:
+        tree = ast.parse((ROOT / "training" / room / "__init__.py").read_text())
+        doc = ast.get_docstring(tree) or ""
+        # A docstring and nothing else: importing a torch-free module of a room stays torch-free.
+        assert len(tree.body) == 1 and "import" in doc.lower(), (
+            f"training/{room}/__init__.py: its docstring only"
+        )
+
+
+def test_training_rooms_import_one_way(training_edges):
+    rank = {room: i for i, room in enumerate(ROOMS)}
+    against = []
+    for e in training_edges:
+        src, dst = _room(e.importer), _room(e.imported)
+        if dst is None and e.imported != "training":
+            against.append(f"{e} (the package's face)")
+        elif src is not None and dst is not None and rank[dst] > rank[src]:
+            against.append(f"{e} ({src} is below {dst})")
+    assert against == []
+
+
+def test_rooms_checker_finds_an_import_back_up(tmp_path):
+    root = _package(
+        tmp_path,
+        {
+            "training/__init__.py": "",
+            "training/common/__init__.py": "",
+            "training/common/errors.py": "from training.run import driver\n",
+            "training/run/__init__.py": "",
+            "training/run/driver.py": "from training.common.errors import X\n",
+        },
+    )
+    found = edges(modules(root, ["training"]))
+    rank = {room: i for i, room in enumerate(ROOMS)}
+    back = [e for e in found if rank[_room(e.imported)] > rank[_room(e.importer)]]
+    assert [str(e) for e in back] == ["training.common.errors (line 1) imports training.run.driver"]
+    assert cycles(found) == [["training.common.errors", "training.run.driver"]]
+
+
+def test_layout_doc_draws_the_rooms_in_order():
+    text = (ROOT / "docs" / "layout.md").read_text().partition("## training/'s rooms")[2]
+    positions = [text.find(f"`training/{room}/`") for room in ROOMS]
+    assert -1 not in positions, "docs/layout.md names every room as `training/ROOM/`"
+    assert positions == sorted(positions), "docs/layout.md lists the rooms lowest first"
