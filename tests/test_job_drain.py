@@ -7,6 +7,9 @@ fake API server that records what it is sent and plays the API server's deletion
   registry/generic/registry/store.go, shouldDeleteDependents: "If an explicit policy was set at
   deletion time, that overrides both").
 - The drain handler sends `Foreground` for each submitted RayJob, and returns only once none is left.
+- It drains only when its own stack is being deleted (or a failed create rolls back), as moto's
+  CloudFormation answers DescribeStacks, with IAM enforced on the synthesized role's policy: a
+  replacement, a removal or an update's rollback leave the jobs alone.
 """
 
 from __future__ import annotations
@@ -19,13 +22,16 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
+import boto3
 import pytest
+from botocore.stub import Stubber
 from test_submitter_rbac import _rbac, allowed, attributes, is_discovery
 
 from cdk_constructs.job_drain_handler import handler
 from config.loader import load_settings
 from config.names import JOBS_ANCHOR
 from k8s.rbac import DRAINER_ROLE
+from tests.cfn_intrinsics import resolve
 from tests.helm_charts import layer_kubectl
 
 NS = "ray"
@@ -230,16 +236,123 @@ def test_jobs_that_stay_fail_the_delete_so_a_retry_waits_again(api: Api, on_path
         mp.setattr(handler, "KUBECONFIG", str(kubeconfig))
         mp.setattr(handler, "POLL_SECONDS", 0.2)
         handler.on_event(
-            event, Context(), send=lambda e, st, reason, pid: sent.append((st, reason)), login=login
-        )
+            event, Context(), send=lambda e, st, reason, pid: sent.append((st, reason)), login=login,
+            status_of=lambda _: "DELETE_IN_PROGRESS",
+        )  # fmt: skip
         assert sent[-1][0] == "FAILED" and "rs-stuck" in sent[-1][1]
         api.finish_after = 1
         api.countdown = {k: 1 for k in api.countdown}
         handler.on_event(
-            event, Context(), send=lambda e, st, reason, pid: sent.append((st, reason)), login=login
-        )
+            event, Context(), send=lambda e, st, reason, pid: sent.append((st, reason)), login=login,
+            status_of=lambda _: "DELETE_IN_PROGRESS",
+        )  # fmt: skip
     assert sent[-1] == ("SUCCESS", "no submitted RayJob left")
     for request_type in ("Create", "Update"):
         handler.on_event({**event, "RequestType": request_type}, Context(),
                          send=lambda e, st, reason, pid: sent.append((st, reason)), login=login)  # fmt: skip
         assert sent[-1] == ("SUCCESS", "nothing to do")
+
+
+# --- only a stack delete drains: the stack's status from DescribeStacks ---
+# moto's CloudFormation backend needs moto's `cloudformation` extra (openapi-spec-validator and
+# more), which this project's environment does not install: DescribeStacks is answered by botocore's
+# Stubber on a real client (request and response checked against botocore's service model), and the
+# role's policy is evaluated by moto's IAM policy evaluator.
+
+REGION = "us-west-2"
+STACK_ID = f"arn:aws:cloudformation:{REGION}:111122223333:stack/RayTrain-dev-Workload/0a1b2c3d-0000-4000-8000-000000000001"
+OTHER_STACK = f"arn:aws:cloudformation:{REGION}:111122223333:stack/RayTrain-dev-Cluster/0a1b2c3d-0000-4000-8000-000000000002"
+
+
+def _cloudformation(status: str) -> tuple[Any, Stubber]:
+    client = boto3.client("cloudformation", region_name=REGION, aws_access_key_id="x", aws_secret_access_key="x")
+    stub = Stubber(client)
+    stack = {"StackId": STACK_ID, "StackName": "RayTrain-dev-Workload", "StackStatus": status,
+             "CreationTime": "2026-12-01T00:00:00Z"}  # fmt: skip
+    stub.add_response("describe_stacks", {"Stacks": [stack]}, {"StackName": STACK_ID})
+    stub.activate()
+    return client, stub
+
+
+class _Context:
+    def __init__(self, seconds: float = 600) -> None:
+        self.seconds = seconds
+
+    def get_remaining_time_in_millis(self) -> int:
+        return int(self.seconds * 1000)
+
+
+def _delete_event(stack_id: str = STACK_ID) -> dict[str, Any]:
+    return {"RequestType": "Delete", "StackId": stack_id, "RequestId": "r", "LogicalResourceId": "Drain",
+            "PhysicalResourceId": "ray-job-drain-c",
+            "ResourceProperties": {"ClusterName": "c", "Namespace": NS, "Selector": SELECTOR}}  # fmt: skip
+
+
+# A Delete request comes in each of these stack statuses (module docstring of the handler).
+@pytest.mark.parametrize(
+    ("stack_status", "drains"),
+    [
+        ("DELETE_IN_PROGRESS", True),  # cdk destroy
+        ("ROLLBACK_IN_PROGRESS", True),  # a failed create rolls back
+        ("UPDATE_COMPLETE_CLEANUP_IN_PROGRESS", False),  # replaced or removed from the template
+        ("UPDATE_ROLLBACK_IN_PROGRESS", False),  # the update that created it rolls back
+        ("UPDATE_ROLLBACK_COMPLETE_CLEANUP_IN_PROGRESS", False),
+    ],
+)
+def test_only_a_stack_delete_drains_the_submitted_jobs(
+    api: Api, on_path: None, stack_status: str, drains: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client, stub = _cloudformation(stack_status)
+    api.objects[("rayjobs", "rs-a")] = _rayjob("rs-a", "submitted")
+    api.finish_after = 1
+    sent: list[tuple[str, str]] = []
+    monkeypatch.setattr(handler, "KUBECONFIG", str(api.kubeconfig))
+    monkeypatch.setattr(handler, "POLL_SECONDS", 0.05)
+    handler.on_event(
+        _delete_event(), _Context(), send=lambda e, st, reason, pid: sent.append((st, reason)),
+        login=lambda cluster, path: None, status_of=lambda stack_id: handler.stack_status(stack_id, client),
+    )  # fmt: skip
+    stub.assert_no_pending_responses()
+    deletes = [r for r in api.requests if r[0] == "DELETE"]
+    if drains:
+        assert sent == [("SUCCESS", "no submitted RayJob left")]
+        assert deletes and ("rayjobs", "rs-a") not in api.objects
+    else:
+        assert sent == [("SUCCESS", f"stack is {stack_status}, not being deleted: submitted RayJobs left running")]
+        assert not deletes and ("rayjobs", "rs-a") in api.objects
+
+
+def test_an_unreadable_stack_status_fails_the_delete_without_draining(api: Api, on_path: None) -> None:
+    """Not knowing whether the stack goes: FAILED (a stack delete then retries), no job touched."""
+    client = boto3.client("cloudformation", region_name=REGION, aws_access_key_id="x", aws_secret_access_key="x")
+    stub = Stubber(client)
+    stub.add_client_error("describe_stacks", "AccessDenied", "not authorized to perform cloudformation:DescribeStacks")
+    stub.activate()
+    api.objects[("rayjobs", "rs-a")] = _rayjob("rs-a", "submitted")
+    sent: list[tuple[str, str]] = []
+    handler.on_event(
+        _delete_event(), _Context(), send=lambda e, st, reason, pid: sent.append((st, reason)),
+        login=lambda cluster, path: None, status_of=lambda stack_id: handler.stack_status(stack_id, client),
+    )  # fmt: skip
+    ((status, reason),) = sent
+    assert status == "FAILED" and "DescribeStacks" in reason and "AccessDenied" in reason
+    assert not [r for r in api.requests if r[0] == "DELETE"]
+
+
+def test_the_drain_role_may_describe_its_own_stack_only(synthesized: Any) -> None:
+    """The synthesized role's policy, `Ref AWS::StackId` resolved, evaluated by moto's IAM: its own
+    stack's ARN (the resource DescribeStacks is authorised on: Service Authorization Reference,
+    AWS CloudFormation, DescribeStacks, resource type stack) and no other stack."""
+    from moto.iam import access_control as ac
+
+    template = synthesized["dev"].template("Workload")
+    (policy,) = [
+        r["Properties"]["PolicyDocument"] for i, r in template["Resources"].items()
+        if r["Type"] == "AWS::IAM::Policy" and i.startswith("SubmittedJobDrainPolicy")
+    ]  # fmt: skip
+    pseudo = {"AWS::StackId": STACK_ID, "AWS::Partition": "aws", "AWS::Region": REGION,
+              "AWS::AccountId": "111122223333", "AWS::URLSuffix": "amazonaws.com"}  # fmt: skip
+    evaluator = ac.IAMPolicy(json.dumps(resolve(policy, {}, pseudo=pseudo)))
+    assert evaluator.is_action_permitted("cloudformation:DescribeStacks", STACK_ID) is ac.PermissionResult.PERMITTED
+    assert evaluator.is_action_permitted("cloudformation:DescribeStacks", OTHER_STACK) is not ac.PermissionResult.PERMITTED
+    assert evaluator.is_action_permitted("cloudformation:DescribeStacks", "*") is not ac.PermissionResult.PERMITTED

@@ -1,7 +1,21 @@
-"""Custom resource handler: on delete, delete the RayJobs `raytrain job submit` created, with
-foreground propagation, and wait until they are gone, before CloudFormation deletes the Workload
-stack's manifests (the jobs anchor, the Roles, the network policies) and then the Cluster stack
-(the KubeRay operator that clears their finalizers).
+"""Custom resource handler: when the Workload stack itself is deleted, delete the RayJobs
+`raytrain job submit` created, with foreground propagation, and wait until they are gone, before
+CloudFormation deletes the stack's manifests (the jobs anchor, the Roles, the network policies) and
+then the Cluster stack (the KubeRay operator that clears their finalizers).
+
+Only then: CloudFormation sends Delete "when the template developer deletes the stack or removes the
+custom resource from the stack" (User Guide, crpg-ref-requesttypes-delete.html), and also for the
+old resource after a replacement and for a resource an update created when that update rolls back
+(User Guide, using-cfn-updating-stacks-monitor-stack.html: a replaced resource is created anew, then
+the old one deleted). The request's fields (RequestType, PhysicalResourceId, ResourceProperties) are
+the same in every case; the stack's status tells them apart (User Guide, "Stack status codes",
+https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/using-cfn-describing-stacks.html):
+DELETE_IN_PROGRESS "ongoing removal of one or more stacks", ROLLBACK_IN_PROGRESS "ongoing removal ...
+after a failed stack creation", while a replaced or removed resource is deleted in
+UPDATE_COMPLETE_CLEANUP_IN_PROGRESS and an update's rollback runs in UPDATE_ROLLBACK_IN_PROGRESS /
+UPDATE_ROLLBACK_COMPLETE_CLEANUP_IN_PROGRESS. So the handler reads its own stack's status
+(cloudformation:DescribeStacks on the request's StackId, an ARN, which names the stack even once
+deleted) and drains only in the first two; otherwise the submitted jobs keep running.
 
 Why the jobs anchor's own deletion does not do it: the kubectl handler of aws-cdk's eks-v2
 (custom-resource-handlers/aws-eks-v2/kubectl-handler/apply, Delete: `kubectl delete -f`) runs
@@ -98,12 +112,34 @@ def drain(
         sleep(poll)
 
 
+# The stack statuses in which a Delete means the whole stack goes (see the module's docstring).
+STACK_GOING = frozenset({"DELETE_IN_PROGRESS", "ROLLBACK_IN_PROGRESS"})
+
+
+def stack_status(stack_id: str, client: Any = None) -> str:
+    """The status of the stack `stack_id` (an ARN), by DescribeStacks in the stack's own region
+    (the ARN's fourth field), with botocore's standard retry mode (throttling, 5xx, connection
+    errors)."""
+    if client is None:
+        import boto3  # the Lambda runtime's
+        from botocore.config import Config
+
+        client = boto3.client(
+            "cloudformation",
+            region_name=stack_id.split(":")[3],
+            config=Config(retries={"mode": "standard", "max_attempts": 8}),
+        )
+    (stack,) = client.describe_stacks(StackName=stack_id)["Stacks"]
+    return str(stack["StackStatus"])
+
+
 def on_event(
     event: dict[str, Any],
     context: Any,
     *,
     send: cfn_response.Send | None = None,
     login: Callable[[str, str], None] = kubeconfig,
+    status_of: Callable[[str], str] = stack_status,
 ) -> None:
     """Lambda entry point (CloudFormation custom resource protocol: always answer the response URL)."""
     props = event.get("ResourceProperties", {})
@@ -111,6 +147,11 @@ def on_event(
     def act() -> tuple[str, str]:
         if event["RequestType"] != "Delete":
             return cfn_response.SUCCESS, "nothing to do"
+        status = status_of(event["StackId"])
+        if status not in STACK_GOING:
+            # A replacement, a removal from the template or an update's rollback: the stack and
+            # its jobs anchor stay, and so do the jobs.
+            return cfn_response.SUCCESS, f"stack is {status}, not being deleted: submitted RayJobs left running"
         login(props["ClusterName"], KUBECONFIG)
         seconds = context.get_remaining_time_in_millis() / 1000 - RESPONSE_MARGIN_SECONDS
         left = drain(KUBECONFIG, props["Namespace"], props["Selector"], seconds=seconds)
