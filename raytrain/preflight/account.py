@@ -1,9 +1,13 @@
 """The account is bootstrapped for CDK, and nothing in its ECR registry blocks the cache.
 
 - Bootstrap: `cdk deploy` publishes assets to, and assumes roles of, the bootstrap stack
-  (CDKToolkit); the default synthesizer's templates require its `BootstrapVersion` output to be at
-  least 6 (aws-cdk-lib core/lib/stack-synthesizers/default-synthesizer.ts,
-  MIN_BOOTSTRAP_STACK_VERSION).
+  (CDKToolkit). The default synthesizer's stacks require its `BootstrapVersion` output to be at
+  least 6, and its lookup role (the role `cdk diff` and the pipeline's preflight step assume) at
+  least 8: the cloud assembly's manifest says so for each stack (`requiresBootstrapStackVersion`
+  of the stack and of its `lookupRole`; aws-cdk-lib core/lib/stack-synthesizers/
+  default-synthesizer.ts, MIN_BOOTSTRAP_STACK_VERSION and MIN_LOOKUP_ROLE_BOOTSTRAP_STACK_VERSION).
+  A version 6 or 7 bootstrap passes a local deploy and fails the pipeline with an access error,
+  so 8 is what preflight asks for (tests/preflight compares it with the synthesized manifest).
 - Cache rules: rules are per account and region, one per repository prefix
   (CreatePullThroughCacheRule `ecrRepositoryPrefix`); a rule with one of ours that the Cluster stack
   did not create makes its create fail.
@@ -30,7 +34,7 @@ from raytrain.aws import error_code
 from raytrain.preflight.report import Check, ok, problem, warn
 
 BOOTSTRAP_STACK = "CDKToolkit"
-MIN_BOOTSTRAP_VERSION = 6
+MIN_BOOTSTRAP_VERSION = 8  # the lookup role's; the stacks themselves need 6
 _GOOD_STACK_STATES = {"CREATE_COMPLETE", "UPDATE_COMPLETE", "UPDATE_ROLLBACK_COMPLETE", "IMPORT_COMPLETE"}
 # What the cache does on a first pull (cdk_constructs/image_cache.py FILL_ACTIONS).
 CACHE_ACTIONS = {"ecr:createrepository", "ecr:batchimportupstreamimage"}
@@ -61,7 +65,10 @@ def bootstrap(settings: Settings, cloudformation: Any) -> Iterator[Check]:
     version = outputs.get("BootstrapVersion")
     if version is None or not str(version).isdigit() or int(version) < MIN_BOOTSTRAP_VERSION:
         yield problem(
-            name, f"{BOOTSTRAP_STACK} has bootstrap version {version}, {MIN_BOOTSTRAP_VERSION}+ needed", fix
+            name,
+            f"{BOOTSTRAP_STACK} has bootstrap version {version}, {MIN_BOOTSTRAP_VERSION}+ needed (the "
+            "lookup role `cdk diff` and the pipeline's preflight step assume needs it)",
+            fix,
         )
         return
     yield ok(name, f"{BOOTSTRAP_STACK} version {version} in {settings.region}")

@@ -8,14 +8,18 @@ import json
 from pathlib import Path
 from typing import Any
 
+import boto3
+import pytest
 from botocore.stub import Stubber
 
+from config.loader import load_settings
 from raytrain.preflight import command
 from tests.preflight_account import (
     DIGEST_A,
     DIGEST_B,
     RAY_REPO,
     RAY_TAG,
+    REGION,
     Account,
     Registry,
     check_line,
@@ -70,6 +74,31 @@ def test_each_problem_names_its_fix(account: Account, registry: Registry, tmp_pa
     assert "--quota-code L-DB2E81BA --desired-value 96" in quota
     assert "v0.5.20 does not exist upstream" in check_line(lines, "EFA device plugin image")
     assert "dev/ecr-public already exist" in check_line(lines, "cache rules")
+
+
+@pytest.mark.parametrize(("version", "status"), [("7", "problem"), ("8", "ok")])
+def test_bootstrap_version_boundary_is_the_lookup_roles(version: str, status: str, synthesized) -> None:
+    """The lowest version preflight accepts is the highest any synthesized stack requires, its
+    lookup role's included (the manifest's `requiresBootstrapStackVersion`): one below is refused."""
+    from raytrain.preflight import account as account_checks
+
+    required = set()
+    for env in ("dev", "prod"):
+        manifest = json.loads((synthesized[env].directory / "manifest.json").read_text())
+        for artifact in manifest["artifacts"].values():
+            props = artifact.get("properties", {})
+            required.add(props.get("requiresBootstrapStackVersion", 0))
+            required.add(props.get("lookupRole", {}).get("requiresBootstrapStackVersion", 0))
+    assert account_checks.MIN_BOOTSTRAP_VERSION == max(required) == 8
+    stack = {"StackName": "CDKToolkit", "CreationTime": dt.datetime(2026, 1, 1), "StackStatus": "UPDATE_COMPLETE",
+             "Outputs": [{"OutputKey": "BootstrapVersion", "OutputValue": version}]}  # fmt: skip
+    cloudformation = boto3.client("cloudformation", region_name=REGION, aws_access_key_id="x", aws_secret_access_key="x")
+    with Stubber(cloudformation) as stub:
+        stub.add_response("describe_stacks", {"Stacks": [stack]}, {"StackName": "CDKToolkit"})
+        (check,) = account_checks.bootstrap(load_settings("dev"), cloudformation)
+    assert check.status.value == status, check
+    if status == "problem":
+        assert "bootstrap version 7, 8+ needed (the lookup role" in check.detail
 
 
 def test_standard_support_ending_soon_is_a_warning(
