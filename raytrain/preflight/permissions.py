@@ -23,6 +23,8 @@ IAM_ACTIONS: tuple[str, ...] = (
     "ecr:GetRegistryPolicy",
     "eks:DescribeAddonVersions",
     "eks:DescribeClusterVersions",
+    "iam:GetRole",
+    "iam:GetUser",
     "servicequotas:GetAWSDefaultServiceQuota",
     "servicequotas:GetServiceQuota",
 )

@@ -101,6 +101,47 @@ def test_bootstrap_version_boundary_is_the_lookup_roles(version: str, status: st
         assert "bootstrap version 7, 8+ needed (the lookup role" in check.detail
 
 
+def test_access_entry_principals_must_exist(account: Account, registry: Registry, tmp_path: Path) -> None:
+    """One missing role, one user at another path than configured, one of another account: each
+    its own line; the existing ones are ok."""
+    account.principals("arn:aws:iam::111122223333:user/team/alice")
+    replace = {"    - arn:aws:iam::111122223333:role/MLEngineer": (
+        "    - arn:aws:iam::111122223333:role/MLEngineer\n    - arn:aws:iam::111122223333:role/Missing\n"
+        "    - arn:aws:iam::111122223333:user/alice\n    - arn:aws:iam::444455556666:role/Partner")}
+    from raytrain.preflight import principals
+
+    settings = load_settings("dev", env_dir(tmp_path, replace))
+    checks = list(principals.access_principals(settings, account.iam))
+    lines = {c.detail.split(" ", 1)[0]: c for c in checks}
+    assert lines["arn:aws:iam::111122223333:role/Admin"].status.value == "ok"
+    assert lines["arn:aws:iam::111122223333:role/MLEngineer"].status.value == "ok"
+    missing = lines["arn:aws:iam::111122223333:role/Missing"]
+    assert missing.status.value == "problem" and "does not exist" in missing.detail
+    assert "RayTrain-dev-Workload would fail" in missing.detail and "cluster.job_submitter_principals" in missing.fix
+    path = lines["arn:aws:iam::111122223333:user/alice"]
+    assert path.status.value == "problem" and path.fix == (
+        "set cluster.job_submitter_principals to arn:aws:iam::111122223333:user/team/alice"
+    )
+    other = lines["arn:aws:iam::444455556666:role/Partner"]
+    assert other.status.value == "warn" and "account 444455556666" in other.detail
+
+
+def test_a_missing_admin_role_fails_preflight_before_the_cluster_does(
+    account: Account, registry: Registry, tmp_path: Path
+) -> None:
+    boto3.client("iam", region_name=REGION).delete_role(RoleName="Admin")
+    account.bootstrap()
+    account.version()
+    account.addons(["v1.7.0-eksbuild.1"])
+    account.quota("L-DB2E81BA", 192)
+    account.ecr_clean()
+    code, lines = account.run(env_dir(tmp_path), registry)
+    assert code == command.EXIT_PROBLEM
+    (line,) = [x for x in lines if x.startswith("problem access entry principals:")]
+    assert "arn:aws:iam::111122223333:role/Admin (cluster.admin_principal_arns) does not exist" in line
+    assert "RayTrain-dev-Cluster would fail after the EKS cluster is created (and roll it back)" in line
+
+
 def test_standard_support_ending_soon_is_a_warning(
     account: Account, registry: Registry, tmp_path: Path
 ) -> None:
