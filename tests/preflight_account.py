@@ -239,19 +239,16 @@ class Account:
     def ecr_clean(
         self, rules: list[str] | None = None, templates: list[dict[str, Any]] | None = None
     ) -> None:
-        if rules:
-            self.ecr_stub.add_response(
-                "describe_pull_through_cache_rules",
-                {
-                    "pullThroughCacheRules": [
-                        {"ecrRepositoryPrefix": p, "upstreamRegistryUrl": "public.ecr.aws"} for p in rules
-                    ]
-                },
-            )
-        else:
-            self.ecr_stub.add_client_error(
-                "describe_pull_through_cache_rules", "PullThroughCacheRuleNotFoundException"
-            )
+        # Every rule of the registry (no prefixes asked), the last page without a nextToken.
+        self.ecr_stub.add_response(
+            "describe_pull_through_cache_rules",
+            {
+                "pullThroughCacheRules": [
+                    {"ecrRepositoryPrefix": p, "upstreamRegistryUrl": "public.ecr.aws"} for p in rules or []
+                ]
+            },
+            {},
+        )
         self.ecr_stub.add_response(
             "describe_repository_creation_templates", {"repositoryCreationTemplates": templates or []}
         )

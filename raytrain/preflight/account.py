@@ -82,13 +82,18 @@ def _rule_prefixes(settings: Settings) -> list[str]:
 def cache_rules(settings: Settings, ecr: Any, cloudformation: Any) -> Iterator[Check]:
     name = "cache rules"
     prefixes = _rule_prefixes(settings)
-    try:
-        rules = ecr.describe_pull_through_cache_rules(ecrRepositoryPrefixes=prefixes)["pullThroughCacheRules"]
-    except bce.ClientError as exc:
-        if error_code(exc) != "PullThroughCacheRuleNotFoundException":
-            raise
-        rules = []
-    taken = sorted(r["ecrRepositoryPrefix"] for r in rules)
+    # Every rule of the registry, page by page, then ours picked out. Asking for our prefixes
+    # (ecrRepositoryPrefixes) answers PullThroughCacheRuleNotFoundException when one is missing,
+    # and the API reference does not say what it answers when some exist and some do not.
+    rules: list[dict[str, Any]] = []
+    params: dict[str, Any] = {}
+    while True:
+        resp = ecr.describe_pull_through_cache_rules(**params)
+        rules += resp.get("pullThroughCacheRules", [])
+        if not resp.get("nextToken"):
+            break
+        params["nextToken"] = resp["nextToken"]
+    taken = sorted(r["ecrRepositoryPrefix"] for r in rules if r.get("ecrRepositoryPrefix") in prefixes)
     if not taken:
         yield ok(name, f"no rule holds the prefixes {', '.join(prefixes)} yet")
         return

@@ -142,6 +142,34 @@ def test_a_missing_admin_role_fails_preflight_before_the_cluster_does(
     assert "RayTrain-dev-Cluster would fail after the EKS cluster is created (and roll it back)" in line
 
 
+def test_cache_rules_are_read_page_by_page_and_only_ours_count() -> None:
+    """Other environments' rules do not count; one of ours on a later page does."""
+    from raytrain.preflight import account as account_checks
+
+    settings = load_settings("dev")
+    ecr = boto3.client("ecr", region_name=REGION, aws_access_key_id="x", aws_secret_access_key="x")
+    cloudformation = boto3.client("cloudformation", region_name=REGION, aws_access_key_id="x", aws_secret_access_key="x")
+
+    def rule(prefix: str) -> dict[str, str]:
+        return {"ecrRepositoryPrefix": prefix, "upstreamRegistryUrl": "public.ecr.aws"}
+
+    with Stubber(ecr) as stub, Stubber(cloudformation) as cfn:
+        stub.add_response("describe_pull_through_cache_rules",
+                          {"pullThroughCacheRules": [rule("prod/ecr-public"), rule("dev-old/k8s")], "nextToken": "t"}, {})
+        stub.add_response("describe_pull_through_cache_rules", {"pullThroughCacheRules": [rule("dev/quay")]},
+                          {"nextToken": "t"})  # fmt: skip
+        cfn.add_client_error("describe_stacks", "ValidationError", "Stack with id RayTrain-dev-Cluster does not exist",
+                             expected_params={"StackName": "RayTrain-dev-Cluster"})  # fmt: skip
+        (check,) = account_checks.cache_rules(settings, ecr, cloudformation)
+        stub.assert_no_pending_responses()
+    assert check.status.value == "problem"
+    assert "rules with the prefixes dev/quay already exist" in check.detail
+    with Stubber(ecr) as stub:
+        stub.add_response("describe_pull_through_cache_rules", {"pullThroughCacheRules": [rule("prod/quay")]}, {})
+        (check,) = account_checks.cache_rules(settings, ecr, cloudformation)
+    assert check.status.value == "ok" and "no rule holds" in check.detail
+
+
 def test_standard_support_ending_soon_is_a_warning(
     account: Account, registry: Registry, tmp_path: Path
 ) -> None:
