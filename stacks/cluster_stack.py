@@ -357,8 +357,13 @@ class ClusterStack(cdk.Stack):
                 metrics_log_group=container_insights_log_group(settings.cluster.name, METRICS_LOG_KIND),
             )
         self.dcgm_engine: SharedDcgmEngine | None = None
-        if self.node_monitoring is not None and self.container_insights is not None:
-            # Both add-ons bring a DCGM engine to GPU nodes: the exporter uses dcgm-server's.
+        if (
+            self.node_monitoring is not None
+            and self.container_insights is not None
+            and settings.observability.dcgm_engine == "shared"
+        ):
+            # Both add-ons bring a DCGM engine to GPU nodes: the exporter uses dcgm-server's
+            # (observability.dcgm_engine `exporter` leaves it its own).
             self.dcgm_engine = SharedDcgmEngine(
                 self,
                 "SharedDcgmEngine",
