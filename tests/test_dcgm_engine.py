@@ -263,6 +263,32 @@ def test_the_patch_reaches_the_exporter_container(
     assert remote_engine(operator_container(restored["spec"])) is None
 
 
+def test_the_exporter_dials_the_synthesized_service_which_reaches_the_engine(
+    prod: Any, rendered: dict[str, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    """Each pair checked against the other side's own value, not the function that made it: the
+    host and port the exporter container dials (the template's patch, applied by kubectl, turned
+    into the container by the operator's rule) name the template's Service and one of its ports;
+    that port's targetPort is a port of the rendered dcgm-server container."""
+    template = prod.template("Cluster")
+    service, patch = _engine_parts(template)
+    assert service is not None and patch is not None
+    cr = _one(
+        rendered["amazon-cloudwatch-observability"], "DcgmExporter", de.DCGM_EXPORTER_RESOURCE.split("/")[1]
+    )
+    kubectl = layer_kubectl(prod.settings.cluster.kubernetes_version, tmp_path)
+    dialled = remote_engine(operator_container(_kubectl_patch(kubectl, cr, patch["Properties"]["ApplyPatchJson"], tmp_path)["spec"]))
+    assert dialled is not None
+    host, port = dialled.rsplit(":", 1)
+    name, namespace, *_ = host.split(".")
+    assert (name, namespace) == (service["metadata"]["name"], service["metadata"]["namespace"])
+    (service_port,) = [p for p in service["spec"]["ports"] if p["port"] == int(port)]
+    engine = _one(rendered[NODE_MONITORING_AGENT], "DaemonSet", DCGM_SERVER)
+    (container,) = engine["spec"]["template"]["spec"]["containers"]
+    assert service_port["targetPort"] in {p["containerPort"] for p in container["ports"]}
+    assert service_port.get("protocol", "TCP") == "TCP"
+
+
 def _crd() -> dict[str, Any]:
     settings = load_settings("prod")
     chart = chart_fixture("amazon-cloudwatch-observability", settings.addons.cloudwatch_observability_chart)

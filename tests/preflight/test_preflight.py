@@ -170,6 +170,35 @@ def test_cache_rules_are_read_page_by_page_and_only_ours_count() -> None:
     assert check.status.value == "ok" and "no rule holds" in check.detail
 
 
+@pytest.mark.parametrize(
+    ("zones", "status"),
+    [(["us-west-2a"], "problem"), (["us-west-2a", "us-west-2c"], "problem"), (["us-west-2a", "us-west-2b"], "ok")],
+)
+def test_the_gpu_type_must_be_offered_in_the_pinned_zone_not_another(zones: list[str], status: str) -> None:
+    """Offered in the region but only in other zones than gpu_nodes.availability_zone: refused.
+    EC2 answers per zone (DescribeInstanceTypeOfferings, LocationType availability-zone)."""
+    from raytrain.aws import CapacityApi
+    from raytrain.preflight import capacity
+
+    settings = load_settings("dev")
+    assert settings.gpu_nodes.availability_zone == "us-west-2b"
+    keys = {"region_name": REGION, "aws_access_key_id": "x", "aws_secret_access_key": "x"}
+    ec2, quotas = boto3.client("ec2", **keys), boto3.client("service-quotas", **keys)
+    with Stubber(ec2) as stub, Stubber(quotas) as quota_stub:
+        offerings = [{"InstanceType": "g6.12xlarge", "LocationType": "availability-zone", "Location": z} for z in zones]
+        stub.add_response("describe_instance_type_offerings", {"InstanceTypeOfferings": offerings},
+                          {"LocationType": "availability-zone",
+                           "Filters": [{"Name": "instance-type", "Values": ["g6.12xlarge"]}]})  # fmt: skip
+        stub.add_response("describe_instances", {"Reservations": []})
+        quota_stub.add_response("get_service_quota",
+                                {"Quota": {"ServiceCode": "ec2", "QuotaCode": "L-DB2E81BA", "Value": 192}})  # fmt: skip
+        checks = list(capacity.capacity_checks(settings, CapacityApi(REGION, ec2, quotas)))
+    offering = next(c for c in checks if c.name == "gpu offering")
+    assert offering.status.value == status, offering
+    if status == "problem":
+        assert offering.detail == "g6.12xlarge is not offered in us-west-2b"
+
+
 def test_standard_support_ending_soon_is_a_warning(
     account: Account, registry: Registry, tmp_path: Path
 ) -> None:
