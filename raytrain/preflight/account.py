@@ -16,6 +16,10 @@
   KMS encryption or resource tags needs a `customRoleArn` ECR can assume, else ECR cannot create the
   repository (ECR User Guide, "Creating a repository creation template" and "Create an IAM role for
   repository creation templates").
+- A template whose `imageTagMutability` is IMMUTABLE (or IMMUTABLE_WITH_EXCLUSION) makes the
+  cached repositories' tags immutable ("ImageTagAlreadyExistsException ... if you push an image
+  with a tag that is already in the repository", ECR User Guide, "Preventing image tags from being
+  overwritten"), while the cache moves a tag to what its upstream names now: a warning.
 - The registry policy (ECR User Guide, "Private registry permissions") can deny the cache's
   `ecr:CreateRepository` / `ecr:BatchImportUpstreamImage`.
 """
@@ -148,6 +152,17 @@ def creation_templates(settings: Settings, ecr: Any) -> Iterator[Check]:
                 "ECR cannot create the cached repositories",
                 'give the template a repository creation role (ECR User Guide, "Create an IAM role for '
                 'repository creation templates") or set registry.cache_prefix outside its prefix',
+            )
+        elif str(template.get("imageTagMutability", "MUTABLE")).startswith("IMMUTABLE"):
+            yield warn(
+                name,
+                f"template {template['prefix']!r} makes the tags of the repositories under {prefix}/ "
+                f"{template['imageTagMutability']}: the cache re-reads a tag from its upstream (at most "
+                "once a day) and must then point the tag at another image, which an immutable tag "
+                "refuses (ImageTagAlreadyExistsException); ECR's pull-through cache documentation does "
+                "not say what a pull then gets",
+                "set imageTagMutability MUTABLE on that template (or set registry.cache_prefix outside "
+                "its prefix); pin image digests either way",
             )
         elif template.get("repositoryPolicy"):
             yield warn(

@@ -292,6 +292,23 @@ def test_creation_template_without_role_blocks_the_cache(
     )
 
 
+@pytest.mark.parametrize(("mutability", "status"), [("IMMUTABLE", "warn"), ("IMMUTABLE_WITH_EXCLUSION", "warn"),
+                                                     ("MUTABLE", "ok"), (None, "ok")])  # fmt: skip
+def test_an_immutable_tag_template_over_the_cache_is_a_warning(mutability: str | None, status: str) -> None:
+    from raytrain.preflight import account as account_checks
+
+    template: dict[str, Any] = {"prefix": "dev", "appliedFor": ["PULL_THROUGH_CACHE"]}
+    if mutability:
+        template["imageTagMutability"] = mutability
+    ecr = boto3.client("ecr", region_name=REGION, aws_access_key_id="x", aws_secret_access_key="x")
+    with Stubber(ecr) as stub:
+        stub.add_response("describe_repository_creation_templates", {"repositoryCreationTemplates": [template]})
+        checks = list(account_checks.creation_templates(load_settings("dev"), ecr))
+    assert len(checks) == 3 and {c.status.value for c in checks} == {status}, checks
+    if status == "warn":
+        assert f"template 'dev' makes the tags of the repositories under dev/quay/ {mutability}" in checks[2].detail
+
+
 def test_registry_policy_denying_the_cache(account: Account, registry: Registry, tmp_path: Path) -> None:
     account.bootstrap()
     account.version()
