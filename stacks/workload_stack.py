@@ -380,7 +380,8 @@ class WorkloadStack(cdk.Stack):
         bucket's KMS key (SSE-KMS PutObject needs kms:GenerateDataKey, GetObject kms:Decrypt; S3
         User Guide, SSE-KMS). No delete, no list, nothing outside code/: a submitter cannot touch
         checkpoints or remove code a running job reads. An existing zip is never overwritten
-        (conditional write, If-None-Match; raytrain/job/code.py)."""
+        (conditional write, If-None-Match; raytrain/job/code.py). And ecr:DescribeImages on the Ray
+        image's cache repository (`_image_cache_read`)."""
         return iam.ManagedPolicy(
             self,
             "JobSubmitterPolicy",
@@ -395,5 +396,20 @@ class WorkloadStack(cdk.Stack):
                 iam.PolicyStatement(
                     actions=["kms:GenerateDataKey", "kms:Decrypt"], resources=[self.key.key_arn]
                 ),
+                *self._image_cache_read(settings),
             ],
         )
+
+    @staticmethod
+    def _image_cache_read(settings: Settings) -> list[iam.PolicyStatement]:
+        """ecr:DescribeImages on the Ray image's cache repository: `raytrain job submit` checks a
+        pinned digest is cached before it submits (raytrain/job/submit.py, check_image_cached).
+        DescribeImages is authorised on the repository (Service Authorization Reference, Amazon
+        ECR: resource type repository)."""
+        repository = settings.image_source.cache_repository(settings.workload.image)
+        if repository is None:
+            return []
+        arn = (
+            f"arn:{partition(settings.region)}:ecr:{settings.region}:{settings.account}:repository/{repository}"
+        )
+        return [iam.PolicyStatement(actions=["ecr:DescribeImages"], resources=[arn])]
