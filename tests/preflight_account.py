@@ -254,9 +254,33 @@ class Account:
         )
         self.ecr_stub.add_client_error("get_registry_policy", "RegistryPolicyNotFoundException")
 
-    def run(self, config_dir: Path, server: Registry) -> tuple[int, list[str]]:
+    def network(self, vpcs: float = 5, eips: float = 5, deployed: bool = False) -> None:
+        """The last group's answers: the Network stack (absent unless `deployed`), the VPC and
+        Elastic IP quotas (moto's EC2 answers the usage: its default VPC, no addresses)."""
+        if deployed:
+            self.cfn_stub.add_response(
+                "describe_stacks",
+                {"Stacks": [{"StackName": "RayTrain-dev-Network", "CreationTime": dt.datetime(2026, 1, 1),
+                             "StackStatus": "CREATE_COMPLETE"}]},
+                {"StackName": "RayTrain-dev-Network"},
+            )  # fmt: skip
+        else:
+            self.no_stack("RayTrain-dev-Network")
+        for service, code, value in (("vpc", "L-F678F1CE", vpcs), ("ec2", "L-0263D0A3", eips)):
+            self.quota_stub.add_response(
+                "get_service_quota",
+                {"Quota": {"ServiceCode": service, "QuotaCode": code, "Value": value}},
+                {"ServiceCode": service, "QuotaCode": code},
+            )
+
+    def run(self, config_dir: Path, server: Registry, *, network: bool = True) -> tuple[int, list[str]]:
+        """The whole command; `network`: add the last group's default answers (a run that stops
+        earlier, or a test that gives its own, passes False)."""
         import contextlib
         import io
+
+        if network:
+            self.network()
 
         out = io.StringIO()
         with contextlib.ExitStack() as stack:

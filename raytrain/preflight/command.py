@@ -15,7 +15,7 @@ import botocore.exceptions as bce
 from config.loader import ENVIRONMENTS_DIR, SettingsError, load_settings
 from config.settings import Settings
 from raytrain.aws import CLIENT_CONFIG, AwsError, CapacityApi, credential_problem, session
-from raytrain.preflight import account, capacity, eks, images, principals
+from raytrain.preflight import account, capacity, eks, images, network, principals
 from raytrain.preflight.permissions import IAM_ACTIONS, CallRecorder
 from raytrain.preflight.registry import RegistryClient
 from raytrain.preflight.report import Check, CredentialsRejected, Status, guarded
@@ -151,6 +151,9 @@ def run_checks(settings: Settings, clients: Clients, registry: RegistryClient, t
             ("registry policy", lambda: account.registry_policy(settings, clients.ecr)),
         ]
     groups.append(("images", lambda: images.image_checks(settings, clients.ecr, registry)))
+    groups.append(
+        ("network quotas", lambda: network.network_quotas(settings, clients.capacity, clients.cloudformation))
+    )
     checks: list[Check] = []
     for name, group in groups:
         checks += guarded(name, group)

@@ -199,6 +199,38 @@ def test_the_gpu_type_must_be_offered_in_the_pinned_zone_not_another(zones: list
         assert offering.detail == "g6.12xlarge is not offered in us-west-2b"
 
 
+@pytest.mark.parametrize(
+    ("vpcs", "eips", "deployed", "lines"),
+    [
+        (5, 5, False, {"vpc quota": "ok", "elastic ip quota": "ok"}),
+        # moto's account has its default VPC: 1 used + 1 needed against a quota of 1.
+        (1, 5, False, {"vpc quota": "problem", "elastic ip quota": "ok"}),
+        (2, 0, False, {"vpc quota": "ok", "elastic ip quota": "problem"}),
+        (1, 0, True, {"vpc quota": "ok", "elastic ip quota": "ok"}),  # already deployed: counted in
+    ],
+)
+def test_vpc_and_elastic_ip_quotas_at_their_boundary(
+    account: Account, registry: Registry, tmp_path: Path, vpcs: int, eips: int, deployed: bool, lines: dict[str, str]
+) -> None:
+    account.bootstrap()
+    account.version()
+    account.addons(["v1.7.0-eksbuild.1"])
+    account.quota("L-DB2E81BA", 192)
+    account.ecr_clean()
+    account.network(vpcs=vpcs, eips=eips, deployed=deployed)
+    _, out = account.run(env_dir(tmp_path), registry, network=False)
+    for name, status in lines.items():
+        line = check_line(out, name)
+        assert line.startswith(status), line
+    if lines["vpc quota"] == "problem":
+        assert "VPCs per Region: 1 of 1 used and RayTrain-dev-Network needs 1 more" in check_line(out, "vpc quota")
+        assert "--service-code vpc --quota-code L-F678F1CE --desired-value 2" in check_line(out, "vpc quota")
+    if lines["elastic ip quota"] == "problem":
+        assert "EC2-VPC Elastic IPs: 0 of 0 used and RayTrain-dev-Network needs 1 more" in check_line(
+            out, "elastic ip quota"
+        )
+
+
 def test_standard_support_ending_soon_is_a_warning(
     account: Account, registry: Registry, tmp_path: Path
 ) -> None:
@@ -360,7 +392,7 @@ def test_a_denied_call_is_that_checks_problem(account: Account, registry: Regist
 def test_rejected_credentials_stop_the_run(account: Account, registry: Registry, tmp_path: Path) -> None:
     account.eks_stub.add_client_error("describe_cluster_versions", "ExpiredTokenException", "expired")
     account.bootstrap()
-    code, lines = account.run(env_dir(tmp_path), registry)
+    code, lines = account.run(env_dir(tmp_path), registry, network=False)
     assert code == command.EXIT_AWS
     assert lines == []
 
@@ -408,6 +440,8 @@ def test_capacity_block_checks_the_reservation(
         {"CapacityReservationIds": ["cr-0123456789abcdef0"]},
     )
     account.ecr_clean()
+    ec2.add_response("describe_vpcs", {"Vpcs": [{"VpcId": "vpc-0123456789abcdef0"}]})
+    ec2.add_response("describe_addresses", {"Addresses": []})
     with ec2:
         code, lines = account.run(env, registry)
     ec2.assert_no_pending_responses()
