@@ -1,5 +1,5 @@
-"""Custom resource that, when the Workload stack is deleted, deletes the RayJobs `raytrain job
-submit` created (foreground) and waits until they are gone: before the stack's manifests (the jobs
+"""Custom resource that, when the Workload stack is deleted (or its failed creation rolls back),
+deletes the RayJobs `raytrain job submit` created (foreground) and waits until they are gone: before the stack's manifests (the jobs
 anchor, the Roles) go, and so before the Cluster stack (the KubeRay operator) goes. Why the anchor
 alone does not hold the destroy: `job_drain_handler/handler.py`.
 
@@ -7,7 +7,9 @@ Where it runs: the function sits where CDK's kubectl provider sits (the cluster'
 the cluster security group, which the control plane admits), with the same layers (kubectl,
 AWS CLI). Its role has an EKS access entry of type STANDARD in the drainer's Kubernetes group, which
 a Role in the Ray namespace binds to listing and deleting RayJobs (k8s/rbac.py), and
-eks:DescribeCluster on this cluster (aws eks update-kubeconfig). The resource depends on the
+eks:DescribeCluster on this cluster (aws eks update-kubeconfig), and cloudformation:DescribeStacks
+on its own stack, whose status tells a stack delete from a replacement, a removal or an update's
+rollback (job_drain_handler/handler.py), which leave the jobs alone. The resource depends on the
 manifest and on the access entry, so CloudFormation deletes it (runs the handler) first.
 """
 
@@ -25,9 +27,10 @@ from constructs import Construct
 
 from cdk_constructs import handler_function as fn
 from cdk_constructs.nag import acknowledge, managed_policy_finding
+from config.names import JOB_DRAIN_RESOURCE_TYPE
 
 HANDLER_DIR = Path(__file__).resolve().parent / "job_drain_handler"
-RESOURCE_TYPE = "Custom::RayJobDrain"
+RESOURCE_TYPE = JOB_DRAIN_RESOURCE_TYPE
 HANDLER_TIMEOUT = cdk.Duration.minutes(15)
 
 DRAIN_CHECKOV_REASONS = {
@@ -72,6 +75,8 @@ class SubmittedJobDrain(Construct):
             statements=[
                 fn.write_logs(log_group),
                 iam.PolicyStatement(actions=["eks:DescribeCluster"], resources=[cluster_arn]),
+                # Its own stack only (Ref AWS::StackId: the ARN DescribeStacks is authorised on).
+                iam.PolicyStatement(actions=["cloudformation:DescribeStacks"], resources=[cdk.Aws.STACK_ID]),
             ],
         )
         policy.attach_to_role(self.role)

@@ -92,6 +92,9 @@ DEPLOYED_JOB_PREFIX = "rj-"
 # A ConfigMap of the Workload stack that owns every submitted RayJob (ownerReferences), so that
 # deleting the stack deletes them while the KubeRay operator still runs (k8s/chart.py).
 JOBS_ANCHOR = "ray-train-jobs"
+# The Workload stack's custom resource that drains the submitted RayJobs on stack delete
+# (cdk_constructs/job_drain.py); `raytrain review` guards it and the manifest holding JOBS_ANCHOR.
+JOB_DRAIN_RESOURCE_TYPE = "Custom::RayJobDrain"
 # Kubernetes groups that EKS access entries of type STANDARD map IAM principals to (EKS API
 # reference, CreateAccessEntry kubernetesGroups: a name may not start with `system:`); Roles in
 # the Ray namespace are bound to them (k8s/rbac.py). Submitters run `raytrain job`; the drainer is

@@ -66,6 +66,16 @@ def control_plane_security_group_export(settings: Settings) -> str:
     return f"{settings.stack_prefix}-ControlPlaneSecurityGroupId"
 
 
+def cluster_security_group_export(settings: Settings) -> str:
+    """Export name of the security group EKS creates for the cluster (nodes and control plane): the
+    Workload stack's job drain runs in it to reach the API server. Named and always exported, so
+    the Cluster stack's exports do not depend on what the Workload stack happens to use: an
+    automatic export (CDK's `ExportsOutput…`) disappears from the Cluster stack as soon as its
+    last consumer does, and CloudFormation refuses that update while the deployed Workload stack
+    still imports it ("Export … cannot be deleted as it is in use")."""
+    return f"{settings.stack_prefix}-ClusterSecurityGroupId"
+
+
 class ClusterStack(cdk.Stack):
     def __init__(
         self,
@@ -273,6 +283,18 @@ class ClusterStack(cdk.Stack):
         )
         cdk.CfnOutput(
             self,
+            "ClusterSecurityGroupId",
+            value=self.cluster.cluster_security_group_id,
+            export_name=cluster_security_group_export(settings),
+            description="Security group EKS created for the cluster (the Workload stack's job drain runs in it)",
+        )
+        # The automatic export the Workload stack imported before it used the named one: kept so
+        # that deploying this version updates the Cluster stack (first) while the deployed Workload
+        # stack still imports it (CDK's documented way to break a cross-stack reference,
+        # Stack.exportValue). Remove once every environment's Workload stack is on this version.
+        self.export_value(self.cluster.cluster_security_group_id)
+        cdk.CfnOutput(
+            self,
             "UpdateKubeconfig",
             value=(f"aws eks update-kubeconfig --region {settings.region} --name {cluster_settings.name}"),
             description="Configure kubectl for this cluster",
@@ -335,8 +357,13 @@ class ClusterStack(cdk.Stack):
                 metrics_log_group=container_insights_log_group(settings.cluster.name, METRICS_LOG_KIND),
             )
         self.dcgm_engine: SharedDcgmEngine | None = None
-        if self.node_monitoring is not None and self.container_insights is not None:
-            # Both add-ons bring a DCGM engine to GPU nodes: the exporter uses dcgm-server's.
+        if (
+            self.node_monitoring is not None
+            and self.container_insights is not None
+            and settings.observability.dcgm_engine == "shared"
+        ):
+            # Both add-ons bring a DCGM engine to GPU nodes: the exporter uses dcgm-server's
+            # (observability.dcgm_engine `exporter` leaves it its own).
             self.dcgm_engine = SharedDcgmEngine(
                 self,
                 "SharedDcgmEngine",

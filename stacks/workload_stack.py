@@ -14,6 +14,7 @@ from typing import Any
 import aws_cdk as cdk
 import cdk8s
 from aws_cdk import aws_eks as eks_l1
+from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
@@ -42,7 +43,7 @@ from config.names import (
 from config.settings import Settings
 from k8s.chart import build_workload_chart
 from stacks import code_asset
-from stacks.cluster_stack import kubectl_layer
+from stacks.cluster_stack import cluster_security_group_export, kubectl_layer
 from stacks.common import partition, removal_policy
 
 TRAINING_DIR = Path(__file__).resolve().parents[1] / "training"
@@ -332,7 +333,14 @@ class WorkloadStack(cdk.Stack):
             selector=f"{PART_OF_LABEL}={PART_OF},{ORIGIN_LABEL}={SUBMITTED}",
             kubectl_layer=kubectl_layer(self, settings.cluster.kubernetes_version),
             vpc=cluster.vpc,
-            security_group=cluster.cluster_security_group,
+            # By its named export, not the cluster object's attribute: that would be an automatic
+            # export only this construct uses (stacks/cluster_stack.py, cluster_security_group_export).
+            security_group=ec2.SecurityGroup.from_security_group_id(
+                self,
+                "ClusterSecurityGroup",
+                cdk.Fn.import_value(cluster_security_group_export(settings)),
+                mutable=False,
+            ),
         )
         drainer_entry = namespaced_access_entry(
             self, "JobDrainerAccess", cluster, self.job_drain.role.role_arn, JOB_DRAINER_GROUP
@@ -372,7 +380,8 @@ class WorkloadStack(cdk.Stack):
         bucket's KMS key (SSE-KMS PutObject needs kms:GenerateDataKey, GetObject kms:Decrypt; S3
         User Guide, SSE-KMS). No delete, no list, nothing outside code/: a submitter cannot touch
         checkpoints or remove code a running job reads. An existing zip is never overwritten
-        (conditional write, If-None-Match; raytrain/job/code.py)."""
+        (conditional write, If-None-Match; raytrain/job/code.py). And ecr:DescribeImages on the Ray
+        image's cache repository (`_image_cache_read`)."""
         return iam.ManagedPolicy(
             self,
             "JobSubmitterPolicy",
@@ -387,5 +396,20 @@ class WorkloadStack(cdk.Stack):
                 iam.PolicyStatement(
                     actions=["kms:GenerateDataKey", "kms:Decrypt"], resources=[self.key.key_arn]
                 ),
+                *self._image_cache_read(settings),
             ],
         )
+
+    @staticmethod
+    def _image_cache_read(settings: Settings) -> list[iam.PolicyStatement]:
+        """ecr:DescribeImages on the Ray image's cache repository: `raytrain job submit` checks a
+        pinned digest is cached before it submits (raytrain/job/submit.py, check_image_cached).
+        DescribeImages is authorised on the repository (Service Authorization Reference, Amazon
+        ECR: resource type repository)."""
+        repository = settings.image_source.cache_repository(settings.workload.image)
+        if repository is None:
+            return []
+        arn = (
+            f"arn:{partition(settings.region)}:ecr:{settings.region}:{settings.account}:repository/{repository}"
+        )
+        return [iam.PolicyStatement(actions=["ecr:DescribeImages"], resources=[arn])]

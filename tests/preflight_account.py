@@ -39,6 +39,8 @@ RAY_TAG = "train-ml-cuda-v1.1"
 DIGEST_A = "sha256:" + "a" * 64
 DIGEST_B = "sha256:" + "b" * 64
 TODAY = dt.date(2026, 12, 3)
+# dev's access-entry principals (config/environments/dev.yaml).
+DEV_PRINCIPALS = ("arn:aws:iam::111122223333:role/Admin", "arn:aws:iam::111122223333:role/MLEngineer")
 
 
 # --- a public registry ------------------------------------------------------------------------
@@ -145,6 +147,7 @@ class Account:
         self.eks = watch(boto3.client("eks", region_name=REGION))
         self.ecr = watch(boto3.client("ecr", region_name=REGION))
         self.quotas = watch(boto3.client("service-quotas", region_name=REGION))
+        self.iam = watch(boto3.client("iam", region_name=REGION))
         self.stubs = [Stubber(c) for c in (self.eks, self.ecr, self.quotas, self.cloudformation)]
         self.eks_stub, self.ecr_stub, self.quota_stub, self.cfn_stub = self.stubs
 
@@ -178,7 +181,22 @@ class Account:
             ecr=self.ecr,
             cloudformation=self.cloudformation,
             capacity=CapacityApi(REGION, self.ec2, self.quotas),
+            iam=self.iam,
         )
+
+    def principals(self, *arns: str) -> None:
+        """The roles and users named, in moto's IAM (not watched: setup)."""
+        iam = boto3.client("iam", region_name=REGION)
+        trust = json.dumps({"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
+                            "Principal": {"AWS": "arn:aws:iam::111122223333:root"}}]})  # fmt: skip
+        for arn in arns or DEV_PRINCIPALS:
+            kind, _, rest = arn.split(":", 5)[5].partition("/")
+            path, _, name = rest.rpartition("/")
+            path = f"/{path}/" if path else "/"
+            if kind == "role":
+                iam.create_role(RoleName=name, Path=path, AssumeRolePolicyDocument=trust)
+            else:
+                iam.create_user(UserName=name, Path=path)
 
     # Stubbed answers, in the order the checks ask.
     def version(self, status: str = "STANDARD_SUPPORT", end: dt.datetime = dt.datetime(2027, 3, 27)) -> None:
@@ -221,27 +239,48 @@ class Account:
     def ecr_clean(
         self, rules: list[str] | None = None, templates: list[dict[str, Any]] | None = None
     ) -> None:
-        if rules:
-            self.ecr_stub.add_response(
-                "describe_pull_through_cache_rules",
-                {
-                    "pullThroughCacheRules": [
-                        {"ecrRepositoryPrefix": p, "upstreamRegistryUrl": "public.ecr.aws"} for p in rules
-                    ]
-                },
-            )
-        else:
-            self.ecr_stub.add_client_error(
-                "describe_pull_through_cache_rules", "PullThroughCacheRuleNotFoundException"
-            )
+        # Every rule of the registry (no prefixes asked), the last page without a nextToken.
+        self.ecr_stub.add_response(
+            "describe_pull_through_cache_rules",
+            {
+                "pullThroughCacheRules": [
+                    {"ecrRepositoryPrefix": p, "upstreamRegistryUrl": "public.ecr.aws"} for p in rules or []
+                ]
+            },
+            {},
+        )
         self.ecr_stub.add_response(
             "describe_repository_creation_templates", {"repositoryCreationTemplates": templates or []}
         )
         self.ecr_stub.add_client_error("get_registry_policy", "RegistryPolicyNotFoundException")
 
-    def run(self, config_dir: Path, server: Registry) -> tuple[int, list[str]]:
+    def network(self, vpcs: float = 5, eips: float = 5, deployed: bool = False) -> None:
+        """The last group's answers: the Network stack (absent unless `deployed`), the VPC and
+        Elastic IP quotas (moto's EC2 answers the usage: its default VPC, no addresses)."""
+        if deployed:
+            self.cfn_stub.add_response(
+                "describe_stacks",
+                {"Stacks": [{"StackName": "RayTrain-dev-Network", "CreationTime": dt.datetime(2026, 1, 1),
+                             "StackStatus": "CREATE_COMPLETE"}]},
+                {"StackName": "RayTrain-dev-Network"},
+            )  # fmt: skip
+        else:
+            self.no_stack("RayTrain-dev-Network")
+        for service, code, value in (("vpc", "L-F678F1CE", vpcs), ("ec2", "L-0263D0A3", eips)):
+            self.quota_stub.add_response(
+                "get_service_quota",
+                {"Quota": {"ServiceCode": service, "QuotaCode": code, "Value": value}},
+                {"ServiceCode": service, "QuotaCode": code},
+            )
+
+    def run(self, config_dir: Path, server: Registry, *, network: bool = True) -> tuple[int, list[str]]:
+        """The whole command; `network`: add the last group's default answers (a run that stops
+        earlier, or a test that gives its own, passes False)."""
         import contextlib
         import io
+
+        if network:
+            self.network()
 
         out = io.StringIO()
         with contextlib.ExitStack() as stack:
@@ -257,7 +296,9 @@ class Account:
 def fake_account() -> Iterator[Account]:
     """The `account` fixture's body (after `aws_credentials`)."""
     with mock_aws():
-        yield Account()
+        account = Account()
+        account.principals()  # a ready account has dev's principals
+        yield account
 
 
 def set_credentials(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -73,6 +73,7 @@ def run_submit(args: argparse.Namespace, console: Console | None = None) -> int:
         from k8s.chart import JobOwner, submitted_rayjob
 
         check_inputs_granted(settings, own, args.env)
+        check_image_cached(settings)
         name = job_name(args.name, settings)
         ns = settings.workload.namespace
         anchor = api.configmap(ns, JOBS_ANCHOR)
@@ -136,6 +137,7 @@ def dry_run(args: argparse.Namespace, err: Console, settings: Settings, own: Set
     where = f"raytrain job submit --dry-run ({settings.name})"
     try:
         check_inputs_granted(settings, own, args.env)
+        check_image_cached(settings)
         name = job_name(args.name, settings)
     except JobError as exc:
         err.print(f"[bold red]{where}:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
@@ -176,6 +178,42 @@ def dry_run(args: argparse.Namespace, err: Console, settings: Settings, own: Set
     )
     print(json.dumps(manifest, indent=2, sort_keys=True))
     return EXIT_OK
+
+
+def check_image_cached(settings: Settings, ecr: Any = None) -> None:
+    """A digest-pinned Ray image pulled through the cache must be in it already: a digest that is
+    not cached is "not found" through the cache (aws/containers-roadmap#2837), and the pods would
+    sit in ImagePullBackOff with no hint. The Cluster stack's warm caches the pinned digest at
+    deploy (cdk_constructs/image_cache_warmer.py), so a digest newly pinned in the file and not
+    deployed yet is refused here. ecr:DescribeImages on the repository: the Workload stack's
+    JobSubmitter policy grants it."""
+    digest = settings.workload.effective_image_digest
+    repository = settings.image_source.cache_repository(settings.workload.image)
+    if digest is None or repository is None:
+        return
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    ecr = ecr or boto3.client("ecr", region_name=settings.region)
+    try:
+        found = ecr.describe_images(repositoryName=repository, imageIds=[{"imageDigest": digest}])
+        if found.get("imageDetails"):
+            return
+    except ClientError as exc:
+        code_ = exc.response.get("Error", {}).get("Code")
+        if code_ not in ("ImageNotFoundException", "RepositoryNotFoundException"):
+            raise JobError(
+                f"checking that {digest} is in the cache ({repository}): {exc}; your AWS principal "
+                f"needs the {settings.stack_prefix}-job-submitter policy (docs/jobs.md)"
+            ) from None
+    except BotoCoreError as exc:
+        raise JobError(f"checking the image cache: {exc}; are AWS credentials set for {settings.region}?") from None
+    raise JobError(
+        f"workload.image_digest {digest} is not in the pull-through cache ({repository}), and a digest "
+        "not cached cannot be pulled through it (aws/containers-roadmap#2837): the pods would stay in "
+        f"ImagePullBackOff. Deploy the Cluster stack (`cdk deploy {settings.stack_prefix}-Cluster`: its "
+        "warm caches the pinned digest), or pin the digest the last deploy warmed"
+    )
 
 
 def job_name(given: str | None, settings: Settings) -> str:

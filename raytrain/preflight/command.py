@@ -15,7 +15,7 @@ import botocore.exceptions as bce
 from config.loader import ENVIRONMENTS_DIR, SettingsError, load_settings
 from config.settings import Settings
 from raytrain.aws import CLIENT_CONFIG, AwsError, CapacityApi, credential_problem, session
-from raytrain.preflight import account, capacity, eks, images
+from raytrain.preflight import account, capacity, eks, images, network, principals
 from raytrain.preflight.permissions import IAM_ACTIONS, CallRecorder
 from raytrain.preflight.registry import RegistryClient
 from raytrain.preflight.report import Check, CredentialsRejected, Status, guarded
@@ -44,6 +44,7 @@ class Clients:
     ecr: Any
     cloudformation: Any
     capacity: CapacityApi
+    iam: Any
 
     @classmethod
     def connect(cls, sess: boto3.session.Session, region: str, recorder: CallRecorder) -> Clients:
@@ -55,6 +56,7 @@ class Clients:
             ecr=client("ecr"),
             cloudformation=client("cloudformation"),
             capacity=CapacityApi(region, client("ec2"), client("service-quotas")),
+            iam=client("iam"),
         )
 
 
@@ -137,6 +139,7 @@ def run_checks(settings: Settings, clients: Clients, registry: RegistryClient, t
     """Every check, in the order a deploy meets them."""
     groups = [
         ("cdk bootstrap", lambda: account.bootstrap(settings, clients.cloudformation)),
+        (principals.NAME, lambda: principals.access_principals(settings, clients.iam)),
         ("kubernetes version", lambda: eks.version_support(settings, clients.eks, today)),
         ("add-ons", lambda: eks.addon_versions(settings, clients.eks)),
         ("gpu capacity", lambda: capacity.capacity_checks(settings, clients.capacity)),
@@ -148,6 +151,9 @@ def run_checks(settings: Settings, clients: Clients, registry: RegistryClient, t
             ("registry policy", lambda: account.registry_policy(settings, clients.ecr)),
         ]
     groups.append(("images", lambda: images.image_checks(settings, clients.ecr, registry)))
+    groups.append(
+        ("network quotas", lambda: network.network_quotas(settings, clients.capacity, clients.cloudformation))
+    )
     checks: list[Check] = []
     for name, group in groups:
         checks += guarded(name, group)

@@ -295,6 +295,8 @@ def run(opts: TrainOptions) -> dict[str, Any]:
     workers, use_gpu = resolve_workers(opts)
     data = resolve_data(opts, int(cfg.vocab_size))
     eval_data = resolve_eval_data(opts, data)
+    # Recorded only once every input is accepted: a start refused above leaves no run.json.
+    run_state.record(opts, record)
     verdict: Any = ray.remote(num_cpus=0)(_GateVerdict).remote()
     trainer = TorchTrainer(
         quiet.train_worker,  # training/run/loop.py's train_loop
