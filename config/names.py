@@ -99,6 +99,12 @@ JOBS_ANCHOR = "ray-train-jobs"
 JOB_SUBMITTER_GROUP = "ray-train:job-submitters"
 JOB_DRAINER_GROUP = "ray-train:job-drainer"
 
+
+def team_submitter_group(team: str, *, implicit: bool = False) -> str:
+    """The Kubernetes group of a team's submitters; the implicit team (no `teams:` section) keeps
+    the group every submitter was in before teams existed."""
+    return JOB_SUBMITTER_GROUP if implicit else f"ray-train:{team}:job-submitters"
+
 # --- The pipeline's in-VPC verification -----------------------------------------------------------
 
 

@@ -22,7 +22,7 @@ KUBECTL_LAYERS: dict[str, str] = {
     "1.36": "aws_cdk.lambda_layer_kubectl_v36.KubectlV36Layer",
 }
 
-_IAM_PRINCIPAL_RE = re.compile(r"^arn:aws(-cn|-us-gov)?:iam::\d{12}:(role|user)/[\w+=,.@/-]{1,512}$")
+IAM_PRINCIPAL_RE = re.compile(r"^arn:aws(-cn|-us-gov)?:iam::\d{12}:(role|user)/[\w+=,.@/-]{1,512}$")
 # An EC2 capacity reservation id; `raytrain capacity --write` checks its own against it too.
 CAPACITY_RESERVATION_RE = re.compile(r"^cr-[0-9a-f]{17}$")
 
@@ -178,7 +178,7 @@ class ClusterSettings(SettingsModel):
     @classmethod
     def _arns(cls, arns: list[str]) -> list[str]:
         for arn in arns:
-            if not _IAM_PRINCIPAL_RE.match(arn):
+            if not IAM_PRINCIPAL_RE.match(arn):
                 raise ValueError(
                     f"{arn!r} is not an IAM role or user ARN like arn:aws:iam::111122223333:role/Admin"
                 )

@@ -31,6 +31,7 @@ from config.settings.infrastructure import (
 )
 from config.settings.observability import ObservabilitySettings
 from config.settings.pipeline import PipelineSettings
+from config.settings.teams import Team, TeamSettings, team_name_problem, team_problem, teams_of
 from config.settings.workload import IMAGE, JobSettings, Transport, WorkloadSettings, check_kms_key_arn
 from training.batch import accumulation_steps
 
@@ -62,6 +63,8 @@ class Settings(SettingsModel):
     job: JobSettings = Field(default_factory=JobSettings)
     storage: StorageSettings = Field(default_factory=StorageSettings)
     observability: ObservabilitySettings = Field(default_factory=ObservabilitySettings)
+    # Teams sharing the cluster through Kueue (config/settings/teams.py); none: one implicit team.
+    teams: dict[str, TeamSettings] = Field(default_factory=dict)
     # Only the environment that hosts the pipeline needs (and enables) this section.
     pipeline: PipelineSettings | None = None
     termination_protection: bool = False
@@ -95,6 +98,35 @@ class Settings(SettingsModel):
         if value is not None:
             check_kms_key_arn(value)
         return value
+
+    @field_validator("teams")
+    @classmethod
+    def _team_names(cls, teams: dict[str, TeamSettings]) -> dict[str, TeamSettings]:
+        for name in teams:
+            problem = team_name_problem(name)
+            if problem:
+                raise ValueError(problem)
+        return teams
+
+    @model_validator(mode="after")
+    def _teams(self) -> Settings:
+        problem = team_problem(self)
+        if problem is not None:
+            raise FieldError(*problem)
+        return self
+
+    @property
+    def team_list(self) -> tuple[Team, ...]:
+        """Every team, the implicit one where the file names none; the first takes the deployed job."""
+        return teams_of(self)
+
+    def team(self, name: str) -> Team | None:
+        return next((t for t in self.team_list if t.name == name), None)
+
+    @property
+    def deploy_team(self) -> Team:
+        """The team whose queue the Workload stack's own RayJob (job.deploy) lands in: the first."""
+        return self.team_list[0]
 
     @field_validator("tags")
     @classmethod
