@@ -24,6 +24,18 @@ SYSTEM_NODE_LABELS = {NODE_ROLE_LABEL: SYSTEM_NODE_ROLE}
 GPU_TAINT_KEY = "nvidia.com/gpu"
 GPU_TAINT_VALUE = "present"
 
+# Label the autoscaler reads to know a node is a GPU node whose GPUs are not advertised yet (the
+# device plugin starts after the node is Ready): without it, it sees a Ready node that cannot take
+# the pending pod and starts another ("Special note on GPU instances", AWS README). A node group
+# label (cdk_constructs/node_groups.py), so every GPU node has it from the start.
+ACCELERATOR_LABEL = "k8s.amazonaws.com/accelerator"
+
+
+def accelerator_label_value(gpu_model: str) -> str:
+    """The accelerator label's value for a GPU model (e.g. nvidia-l4)."""
+    return f"nvidia-{gpu_model.lower()}"
+
+
 # Extended resources the device plugins advertise.
 GPU_RESOURCE = "nvidia.com/gpu"
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
@@ -104,6 +116,7 @@ def team_submitter_group(team: str, *, implicit: bool = False) -> str:
     """The Kubernetes group of a team's submitters; the implicit team (no `teams:` section) keeps
     the group every submitter was in before teams existed."""
     return JOB_SUBMITTER_GROUP if implicit else f"ray-train:{team}:job-submitters"
+
 
 # --- The pipeline's in-VPC verification -----------------------------------------------------------
 

@@ -291,6 +291,9 @@ class AddonSettings(SettingsModel):
     # kubernetes.github.io/autoscaler; its image follows the cluster's Kubernetes minor
     # (cdk_constructs/cluster_autoscaler.py).
     cluster_autoscaler: ChartVersion = "9.59.0"
+    # oci://registry.k8s.io/kueue/charts/kueue (cdk_constructs/kueue.py): the newest release whose
+    # chart and CRDs the tests render here (docs/teams.md: the releases after it, the bump steps).
+    kueue: ChartVersion = "0.19.2"
     # The EKS add-on eks-node-monitoring-agent (observability.node_monitoring). Pinned, so what
     # runs is the chart the tests render: add-on vX.Y.Z-eksbuild.N installs the chart of tag vX.Y.Z
     # of aws/eks-node-monitoring-agent, whose values.yaml sets the agent image to that add-on version

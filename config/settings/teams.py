@@ -169,7 +169,18 @@ def team_problem(settings: Any) -> Problem | None:
     teams: dict[str, TeamSettings] = settings.teams
     if not teams:
         return None
-    total = settings.gpu_nodes.max_size
+    problem = _section_problem(settings)
+    if problem is not None:
+        return problem
+    seen: dict[str, str] = {}
+    for name, team in teams.items():
+        problem = _submitters_problem(settings, name, team, seen) or _limits_problem(settings, name, team)
+        if problem is not None:
+            return problem
+    return _totals_problem(settings)
+
+
+def _section_problem(settings: Any) -> Problem | None:
     if settings.cluster.job_submitter_principals:
         return (
             ("cluster", "job_submitter_principals"),
@@ -183,48 +194,61 @@ def team_problem(settings: Any) -> Problem | None:
             "that bring their own cluster (a RayJob with a clusterSelector is not managed: "
             "kueue v0.19.2 pkg/controller/jobs/rayjob/rayjob_webhook.go); use job.cluster: own",
         )
+    return None
+
+
+def _submitters_problem(settings: Any, name: str, team: TeamSettings, seen: dict[str, str]) -> Problem | None:
     admins = set(settings.cluster.admin_principal_arns)
-    seen: dict[str, str] = {}
-    for name, team in teams.items():
-        for arn in team.submitters:
-            if arn in admins:
-                return (
-                    ("teams", name, "submitters"),
-                    f"{arn} is also in cluster.admin_principal_arns: an IAM principal has one access "
-                    "entry, and an admin already sees every team; list it once",
-                )
-            if arn in seen:
-                return (
-                    ("teams", name, "submitters"),
-                    f"{arn} is a submitter of team {seen[arn]!r} too: an IAM principal has one access "
-                    "entry, so one Kubernetes group and one team; give each team its own role",
-                )
-            seen[arn] = name
-        if team_namespace(name) == settings.workload.namespace:
+    for arn in team.submitters:
+        if arn in admins:
             return (
-                ("teams", name),
-                f"its namespace {team_namespace(name)} is workload.namespace: rename the team or the namespace",
+                ("teams", name, "submitters"),
+                f"{arn} is also in cluster.admin_principal_arns: an IAM principal has one access "
+                "entry, and an admin already sees every team; list it once",
             )
-        if team.lending_limit_nodes is not None and team.lending_limit_nodes > team.gpu_nodes:
+        if arn in seen:
             return (
-                ("teams", name, "lending_limit_nodes"),
-                f"{team.lending_limit_nodes} is more than the team's own quota (gpu_nodes: "
-                f"{team.gpu_nodes}); it can lend at most {team.gpu_nodes}",
+                ("teams", name, "submitters"),
+                f"{arn} is a submitter of team {seen[arn]!r} too: an IAM principal has one access "
+                "entry, so one Kubernetes group and one team; give each team its own role",
             )
-        others = total - team.gpu_nodes
-        if team.borrowing_limit_nodes is not None and team.borrowing_limit_nodes > others:
-            return (
-                ("teams", name, "borrowing_limit_nodes"),
-                f"{team.borrowing_limit_nodes} is more than the other teams' quota could ever lend "
-                f"(gpu_nodes.max_size {total} - its own {team.gpu_nodes} = {others}); set at most "
-                f"{others}, or leave it unset to borrow whatever is idle",
-            )
-        if team.gpu_nodes == 0 and team.borrowing_limit_nodes == 0:
-            return (
-                ("teams", name, "gpu_nodes"),
-                "is 0 and borrowing_limit_nodes is 0: the team could never run a job; give it a quota "
-                "or let it borrow",
-            )
+        seen[arn] = name
+    if team_namespace(name) == settings.workload.namespace:
+        return (
+            ("teams", name),
+            f"its namespace {team_namespace(name)} is workload.namespace: rename the team or the namespace",
+        )
+    return None
+
+
+def _limits_problem(settings: Any, name: str, team: TeamSettings) -> Problem | None:
+    total = settings.gpu_nodes.max_size
+    if team.lending_limit_nodes is not None and team.lending_limit_nodes > team.gpu_nodes:
+        return (
+            ("teams", name, "lending_limit_nodes"),
+            f"{team.lending_limit_nodes} is more than the team's own quota (gpu_nodes: "
+            f"{team.gpu_nodes}); it can lend at most {team.gpu_nodes}",
+        )
+    others = total - team.gpu_nodes
+    if team.borrowing_limit_nodes is not None and team.borrowing_limit_nodes > others:
+        return (
+            ("teams", name, "borrowing_limit_nodes"),
+            f"{team.borrowing_limit_nodes} is more than the other teams' quota could ever lend "
+            f"(gpu_nodes.max_size {total} - its own {team.gpu_nodes} = {others}); set at most "
+            f"{others}, or leave it unset to borrow whatever is idle",
+        )
+    if team.gpu_nodes == 0 and team.borrowing_limit_nodes == 0:
+        return (
+            ("teams", name, "gpu_nodes"),
+            "is 0 and borrowing_limit_nodes is 0: the team could never run a job; give it a quota "
+            "or let it borrow",
+        )
+    return None
+
+
+def _totals_problem(settings: Any) -> Problem | None:
+    teams: dict[str, TeamSettings] = settings.teams
+    total = settings.gpu_nodes.max_size
     quota = sum(t.gpu_nodes for t in teams.values())
     if quota > total:
         shares = ", ".join(f"{n} {t.gpu_nodes}" for n, t in teams.items())
@@ -240,7 +264,6 @@ def team_problem(settings: Any) -> Problem | None:
             ("job", "nodes"),
             f"{settings.job.nodes}: the deployed job runs in the first team's queue ({first.name}), "
             f"which can be given at most {first.most_nodes(total)} nodes (gpu_nodes "
-            f"{first.gpu_nodes} + what it may borrow); Kueue would "
-            "never admit it",
+            f"{first.gpu_nodes} + what it may borrow); Kueue would never admit it",
         )
     return None
