@@ -204,7 +204,7 @@ def test_drain_deletes_submitted_jobs_foreground_and_waits_until_they_are_gone(
     assert sleeps, "it returned before the jobs were gone"
     assert list(api.objects) == [("rayjobs", "rj-deployed")]  # the stack's own job: its manifest's
     # Every request is one the drainer's Role allows.
-    role, _ = _rbac(load_settings("dev"), DRAINER_ROLE)
+    role, _ = _rbac(load_settings("dev").for_team("research"), DRAINER_ROLE)
     for method, path, _ in api.requests:
         if not (method == "GET" and is_discovery(path)):
             assert allowed(role["rules"], attributes(method, path)), (method, path)

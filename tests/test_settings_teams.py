@@ -18,6 +18,7 @@ APPLIED = "arn:aws:iam::111122223333:role/Applied"
 def with_teams(teams: dict, **sections: dict) -> dict:
     data = dev_data()
     data["cluster"].pop("job_submitter_principals", None)
+    data.pop("teams", None)
     data["teams"] = teams
     for section, values in sections.items():
         data[section] = {**data.get(section, {}), **values}
@@ -46,8 +47,16 @@ def one_line_error(data: dict) -> str:
     return message
 
 
-def test_no_section_is_one_implicit_team_with_todays_meaning():
+def without_teams() -> dict:
     data = dev_data()
+    data["cluster"]["job_submitter_principals"] = [
+        a for t in data.pop("teams").values() for a in t["submitters"]
+    ]
+    return data
+
+
+def test_no_section_is_one_implicit_team_with_todays_meaning():
+    data = without_teams()
     settings = parse(data)
     (team,) = settings.team_list
     assert team.implicit and team.name == "default"

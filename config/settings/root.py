@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from config.catalogue import CATALOGUE
 from config.memory import fit_problem, valid_micro_batches
@@ -69,6 +69,8 @@ class Settings(SettingsModel):
     pipeline: PipelineSettings | None = None
     termination_protection: bool = False
     tags: dict[str, str] = Field(default_factory=dict)
+    # The team a view of these settings is for (`for_team`); None: the deployed job's team.
+    _team_name: str | None = PrivateAttr(default=None)
 
     @field_validator("name")
     @classmethod
@@ -127,6 +129,25 @@ class Settings(SettingsModel):
     def deploy_team(self) -> Team:
         """The team whose queue the Workload stack's own RayJob (job.deploy) lands in: the first."""
         return self.team_list[0]
+
+    @property
+    def active_team(self) -> Team:
+        """The team this view is for: `for_team`'s, else the deployed job's."""
+        team = self.team(self._team_name) if self._team_name else None
+        return team or self.deploy_team
+
+    def for_team(self, name: str) -> Settings:
+        """These settings as one team sees them: its namespace is workload.namespace, so the chart's
+        builders (k8s/) make its objects, its RayJobs and its Roles there. Not validated again: only
+        the namespace changes, to one the team checks already cleared."""
+        team = self.team(name)
+        if team is None:
+            raise KeyError(name)
+        view = self.model_copy(
+            update={"workload": self.workload.model_copy(update={"namespace": team.namespace})}
+        )
+        view._team_name = name
+        return view
 
     @field_validator("tags")
     @classmethod
