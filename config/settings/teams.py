@@ -128,6 +128,18 @@ class Team:
         return min(total, self.gpu_nodes + borrow)
 
 
+def queue_summary(team: Team, max_size: int, teams: int) -> str:
+    """One line on the queue a job of `team` lands in and what it may borrow (raytrain plan, cost)."""
+    borrow = (
+        "any idle node" if team.borrowing_limit_nodes is None else f"{team.borrowing_limit_nodes} node(s)"
+    )
+    return (
+        f"queue: the job lands in team {team.name}'s queue (quota {team.gpu_nodes} of {max_size} GPU "
+        f"nodes, may borrow {borrow}, at most {team.most_nodes(max_size)}); {teams} team(s) share "
+        "the GPU group"
+    )
+
+
 def team_namespace(name: str) -> str:
     return f"{TEAM_NAMESPACE_PREFIX}{name}"
 
