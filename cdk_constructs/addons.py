@@ -26,6 +26,7 @@ from config.names import (
     NVIDIA_DEVICE_PLUGIN_CHART,
     PART_OF,
     PART_OF_LABEL,
+    QUEUED_NAMESPACE_LABEL,
     SYSTEM_NODE_LABELS,
 )
 from config.registries import ImageSource
@@ -209,7 +210,9 @@ class KubeRayOperator(Construct):
         version: str,
         ray_namespaces: list[str],
         images: ImageSource | None = None,
+        queued: bool = True,
     ) -> None:
+        """`queued`: the namespaces' RayJobs go through Kueue (own-cluster jobs; cdk_constructs/kueue.py)."""
         super().__init__(scope, construct_id)
         self.namespace = eks.KubernetesManifest(
             self,
@@ -226,6 +229,7 @@ class KubeRayOperator(Construct):
                             # Ray pods need IPC_LOCK and run as root in the DLC image.
                             "pod-security.kubernetes.io/enforce": "privileged",
                             "pod-security.kubernetes.io/warn": "baseline",
+                            **({QUEUED_NAMESPACE_LABEL: "true"} if queued else {}),
                         },
                     },
                 }

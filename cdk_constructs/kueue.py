@@ -11,9 +11,8 @@ available, and Kueue reports ready only once its webhook server listens with its
 before advertising the Kueue replica as ready"), so no RayJob reaches an API server whose Kueue
 webhook is not answering. The queues (k8s/kueue.py) and the Workload stack come after it.
 
-Only RayJobs are managed (integrations.frameworks: ray.io/rayjob), and only those that name a
-queue (manageJobsWithoutQueueName stays false): device plugins, add-ons, and anything else in the
-cluster are not queued.
+Only RayJobs are managed (integrations.frameworks: ray.io/rayjob): device plugins, add-ons, and
+anything else in the cluster are not queued. In the team namespaces every RayJob is (manager_config).
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from aws_cdk import Duration
 from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
-from config.names import SYSTEM_NODE_LABELS
+from config.names import QUEUED_NAMESPACE_LABEL, SYSTEM_NODE_LABELS
 from config.registries import ImageSource
 
 REPOSITORY = "oci://registry.k8s.io/kueue/charts/kueue"
@@ -96,6 +95,13 @@ def manager_config() -> dict[str, Any]:
             },
         },
         "integrations": {"frameworks": ["ray.io/rayjob"]},
+        # A RayJob created by hand without the queue label, in a team namespace, is suspended and
+        # never started unless it is given a queue ("those jobs will be suspended and never
+        # started unless they are assigned a queue", apis/config/v1beta2 ManageJobsWithoutQueueName):
+        # nobody bypasses the quotas. Only the labelled namespaces (own-cluster jobs: a standing
+        # cluster's RayJob selects an existing cluster, which Kueue refuses to manage).
+        "manageJobsWithoutQueueName": True,
+        "managedJobsNamespaceSelector": {"matchLabels": {QUEUED_NAMESPACE_LABEL: "true"}},
     }
 
 

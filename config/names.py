@@ -91,6 +91,9 @@ SERVICE_ACCOUNT = "ray-train"
 # `app.kubernetes.io/part-of` of everything this app creates in Kubernetes.
 PART_OF_LABEL = "app.kubernetes.io/part-of"
 PART_OF = "ray-train"
+# Label of the team namespaces whose RayJobs Kueue manages even without a queue label (they stay
+# suspended until given a queue): the namespaces of own-cluster jobs (cdk_constructs/kueue.py).
+QUEUED_NAMESPACE_LABEL = "ray-train/queued"
 # The standing RayCluster's name (job.cluster: standing).
 STANDING_CLUSTER_NAME = "ray-train"
 # Labels of every RayJob: its checkpoint run name, and who applied it (the Workload stack's

@@ -36,7 +36,7 @@ from cdk_constructs.observability import (
 )
 from config.names import KUBERAY_CHART
 from config.registries import split_image, split_tag
-from config.settings import KUBECTL_LAYERS, EndpointAccess, Settings
+from config.settings import KUBECTL_LAYERS, ClusterMode, EndpointAccess, Settings
 from k8s.kueue import queue_objects
 from stacks.common import log_retention, removal_policy
 
@@ -229,6 +229,7 @@ class ClusterStack(cdk.Stack):
             version=settings.addons.kuberay_operator,
             ray_namespaces=[team.namespace for team in settings.team_list],
             images=images,
+            queued=settings.job.cluster is ClusterMode.OWN,
         )
         # GPU nodes start when a RayJob's workers are pending and stop when they are gone.
         self.autoscaler = ClusterAutoscaler(

@@ -119,7 +119,10 @@ def test_manager_manages_only_rayjobs_and_waits_for_ready_pods(installed):
     config = manager_configuration(docs)
     assert config["apiVersion"] == "config.kueue.x-k8s.io/v1beta2"
     assert config["integrations"]["frameworks"] == ["ray.io/rayjob"]
-    assert "manageJobsWithoutQueueName" not in config  # default false: unlabelled objects untouched
+    # In the team namespaces (labelled by the Cluster stack) a RayJob without a queue is held
+    # suspended; elsewhere nothing unlabelled is touched.
+    assert config["manageJobsWithoutQueueName"] is True
+    assert config["managedJobsNamespaceSelector"] == {"matchLabels": {"ray-train/queued": "true"}}
     ready = config["waitForPodsReady"]
     assert ready["timeout"] == f"{kueue.PODS_READY_TIMEOUT_SECONDS}s"
     assert ready["requeuingStrategy"]["backoffBaseSeconds"] > 0
@@ -310,3 +313,22 @@ def test_provisioning_check_uses_the_class_that_scales_up():
     assert prc["spec"]["provisioningClassName"] == "best-effort-atomic-scale-up.autoscaling.x-k8s.io"
     assert prc["spec"]["managedResources"] == [GPU_RESOURCE]
     assert check["spec"]["controllerName"] == "kueue.x-k8s.io/provisioning-request"
+
+
+@pytest.mark.parametrize("env", ENVS)
+def test_team_namespaces_are_the_ones_kueue_holds_unqueued_jobs_in(synthesized, env):
+    """Every team namespace carries the label managedJobsNamespaceSelector selects, so a RayJob a
+    submitter creates there without the queue label is suspended, not run around the quotas."""
+    s = synthesized[env].settings
+    template = synthesized[env].template("Cluster")
+    manifests = resources(template, "Custom::AWSCDK-EKS-KubernetesResource")
+    namespaces = [
+        doc
+        for r in manifests.values()
+        if '"kind":"Namespace"' in r["Properties"]["Manifest"]
+        for doc in json.loads(r["Properties"]["Manifest"])
+    ]
+    assert sorted(n["metadata"]["name"] for n in namespaces) == sorted(t.namespace for t in s.team_list)
+    selector = kueue.manager_config()["managedJobsNamespaceSelector"]["matchLabels"]
+    for namespace in namespaces:
+        assert selector.items() <= namespace["metadata"]["labels"].items(), namespace["metadata"]["name"]
