@@ -15,6 +15,7 @@ manifest and on the access entry, so CloudFormation deletes it (runs the handler
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +58,9 @@ class SubmittedJobDrain(Construct):
         kubectl_layer: lambda_.ILayerVersion,
         vpc: ec2.IVpc,
         security_group: ec2.ISecurityGroup,
+        other_namespaces: Sequence[str] = (),
     ) -> None:
+        """`namespace` and `other_namespaces`: one drain each (every team's namespace), by one function."""
         super().__init__(scope, construct_id)
         self.function_name = f"{cluster_name}-job-drain"[:64]
         log_group = fn.log_group_arn(self, self.function_name)
@@ -102,14 +105,19 @@ class SubmittedJobDrain(Construct):
             environment={"AWS_STS_REGIONAL_ENDPOINTS": "regional"},
         )
         self.function.node.add_dependency(policy)
-        self.resource = fn.handler_resource(
-            self,
-            self.function,
-            resource_type=RESOURCE_TYPE,
-            properties={"ClusterName": cluster_name, "Namespace": namespace, "Selector": selector},
-            timeout=HANDLER_TIMEOUT,
-        )
+        self.resources = [
+            fn.handler_resource(
+                self if i == 0 else Construct(self, f"Namespace-{ns}"),
+                self.function,
+                resource_type=RESOURCE_TYPE,
+                properties={"ClusterName": cluster_name, "Namespace": ns, "Selector": selector},
+                timeout=HANDLER_TIMEOUT,
+            )
+            for i, ns in enumerate([namespace, *other_namespaces])
+        ]
+        self.resource = self.resources[0]
 
     def after(self, *dependencies: Any) -> None:
         """Deleted before these (CloudFormation deletes a resource before what it depends on)."""
-        self.resource.node.add_dependency(*dependencies)
+        for resource in self.resources:
+            resource.node.add_dependency(*dependencies)

@@ -24,6 +24,18 @@ SYSTEM_NODE_LABELS = {NODE_ROLE_LABEL: SYSTEM_NODE_ROLE}
 GPU_TAINT_KEY = "nvidia.com/gpu"
 GPU_TAINT_VALUE = "present"
 
+# Label the autoscaler reads to know a node is a GPU node whose GPUs are not advertised yet (the
+# device plugin starts after the node is Ready): without it, it sees a Ready node that cannot take
+# the pending pod and starts another ("Special note on GPU instances", AWS README). A node group
+# label (cdk_constructs/node_groups.py), so every GPU node has it from the start.
+ACCELERATOR_LABEL = "k8s.amazonaws.com/accelerator"
+
+
+def accelerator_label_value(gpu_model: str) -> str:
+    """The accelerator label's value for a GPU model (e.g. nvidia-l4)."""
+    return f"nvidia-{gpu_model.lower()}"
+
+
 # Extended resources the device plugins advertise.
 GPU_RESOURCE = "nvidia.com/gpu"
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
@@ -79,6 +91,9 @@ SERVICE_ACCOUNT = "ray-train"
 # `app.kubernetes.io/part-of` of everything this app creates in Kubernetes.
 PART_OF_LABEL = "app.kubernetes.io/part-of"
 PART_OF = "ray-train"
+# Label of the team namespaces whose RayJobs Kueue manages even without a queue label (they stay
+# suspended until given a queue): the namespaces of own-cluster jobs (cdk_constructs/kueue.py).
+QUEUED_NAMESPACE_LABEL = "ray-train/queued"
 # The standing RayCluster's name (job.cluster: standing).
 STANDING_CLUSTER_NAME = "ray-train"
 # Labels of every RayJob: its checkpoint run name, and who applied it (the Workload stack's
@@ -101,6 +116,13 @@ JOB_DRAIN_RESOURCE_TYPE = "Custom::RayJobDrain"
 # the Workload stack's function that deletes submitted jobs on destroy and waits for them.
 JOB_SUBMITTER_GROUP = "ray-train:job-submitters"
 JOB_DRAINER_GROUP = "ray-train:job-drainer"
+
+
+def team_submitter_group(team: str, *, implicit: bool = False) -> str:
+    """The Kubernetes group of a team's submitters; the implicit team (no `teams:` section) keeps
+    the group every submitter was in before teams existed."""
+    return JOB_SUBMITTER_GROUP if implicit else f"ray-train:{team}:job-submitters"
+
 
 # --- The pipeline's in-VPC verification -----------------------------------------------------------
 

@@ -4,8 +4,10 @@ Idle: what runs between jobs (EKS control plane, system nodes and their root vol
 gateways, interface endpoints, and the GPU group at its minimum size, zero unless the settings say
 otherwise). Running: idle plus the GPU nodes of one job (`job.nodes`) and their root volumes.
 After a job: its GPU workers are deleted when it ends (k8s/job.py), and the Cluster Autoscaler
-removes the empty nodes within minutes; those minutes are billed once per job. The Ray head stays
-`job.ttl_seconds_after_finished` for inspection on a system node, which idle already counts.
+removes the empty nodes within minutes; those minutes are billed once per job. A queued job's
+whole cluster, head included, goes when it ends (Kueue: k8s/job.py); a head kept for inspection
+would run on a system node, which idle already counts. Which team's queue the job lands in, and
+what it may borrow, is printed beside (docs/teams.md).
 Prices come from the pinned, dated table in config/prices.py (no network needed); with --live, or
 for a region the table lacks, the instance rates come from the AWS Price List API and a Spot group's
 from the current Spot price (raytrain/pricing.py; needs AWS credentials). Spot nodes without --live
@@ -255,9 +257,18 @@ def run(args: argparse.Namespace) -> int:
     if result.job_nodes > result.gpu_min_nodes:
         console.print(
             f"after each job: its GPU nodes until the autoscaler removes them (at most "
-            f"{result.after_job_minutes} min) = [bold]${result.after_job:.2f} per job[/]; the Ray head "
-            f"stays {settings.job.ttl_seconds_after_finished} s on a system node, counted in idle"
+            f"{result.after_job_minutes} min) = [bold]${result.after_job:.2f} per job[/]"
         )
+    team = settings.deploy_team
+    borrow = (
+        "any idle node" if team.borrowing_limit_nodes is None else f"{team.borrowing_limit_nodes} node(s)"
+    )
+    console.print(
+        f"queue: the job lands in team {team.name}'s queue (quota {team.gpu_nodes} of "
+        f"{settings.gpu_nodes.max_size} GPU nodes, may borrow {borrow}); "
+        f"{len(settings.team_list)} team(s) share the GPU group",
+        highlight=False,
+    )
     for note in result.notes:
         console.print(f"note: {note}", markup=False, highlight=False)
     _print_image_pull(console, pull)

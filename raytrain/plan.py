@@ -30,6 +30,7 @@ from config.memory import (
     largest_micro_batch_for,
 )
 from config.settings import Settings
+from config.settings.teams import queue_summary
 from raytrain.plan_compare import EXIT_DOES_NOT_FIT, EXIT_FITS, EXIT_UNUSABLE
 from raytrain.plan_compare import run as compare
 from raytrain.prediction import predict
@@ -232,6 +233,13 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
         return EXIT_FITS if need.fits(have) else EXIT_DOES_NOT_FIT
     for table in (breakdown(settings), micro_batches(settings), speed_table(result)):
         console.print(table)
+    # Which team's Kueue queue the job lands in (docs/teams.md); its own nodes against that queue
+    # are `raytrain job submit`'s to refuse.
+    console.print(
+        queue_summary(settings.deploy_team, settings.gpu_nodes.max_size, len(settings.team_list)),
+        highlight=False,
+        soft_wrap=True,
+    )
     headroom = (have - need.device_bytes) / GIB
     nodes = settings.num_workers // gpu.gpus
     if need.fits(have):

@@ -24,6 +24,8 @@ from cdk_constructs.dcgm_engine import SharedDcgmEngine
 from cdk_constructs.encrypted_logs import encrypted_log_group
 from cdk_constructs.image_cache import PullThroughCache
 from cdk_constructs.image_cache_warmer import ImageCacheWarmer
+from cdk_constructs.kueue import IMAGE as KUEUE_IMAGE
+from cdk_constructs.kueue import Kueue
 from cdk_constructs.node_groups import EfaGpuNodeGroup, SystemNodeGroup
 from cdk_constructs.observability import (
     METRICS_LOG_KIND,
@@ -34,7 +36,8 @@ from cdk_constructs.observability import (
 )
 from config.names import KUBERAY_CHART
 from config.registries import split_image, split_tag
-from config.settings import KUBECTL_LAYERS, EndpointAccess, Settings
+from config.settings import KUBECTL_LAYERS, ClusterMode, EndpointAccess, Settings
+from k8s.kueue import queue_objects
 from stacks.common import log_retention, removal_policy
 
 CONTROL_PLANE_LOG_TYPES = [
@@ -208,6 +211,7 @@ class ClusterStack(cdk.Stack):
                 settings.workload.image,
                 chart_image_repository(KUBERAY_CHART, settings.addons.kuberay_operator),
                 autoscaler_image,
+                KUEUE_IMAGE,
             ]
             if settings.gpu_nodes.efa:
                 pulled.append(EFA_PUBLIC_REPOSITORY)
@@ -233,8 +237,9 @@ class ClusterStack(cdk.Stack):
             "KubeRay",
             cluster=self.cluster_ref,
             version=settings.addons.kuberay_operator,
-            ray_namespace=settings.workload.namespace,
+            ray_namespaces=[team.namespace for team in settings.team_list],
             images=images,
+            queued=settings.job.cluster is ClusterMode.OWN,
         )
         # GPU nodes start when a RayJob's workers are pending and stop when they are gone.
         self.autoscaler = ClusterAutoscaler(
@@ -248,6 +253,7 @@ class ClusterStack(cdk.Stack):
             if images.upstream_of(autoscaler_image)
             else None,
         )
+        self._kueue(settings, coredns)
         # Teardown order: Helm releases go before the nodes they run on (a release deleted after
         # its nodes leaves finalizers and pods stuck), and both before the cluster.
         self.device_plugins.node.add_dependency(self.gpu_nodes.nodegroup, coredns)
@@ -263,7 +269,7 @@ class ClusterStack(cdk.Stack):
         system_nodegroup.node.add_dependency(self.autoscaler.association)
         if self.image_cache is not None:
             # Their pods pull through the cache: its rules and the nodes' grant exist first.
-            for release in (self.device_plugins, self.kuberay, self.autoscaler.chart):
+            for release in (self.device_plugins, self.kuberay, self.autoscaler.chart, self.kueue):
                 release.node.add_dependency(self.image_cache)
 
         self._observability(settings, pod_identity)
@@ -299,6 +305,24 @@ class ClusterStack(cdk.Stack):
             value=(f"aws eks update-kubeconfig --region {settings.region} --name {cluster_settings.name}"),
             description="Configure kubectl for this cluster",
         )
+
+    def _kueue(self, settings: Settings, coredns: eks.Addon) -> None:
+        """Kueue, then the teams' queues (in the namespaces created with KubeRay), before the
+        Workload stack submits anything (it depends on this stack)."""
+        self.kueue = Kueue(
+            self,
+            "Kueue",
+            cluster=self.cluster_ref,
+            version=settings.addons.kueue,
+            images=settings.image_source,
+        )
+        self.kueue.node.add_dependency(self.system_nodes.nodegroup, coredns)
+        self.queues = eks.KubernetesManifest(
+            self, "KueueQueues", cluster=self.cluster_ref, manifest=queue_objects(settings), overwrite=True
+        )
+        self.queues.node.add_dependency(self.kueue.chart, self.kuberay.namespace)
+        # The autoscaler watches ProvisioningRequests (--enable-provisioning-requests): their CRD first.
+        self.autoscaler.chart.node.add_dependency(self.kueue.provisioning_crd)
 
     def _warm_ray_image(self, settings: Settings) -> None:
         """A digest-pinned Ray image is pulled through the cache by tag at deploy, and its digest

@@ -36,7 +36,8 @@ def test_preparation_job_agrees_with_the_training_job(cluster: str) -> None:
     job_settings = {**TEXT, "cluster": cluster}
     if cluster == "standing":
         job_settings["ttl_seconds_after_finished"] = 0
-    s = variant("dev", job=job_settings)
+    # A standing cluster is the implicit team's: with teams every job is Kueue's and brings its own.
+    s = variant("dev", job=job_settings, **({"teams": {}} if cluster == "standing" else {}))
     jobs = _jobs(render(s))
     assert set(jobs) == {"train", "prepare-data"}
     prep, train = jobs["prepare-data"], jobs["train"]

@@ -108,7 +108,7 @@ def test_environment_files_are_valid_with_defaults() -> None:
             "A10G GPUs have no FP8 tensor cores",
         ),
         ({"job": {"nodes": 0}}, "job.nodes", "greater than or equal to 1"),
-        ({"job": {"nodes": 3}}, "job.nodes", "more than gpu_nodes.max_size (2)"),
+        ({"job": {"nodes": 3}}, "job.nodes", "can be given at most 2 nodes"),
         ({"job": {"start_timeout_seconds": 60}}, "job.start_timeout_seconds", "greater than or equal to 300"),
         (
             {"job": {"start_timeout_seconds": 7200, "active_deadline_seconds": 3600}},
@@ -148,6 +148,10 @@ def _shown(path: Path) -> str:
 
 def test_standing_mode_is_valid_with_ttl_zero() -> None:
     data = dev_data(job={"cluster": "standing", "ttl_seconds_after_finished": 0})
+    # The standing cluster is the implicit team's (no `teams:`; tests/test_settings_teams.py).
+    data["cluster"]["job_submitter_principals"] = [
+        a for t in data.pop("teams").values() for a in t["submitters"]
+    ]
     assert Settings.model_validate({"name": "dev", **data}).job.cluster == "standing"
 
 

@@ -174,7 +174,12 @@ def test_command_prints_table(capsys):
     assert "idle total" in out and "0.4244" in out
     assert "running total (2 GPU nodes)" in out and "9.6851" in out
     flat = " ".join(out.split())  # the console wraps long lines
-    assert "after each job" in flat and "$1.54 per job" in flat and "600 s on a system node" in flat
+    assert "after each job" in flat and "$1.54 per job" in flat
+    # dev's two example teams: the deployed job lands in the first one's queue.
+    assert (
+        "queue: the job lands in team research's queue (quota 1 of 2 GPU nodes, may borrow any idle node)"
+        in flat
+    )
     assert PRICES_AS_OF in out
 
 

@@ -236,7 +236,7 @@ def test_drain_deletes_submitted_jobs_foreground_and_waits_until_they_are_gone(
     assert sleeps, "it returned before the jobs were gone"
     assert list(api.objects) == [("rayjobs", "rj-deployed")]  # the stack's own job: its manifest's
     # Every request is one the drainer's Role allows.
-    role, _ = _rbac(load_settings("dev"), DRAINER_ROLE)
+    role, _ = _rbac(load_settings("dev").for_team("research"), DRAINER_ROLE)
     for method, path, _ in api.requests:
         if not (method == "GET" and is_discovery(path)):
             assert allowed(role["rules"], attributes(method, path)), (method, path)
@@ -291,7 +291,9 @@ OTHER_STACK = f"arn:aws:cloudformation:{REGION}:111122223333:stack/RayTrain-dev-
 
 
 def _cloudformation(status: str) -> tuple[Any, Stubber]:
-    client = boto3.client("cloudformation", region_name=REGION, aws_access_key_id="x", aws_secret_access_key="x")
+    client = boto3.client(
+        "cloudformation", region_name=REGION, aws_access_key_id="x", aws_secret_access_key="x"
+    )
     stub = Stubber(client)
     stack = {"StackId": STACK_ID, "StackName": "RayTrain-dev-Workload", "StackStatus": status,
              "CreationTime": "2026-12-01T00:00:00Z"}  # fmt: skip
@@ -344,15 +346,21 @@ def test_only_a_stack_delete_drains_the_submitted_jobs(
         assert sent == [("SUCCESS", "no submitted RayJob left")]
         assert deletes and ("rayjobs", "rs-a") not in api.objects
     else:
-        assert sent == [("SUCCESS", f"stack is {stack_status}, not being deleted: submitted RayJobs left running")]
+        assert sent == [
+            ("SUCCESS", f"stack is {stack_status}, not being deleted: submitted RayJobs left running")
+        ]
         assert not deletes and ("rayjobs", "rs-a") in api.objects
 
 
 def test_an_unreadable_stack_status_fails_the_delete_without_draining(api: Api, on_path: None) -> None:
     """Not knowing whether the stack goes: FAILED (a stack delete then retries), no job touched."""
-    client = boto3.client("cloudformation", region_name=REGION, aws_access_key_id="x", aws_secret_access_key="x")
+    client = boto3.client(
+        "cloudformation", region_name=REGION, aws_access_key_id="x", aws_secret_access_key="x"
+    )
     stub = Stubber(client)
-    stub.add_client_error("describe_stacks", "AccessDenied", "not authorized to perform cloudformation:DescribeStacks")
+    stub.add_client_error(
+        "describe_stacks", "AccessDenied", "not authorized to perform cloudformation:DescribeStacks"
+    )
     stub.activate()
     api.objects[("rayjobs", "rs-a")] = _rayjob("rs-a", "submitted")
     sent: list[tuple[str, str]] = []
@@ -379,15 +387,26 @@ def test_the_drain_role_may_describe_its_own_stack_only(synthesized: Any) -> Non
     pseudo = {"AWS::StackId": STACK_ID, "AWS::Partition": "aws", "AWS::Region": REGION,
               "AWS::AccountId": "111122223333", "AWS::URLSuffix": "amazonaws.com"}  # fmt: skip
     evaluator = ac.IAMPolicy(json.dumps(resolve(policy, {}, pseudo=pseudo)))
-    assert evaluator.is_action_permitted("cloudformation:DescribeStacks", STACK_ID) is ac.PermissionResult.PERMITTED
-    assert evaluator.is_action_permitted("cloudformation:DescribeStacks", OTHER_STACK) is not ac.PermissionResult.PERMITTED
-    assert evaluator.is_action_permitted("cloudformation:DescribeStacks", "*") is not ac.PermissionResult.PERMITTED
+    assert (
+        evaluator.is_action_permitted("cloudformation:DescribeStacks", STACK_ID)
+        is ac.PermissionResult.PERMITTED
+    )
+    assert (
+        evaluator.is_action_permitted("cloudformation:DescribeStacks", OTHER_STACK)
+        is not ac.PermissionResult.PERMITTED
+    )
+    assert (
+        evaluator.is_action_permitted("cloudformation:DescribeStacks", "*")
+        is not ac.PermissionResult.PERMITTED
+    )
 
 
 # --- the drain's own robustness ---
 
 
-def _on_event(api: Api, seconds: float, login: Callable[[str, str, float], None] | None = None) -> tuple[list[tuple[str, str]], float]:
+def _on_event(
+    api: Api, seconds: float, login: Callable[[str, str, float], None] | None = None
+) -> tuple[list[tuple[str, str]], float]:
     """on_event for a stack delete with `seconds` of run time left; the answers and when the
     (last) one was sent, in seconds from the start."""
     sent: list[tuple[str, str]] = []
@@ -466,7 +485,11 @@ def test_a_failed_update_kubeconfig_reaches_cloudformation_with_its_stderr(
     monkeypatch.setenv("PATH", f"{aws.parent}:{os.environ['PATH']}")
     with running_moto_server() as endpoint:
         monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
-        for key, value in (("AWS_ACCESS_KEY_ID", "x"), ("AWS_SECRET_ACCESS_KEY", "x"), ("AWS_DEFAULT_REGION", REGION)):
+        for key, value in (
+            ("AWS_ACCESS_KEY_ID", "x"),
+            ("AWS_SECRET_ACCESS_KEY", "x"),
+            ("AWS_DEFAULT_REGION", REGION),
+        ):
             monkeypatch.setenv(key, value)
         monkeypatch.setattr(handler, "KUBECONFIG", str(tmp_path / "kubeconfig"))
         sent, _ = _on_event(drain_api, handler.RESPONSE_MARGIN_SECONDS + 20, login=handler.kubeconfig)

@@ -33,6 +33,8 @@ from raytrain import cli
 from tests.moto_server import running_moto_server
 
 ENV = "dev"
+# dev has two teams (config/environments/dev.yaml): the jobs run in the first one's namespace.
+TEAM = "research"
 REGION = "us-west-2"
 ANCHOR_UID = "5f0c3f4e-anchor-uid"
 CRD = Path(__file__).resolve().parents[1] / "k8s" / "crds" / "ray.io_rayjobs.yaml"
@@ -146,7 +148,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def settings() -> Any:
-    return load_settings(ENV)
+    return load_settings(ENV).for_team(TEAM)
 
 
 @pytest.fixture
@@ -178,7 +180,8 @@ def s3(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch, settings: Any) -> It
 
 
 def job(kube: Kube, *argv: str) -> tuple[int, str]:
-    args = cli.build_parser().parse_args(["job", *argv, "--env", ENV, "--kubeconfig", str(kube.kubeconfig)])  # type: ignore[attr-defined]
+    where = ["--env", ENV, "--team", TEAM, "--kubeconfig", str(kube.kubeconfig)]  # type: ignore[attr-defined]
+    args = cli.build_parser().parse_args(["job", *argv, *where])
     console = Console(record=True, width=300, force_terminal=False)
     rc = args.func(args, console=console)
     return rc, console.export_text()
@@ -217,7 +220,13 @@ def test_submit_uploads_the_code_then_creates_the_rayjob(kube: Kube, s3: Any, se
     # The API server validated it (dry run) before the upload, then it was created.
     posts = [r for r in kube.requests if r[0] == "POST"]
     assert [("dryRun=All" in p[1]) for p in posts] == [True, False]
-    assert f"raytrain job logs --follow --env dev --job {name}" in text and "uploaded" in text
+    assert f"raytrain job logs --follow --env dev --team {TEAM} --job {name}" in text and "uploaded" in text
+    # Queued in the team's LocalQueue, created suspended: Kueue admits it (k8s/kueue.py).
+    assert meta["labels"]["kueue.x-k8s.io/queue-name"] == TEAM
+    assert meta["labels"]["kueue.x-k8s.io/priority-class"] == settings.active_team.default_priority
+    assert spec["suspend"] is True and spec["shutdownAfterJobFinishes"] is True
+    assert meta["namespace"] == f"ray-{TEAM}" == settings.workload.namespace
+    assert f"--storage-path s3://{checkpoint_bucket_name(settings)}/checkpoints-{TEAM} " in spec["entrypoint"]
 
     # Rerun, same code: a new job, nothing uploaded again.
     rc, text = job(kube, "submit", "--name", "rerun-1", "--set", "job.run_name=dev-smoke-2")
@@ -225,6 +234,51 @@ def test_submit_uploads_the_code_then_creates_the_rayjob(kube: Kube, s3: Any, se
     assert "already uploaded" in text
     assert [o["Key"] for o in _code_objects(s3, settings)] == [obj["Key"]]
     assert set(kube.jobs) == {name, "rerun-1"}
+
+
+def test_submit_with_a_priority_labels_it_and_an_unknown_one_is_refused(kube: Kube, s3: Any) -> None:
+    rc, text = job(
+        kube, "submit", "--priority", "urgent", "--set", "job.steps=10", "--set", "job.checkpoint_every=5"
+    )
+    assert rc == 2 and "--priority: 'urgent' is not a priority; valid: low, normal, high" in " ".join(
+        text.split()
+    )
+    assert not kube.jobs
+    rc, text = job(
+        kube, "submit", "--priority", "high", "--set", "job.steps=10", "--set", "job.checkpoint_every=5"
+    )
+    assert rc == 0, text
+    (created,) = kube.jobs.values()
+    assert created["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "high"
+
+
+def test_submit_without_a_team_where_there_are_several_names_them(kube: Kube) -> None:
+    kubeconfig = str(kube.kubeconfig)  # type: ignore[attr-defined]
+    args = cli.build_parser().parse_args(["job", "submit", "--env", ENV, "--kubeconfig", kubeconfig])
+    console = Console(record=True, width=300, force_terminal=False)
+    assert args.func(args, console=console) == 2
+    assert "--team: dev has the teams research, applied: name yours" in console.export_text()
+    args = cli.build_parser().parse_args(["job", "submit", "--env", ENV, "--team", "nobody"])
+    assert args.func(args, console=console) == 2
+    assert "--team 'nobody': not a team of dev; its teams: research, applied" in console.export_text()
+
+
+def test_a_job_bigger_than_its_team_could_ever_be_given_is_refused() -> None:
+    from raytrain.job.common import JobError
+    from raytrain.job.submit import check_queue
+    from tests.chart_render import variant
+
+    data = load_settings(ENV).model_dump(mode="json")["teams"]
+    data["applied"]["borrowing_limit_nodes"] = 0
+    settings = variant(ENV, teams=data, job={"deploy": False, "nodes": 2}).for_team("applied")
+    with pytest.raises(JobError) as info:
+        check_queue(settings, None)
+    assert str(info.value) == (
+        "job.nodes 2: team applied can never be given more than 1 g6.12xlarge nodes (its quota gpu_nodes "
+        "1, borrowing_limit_nodes 0, gpu_nodes.max_size 2), so Kueue would never admit it: --set "
+        "job.nodes=1 or less, or raise the team's quota (docs/teams.md)"
+    )
+    check_queue(settings.for_team("research"), "low")  # research may borrow: 2 nodes can be given
 
 
 @pytest.mark.parametrize(
@@ -433,7 +487,8 @@ def test_dry_run_renders_the_rayjob_offline_when_no_cluster_is_reachable(
     """The RayJob on stdout (valid against the CRD), the one line on stderr; nothing uploaded."""
     from raytrain.job.submit import OFFLINE_OWNER_UID
 
-    argv = ["job", "submit", "--env", ENV, "--dry-run", "--kubeconfig", str(tmp_path / "absent")]
+    argv = ["job", "submit", "--env", ENV, "--team", TEAM, "--dry-run",
+            "--kubeconfig", str(tmp_path / "absent")]  # fmt: skip
     rc = cli.main([*argv, "--set", "job.steps=20", "--set", "job.checkpoint_every=10"])
     out, err = capsys.readouterr()
     assert rc == 0, err
@@ -446,7 +501,8 @@ def test_dry_run_renders_the_rayjob_offline_when_no_cluster_is_reachable(
 def test_dry_run_with_the_cluster_reads_the_anchor_and_creates_nothing(
     kube: Kube, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    rc = cli.main(["job", "submit", "--env", ENV, "--dry-run", "--kubeconfig", str(kube.kubeconfig),  # type: ignore[attr-defined]
+    rc = cli.main(["job", "submit", "--env", ENV, "--team", TEAM, "--dry-run",  # type: ignore[attr-defined]
+                   "--kubeconfig", str(kube.kubeconfig),
                    "--set", "job.steps=10", "--set", "job.checkpoint_every=5"])  # fmt: skip
     out, err = capsys.readouterr()
     assert rc == 0 and err == ""
@@ -456,9 +512,9 @@ def test_dry_run_with_the_cluster_reads_the_anchor_and_creates_nothing(
 
 def test_errors_go_to_stderr(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     for argv in (
-        ["job", "status", "--env", ENV, "--kubeconfig", str(tmp_path / "absent")],
-        ["job", "submit", "--env", ENV, "--set", "job.steps=nope"],
-        ["job", "submit", "--env", ENV, "--set", "job.deploy=true"],
+        ["job", "status", "--env", ENV, "--team", TEAM, "--kubeconfig", str(tmp_path / "absent")],
+        ["job", "submit", "--env", ENV, "--team", TEAM, "--set", "job.steps=nope"],
+        ["job", "submit", "--env", ENV, "--team", TEAM, "--set", "job.deploy=true"],
     ):
         rc = cli.main(argv)
         out, err = capsys.readouterr()
@@ -521,7 +577,9 @@ def test_a_digest_not_in_the_cache_is_refused_before_anything_is_created(
         ecr.create_repository(repositoryName=repository)
         manifest = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
                                "manifests": []})  # fmt: skip
-        image = ecr.put_image(repositoryName=repository, imageManifest=manifest, imageTag="train-ml-cuda-v1.1")
+        image = ecr.put_image(
+            repositoryName=repository, imageManifest=manifest, imageTag="train-ml-cuda-v1.1"
+        )
         cached = image["image"]["imageId"]["imageDigest"]
         check_image_cached(_pinned(cached), ecr)  # passes
         newly = "sha256:" + "9" * 64
@@ -547,5 +605,8 @@ def test_the_submitter_policy_may_describe_the_cached_ray_images_only(synthesize
     repo = settings.image_source.cache_repository(settings.workload.image)
     arn = f"arn:aws:ecr:{settings.region}:{settings.account}:repository/{repo}"
     assert evaluator.is_action_permitted("ecr:DescribeImages", arn) is ac.PermissionResult.PERMITTED
-    assert evaluator.is_action_permitted("ecr:DescribeImages", arn + "-other") is not ac.PermissionResult.PERMITTED
+    assert (
+        evaluator.is_action_permitted("ecr:DescribeImages", arn + "-other")
+        is not ac.PermissionResult.PERMITTED
+    )
     assert evaluator.is_action_permitted("ecr:BatchGetImage", arn) is not ac.PermissionResult.PERMITTED

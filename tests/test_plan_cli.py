@@ -56,6 +56,11 @@ def test_dev_fits_and_shows_every_term_and_the_margin(envdir: Path) -> None:
     row = next(line for line in out.splitlines() if re.match(r"\W*2048\W", line))
     accumulating, single, other = (int(x) for x in re.findall(r"\d+", row)[1:4])
     assert 1 <= accumulating < single and other > accumulating
+    # Which Kueue queue the job lands in (dev's first example team) and what it may borrow.
+    assert (
+        "queue: the job lands in team research's queue (quota 1 of 2 GPU nodes, may borrow any idle node"
+        in flat
+    )
 
 
 def test_a_job_that_does_not_fit_is_explained_not_refused(envdir: Path) -> None:

@@ -27,13 +27,14 @@ from rich.console import Console
 from rich.markup import escape
 
 from config.loader import SettingsError, load_with_overrides
-from config.locations import S3Input, checkpoint_bucket_name, checkpoint_uri, s3_inputs
+from config.locations import S3Input, checkpoint_bucket_name, checkpoint_prefix, checkpoint_uri, s3_inputs
 from config.names import DEPLOYED_JOB_PREFIX, JOBS_ANCHOR, RUN_NAME_LABEL
 from config.settings import ClusterMode, Settings
+from config.settings.teams import priority_problem
 from raytrain.job import code
 from raytrain.job.api import JobApi
 from raytrain.job.common import EXIT_FAILED, EXIT_OK, EXIT_UNUSABLE, JOBS_SELECTOR, JobError, consoles
-from raytrain.job.entry import connect, guarded, settings_refused
+from raytrain.job.entry import connect, guarded, settings_refused, team_view
 from raytrain.job.find import _meta, finished, gpu_nodes_held
 from raytrain.verify import VerifyError
 
@@ -65,6 +66,16 @@ def run_submit(args: argparse.Namespace, console: Console | None = None) -> int:
         loaded, own = load_with_overrides(args.env, args.overrides)
     except SettingsError as exc:
         return settings_refused(err, exc)
+    try:
+        loaded = team_view(args, loaded)
+        check_queue(loaded, args.priority)
+    except JobError as exc:
+        err.print(
+            f"[bold red]raytrain job submit ({loaded.name}):[/] {escape(str(exc))}",
+            highlight=False,
+            soft_wrap=True,
+        )
+        return EXIT_UNUSABLE
     if args.dry_run:
         return dry_run(args, err, loaded, own)
 
@@ -93,6 +104,7 @@ def run_submit(args: argparse.Namespace, console: Console | None = None) -> int:
                 code_uri=f"s3://{bucket}/{zipped.key}",
                 checkpoint_uri=checkpoint_uri(settings),
                 owner=JobOwner(uid=str(_meta(anchor, "uid"))),
+                priority=args.priority,
             )
             api.create_rayjob(ns, manifest, dry_run=True)
             uploaded = code.upload(
@@ -106,12 +118,19 @@ def run_submit(args: argparse.Namespace, console: Console | None = None) -> int:
         console.print(
             f"code: s3://{bucket}/{zipped.key} ({state}, {zipped.size / 2**20:.1f} MiB)", highlight=False
         )
+        team = settings.active_team
         console.print(
-            f"[green]submitted[/] RayJob {ns}/{name} (run {settings.job.run_name})", highlight=False
+            f"[green]submitted[/] RayJob {ns}/{name} (run {settings.job.run_name}) to queue {team.queue}, "
+            f"priority {args.priority or team.default_priority}: Kueue starts it when the team's quota "
+            "(or idle quota it may borrow) can take all of it",
+            highlight=False,
+            soft_wrap=True,
         )
         for line in capacity_lines(jobs, settings):
             console.print(line, highlight=False, soft_wrap=True)
         env = f"--env {shlex.quote(settings.name)}"
+        if len(settings.team_list) > 1:
+            env += f" --team {settings.active_team.name}"
         console.print("follow it with:", highlight=False)
         for action in ("status", "logs --follow", "stop"):
             console.print(f"  raytrain job {action} {env} --job {name}", highlight=False)
@@ -175,6 +194,7 @@ def dry_run(args: argparse.Namespace, err: Console, settings: Settings, own: Set
         code_uri=f"s3://{checkpoint_bucket_name(settings)}/{zipped.key}",
         checkpoint_uri=checkpoint_uri(settings),
         owner=JobOwner(uid=uid),
+        priority=args.priority,
     )
     print(json.dumps(manifest, indent=2, sort_keys=True))
     return EXIT_OK
@@ -207,13 +227,37 @@ def check_image_cached(settings: Settings, ecr: Any = None) -> None:
                 f"needs the {settings.stack_prefix}-job-submitter policy (docs/jobs.md)"
             ) from None
     except BotoCoreError as exc:
-        raise JobError(f"checking the image cache: {exc}; are AWS credentials set for {settings.region}?") from None
+        raise JobError(
+            f"checking the image cache: {exc}; are AWS credentials set for {settings.region}?"
+        ) from None
     raise JobError(
         f"workload.image_digest {digest} is not in the pull-through cache ({repository}), and a digest "
         "not cached cannot be pulled through it (aws/containers-roadmap#2837): the pods would stay in "
         f"ImagePullBackOff. Deploy the Cluster stack (`cdk deploy {settings.stack_prefix}-Cluster`: its "
         "warm caches the pinned digest), or pin the digest the last deploy warmed"
     )
+
+
+def check_queue(settings: Settings, priority: str | None) -> None:
+    """`--priority` names a WorkloadPriorityClass, and the job fits what its team could ever be given:
+    Kueue would queue a larger one for ever (its nominal quota plus what it may borrow, within the
+    GPU node group)."""
+    if priority is not None:
+        problem = priority_problem(priority)
+        if problem:
+            raise JobError(f"--priority: {problem}")
+    if settings.job.cluster is not ClusterMode.OWN:
+        return
+    team, gpu = settings.active_team, settings.gpu_nodes
+    most = team.most_nodes(gpu.max_size)
+    if settings.job.nodes > most:
+        borrow = "any idle" if team.borrowing_limit_nodes is None else str(team.borrowing_limit_nodes)
+        raise JobError(
+            f"job.nodes {settings.job.nodes}: team {team.name} can never be given more than {most} "
+            f"{gpu.instance_type} nodes (its quota gpu_nodes {team.gpu_nodes}, borrowing_limit_nodes "
+            f"{borrow}, gpu_nodes.max_size {gpu.max_size}), so Kueue would never admit it: "
+            f"--set job.nodes={most} or less, or raise the team's quota (docs/teams.md)"
+        )
 
 
 def job_name(given: str | None, settings: Settings) -> str:
@@ -247,7 +291,10 @@ def check_inputs_granted(settings: Settings, own: Settings | None, env: str) -> 
             d.bucket == loc.bucket
             and (not d.prefix or loc.prefix == d.prefix or loc.prefix.startswith(d.prefix + "/"))
             for d in deployed
-        ) or (loc.bucket == checkpoint_bucket_name(settings) and loc.prefix.startswith("checkpoints/"))
+        ) or (
+            loc.bucket == checkpoint_bucket_name(settings)
+            and loc.prefix.startswith(checkpoint_prefix(settings) + "/")
+        )
 
     for loc in s3_inputs(settings):
         if not covered(loc):

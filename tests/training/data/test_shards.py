@@ -147,7 +147,9 @@ def test_prepared_shards_without_their_manifest_are_told_so(tmp_path: Path, uri:
     with pytest.raises(OptionError) as err:
         parse_args([*base, "--data", data])
     text = str(err.value)
-    assert text.startswith(f"--data: {data} holds prepared shards (shards-0123456789abcdef/) but no manifest.json")
+    assert text.startswith(
+        f"--data: {data} holds prepared shards (shards-0123456789abcdef/) but no manifest.json"
+    )
     assert "prepare the data again" in text and "\n" not in text
     # A folder of other files stays "no data files".
     (tmp_path / "other").mkdir()
@@ -173,7 +175,9 @@ def test_a_manifest_of_a_newer_format_names_it_and_what_this_version_reads(tmp_p
         shards.read_manifest(str(tmp_path))
 
 
-def test_a_failed_atomic_write_leaves_the_old_file_and_no_temp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_atomic_write_leaves_the_old_file_and_no_temp(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import pyarrow.fs as pafs
 
     target = tmp_path / "run.json"
