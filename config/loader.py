@@ -79,10 +79,13 @@ def _read(name: str, directory: Path) -> tuple[Path, str]:
 
 
 def _check_cluster_name_unique(settings: Settings, path: Path, directory: Path) -> None:
-    """EKS cluster names are unique per account and region: two files naming the same cluster there
-    would deploy over each other (and their stacks would fight over it). Files that do not parse are
-    left to their own synthesis to report."""
+    """What one file must not share with another of the folder. EKS cluster names are unique per
+    account and region: two files naming the same cluster there would deploy over each other (and
+    their stacks would fight over it). One file hosts the pipeline, which deploys the others
+    (`pipeline.environments`): two would each deploy the stacks they list, racing each other. Files
+    that do not parse are left to their own synthesis to report."""
     mine = (settings.account, settings.region, settings.cluster.name)
+    hosts_pipeline = settings.pipeline is not None and settings.pipeline.enabled
     for other in environment_names(directory):
         if other == settings.name:
             continue
@@ -97,6 +100,12 @@ def _check_cluster_name_unique(settings: Settings, path: Path, directory: Path) 
                 f"{_show(path)}: cluster.name: {settings.cluster.name!r} is also env={other!r}'s cluster "
                 f"in account {settings.account} {settings.region} ({_show(other_path)}); EKS cluster "
                 "names are unique per account and region: give each environment its own"
+            )
+        if hosts_pipeline and theirs.pipeline is not None and theirs.pipeline.enabled:
+            raise SettingsError(
+                f"{_show(path)}: pipeline.enabled: env={other!r} enables a pipeline too "
+                f"({_show(other_path)}); one environment hosts the pipeline and deploys the others "
+                "(pipeline.environments): set pipeline.enabled: false in all but one"
             )
 
 

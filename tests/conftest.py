@@ -153,3 +153,49 @@ def synthesized(tmp_path_factory) -> dict[str, Synthesized]:
         synthesize(settings, out)
         results[settings.name] = Synthesized(settings, out / settings.name)
     return results
+
+
+# --- a user's own environments (tests/environment_copies.py), synthesized once per session -------
+
+# Copies of the shipped files under new names, in a folder of their own (--config-dir): team-dev
+# outside the regions the pinned prices cover, team-prod hosting the pipeline in another region
+# (and account) than team-dev, which it deploys; team-h200 on p5en.48xlarge. Beside them a file that
+# does not parse: each environment's commands must not depend on it.
+OWN_ENVIRONMENTS = ("team-dev", "team-prod", "team-h200")
+
+
+@pytest.fixture(scope="session")
+def own_environments(tmp_path_factory) -> Path:
+    from tests.environment_copies import copy_environment
+
+    folder = tmp_path_factory.mktemp("own") / "environments"
+    copy_environment("dev", folder, "team-dev", region="eu-north-1", account="444455556666")
+    copy_environment(
+        "prod", folder, "team-prod", region="us-east-1", account="777788889999", rename={"dev": "team-dev"}
+    )
+    copy_environment(
+        "dev",
+        folder,
+        "team-h200",
+        region="us-east-2",
+        edit={"gpu_nodes.instance_type": "p5en.48xlarge", "gpu_nodes.placement_group": False},
+    )
+    (folder / "scratch.yaml").write_text("region: [us-east-1\n", encoding="utf-8")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def own_synthesized(own_environments, tmp_path_factory) -> dict[str, Synthesized]:
+    """`python -m stacks.synth_all ENV... --config-dir DIR` (what `make synth` runs) over them."""
+    import contextlib
+    import io
+
+    from config.loader import load_settings
+    from stacks import synth_all
+
+    out = tmp_path_factory.mktemp("own-cdk-out")
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+        code = synth_all.main([*OWN_ENVIRONMENTS, "--config-dir", str(own_environments), "--out", str(out)])
+    assert code == 0, printed.getvalue()
+    return {name: Synthesized(load_settings(name, own_environments), out / name) for name in OWN_ENVIRONMENTS}
