@@ -130,21 +130,22 @@ def env_dir(tmp_path: Path, replace: dict[str, str] | None = None, append: str =
     return tmp_path
 
 
-def preflight_args(config_dir: Path) -> argparse.Namespace:
-    return argparse.Namespace(env="dev", profile=None, role_arn=None, config_dir=config_dir)
+def preflight_args(config_dir: Path, env: str = "dev") -> argparse.Namespace:
+    return argparse.Namespace(env=env, profile=None, role_arn=None, config_dir=config_dir)
 
 
 class Account:
     """One account: moto EC2, stubbed CloudFormation, EKS, ECR and Service Quotas."""
 
-    def __init__(self) -> None:
+    def __init__(self, region: str = REGION) -> None:
+        self.region = region
         self.recorder = CallRecorder()
         watch = self.recorder.watch
-        self.ec2 = watch(boto3.client("ec2", region_name=REGION))
-        self.cloudformation = watch(boto3.client("cloudformation", region_name=REGION))
-        self.eks = watch(boto3.client("eks", region_name=REGION))
-        self.ecr = watch(boto3.client("ecr", region_name=REGION))
-        self.quotas = watch(boto3.client("service-quotas", region_name=REGION))
+        self.ec2 = watch(boto3.client("ec2", region_name=region))
+        self.cloudformation = watch(boto3.client("cloudformation", region_name=region))
+        self.eks = watch(boto3.client("eks", region_name=region))
+        self.ecr = watch(boto3.client("ecr", region_name=region))
+        self.quotas = watch(boto3.client("service-quotas", region_name=region))
         self.stubs = [Stubber(c) for c in (self.eks, self.ecr, self.quotas, self.cloudformation)]
         self.eks_stub, self.ecr_stub, self.quota_stub, self.cfn_stub = self.stubs
 
@@ -177,7 +178,7 @@ class Account:
             eks=self.eks,
             ecr=self.ecr,
             cloudformation=self.cloudformation,
-            capacity=CapacityApi(REGION, self.ec2, self.quotas),
+            capacity=CapacityApi(self.region, self.ec2, self.quotas),
         )
 
     # Stubbed answers, in the order the checks ask.
@@ -239,7 +240,7 @@ class Account:
         )
         self.ecr_stub.add_client_error("get_registry_policy", "RegistryPolicyNotFoundException")
 
-    def run(self, config_dir: Path, server: Registry) -> tuple[int, list[str]]:
+    def run(self, config_dir: Path, server: Registry, env: str = "dev") -> tuple[int, list[str]]:
         import contextlib
         import io
 
@@ -248,7 +249,9 @@ class Account:
             for stub in self.stubs:
                 stack.enter_context(stub)
             stack.enter_context(contextlib.redirect_stdout(out))
-            code = command.run(preflight_args(config_dir), self.clients(), registry_client(server), TODAY)
+            code = command.run(
+                preflight_args(config_dir, env), self.clients(), registry_client(server), TODAY
+            )
         for stub in self.stubs:
             stub.assert_no_pending_responses()
         return code, out.getvalue().splitlines()

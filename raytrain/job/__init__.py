@@ -23,8 +23,10 @@ such job. User guide: docs/jobs.md.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
+from config.loader import ENVIRONMENTS_DIR
 from raytrain.job.common import DASHBOARD_PORT, JobError
 from raytrain.job.control import run_delete, run_stop
 from raytrain.job.dashboard import run_dashboard
@@ -36,6 +38,24 @@ from raytrain.job.submit import run_submit
 __all__ = ["JobError", "cluster_name", "kuberay_check_name", "register", "select_job"]
 
 
+def connection(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--env", required=True, help="environment name (config/environments/NAME.yaml)")
+    p.add_argument(
+        "--config-dir",
+        type=Path,
+        default=ENVIRONMENTS_DIR,
+        help="directory of the environment files (default: config/environments)",
+    )
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
+    p.add_argument("--context", help="kubeconfig context (default: the current context)")
+
+
+def common(p: argparse.ArgumentParser, *, required: bool = False) -> None:
+    connection(p)
+    help_ = "the RayJob by name" if required else "a RayJob by name (default: the newest unfinished)"
+    p.add_argument("--job", metavar="NAME", required=required, help=help_)
+
+
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "job",
@@ -43,16 +63,6 @@ def register(subparsers: Any) -> None:
         description=(__doc__ or "").split("\n\n", 1)[0],
     )
     actions = parser.add_subparsers(dest="job_command", required=True, metavar="ACTION")
-
-    def connection(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--env", required=True, help="environment name (config/environments/NAME.yaml)")
-        p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
-        p.add_argument("--context", help="kubeconfig context (default: the current context)")
-
-    def common(p: argparse.ArgumentParser, *, required: bool = False) -> None:
-        connection(p)
-        help_ = "the RayJob by name" if required else "a RayJob by name (default: the newest unfinished)"
-        p.add_argument("--job", metavar="NAME", required=required, help=help_)
 
     submit = actions.add_parser(
         "submit", help="render, upload the code and create a RayJob from the settings (and --set)"
