@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 from config.costs import CostEstimate, Line, estimate, job_nodes, root_volume_per_hour
-from config.loader import ENVIRONMENTS_DIR
 from config.prices import PRICES, PriceError, RegionPrices, prices_for
 from config.settings import Settings
 
@@ -150,8 +149,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--config-dir",
         type=Path,
-        default=ENVIRONMENTS_DIR,
-        help="directory of the environment files (default: config/environments)",
+        default=None,
+        help="folder of the environment files (default: $RAYTRAIN_CONFIG_DIR, else config/environments)",
     )
     parser.add_argument("--summary", type=Path, help="a run's summary.json: also print $ per billion tokens")
     parser.add_argument("--json", action="store_true", help="print the estimate as JSON")
@@ -246,7 +245,7 @@ def run(args: argparse.Namespace) -> int:
 
     console = Console(width=None if sys.stdout.isatty() else 120)
     try:
-        settings = load_settings(args.env, getattr(args, "config_dir", ENVIRONMENTS_DIR))
+        settings = load_settings(args.env, getattr(args, "config_dir", None))
         prices, spot = _prices(args, settings)
         result = estimate(settings, prices, spot_per_hour=spot)
         tokens = None

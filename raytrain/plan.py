@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from config.loader import ENVIRONMENTS_DIR, SettingsError, load_settings
+from config.loader import SettingsError, load_settings
 from config.memory import (
     accumulation,
     capacity_bytes,
@@ -56,8 +56,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--config-dir",
         type=Path,
-        default=ENVIRONMENTS_DIR,
-        help="directory of the environment files (default: config/environments)",
+        default=None,
+        help="folder of the environment files (default: $RAYTRAIN_CONFIG_DIR, else config/environments)",
     )
     parser.add_argument(
         "--json", action="store_true", help="print the memory plan and the predicted step as JSON"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import aws_cdk as cdk
 
-from config.loader import ENVIRONMENTS_DIR, SettingsError, environment_file, load_settings
+from config.loader import SettingsError, environment_file, load_settings
 from config.settings import Settings
 from stacks.environment import EnvironmentStacks, build_environment, new_app
 from stacks.pipeline import PipelineStack
@@ -24,7 +24,7 @@ from stacks.pipeline.steps import check_smoke_environment
 __all__ = ["build_app", "new_app", "pipeline_environments"]
 
 
-def pipeline_environments(settings: Settings, directory: Path = ENVIRONMENTS_DIR) -> dict[str, Settings]:
+def pipeline_environments(settings: Settings, directory: Path | None = None) -> dict[str, Settings]:
     """The settings of every environment `settings`' pipeline deploys, each checked as its own
     synthesis checks it; a problem is one SettingsError line that names the dependency."""
     assert settings.pipeline is not None
@@ -49,7 +49,7 @@ def pipeline_environments(settings: Settings, directory: Path = ENVIRONMENTS_DIR
     return found
 
 
-def build_app(app: cdk.App, settings: Settings, directory: Path = ENVIRONMENTS_DIR) -> EnvironmentStacks:
+def build_app(app: cdk.App, settings: Settings, directory: Path | None = None) -> EnvironmentStacks:
     """The environment's stacks, plus its pipeline when `pipeline.enabled` (reading the files of
     the environments it deploys from `directory`)."""
     environments = (

@@ -22,7 +22,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 from config.costs import estimate, job_nodes
-from config.loader import ENVIRONMENTS_DIR, SettingsError, environment_names, load_settings
+from config.loader import SettingsError, environment_names, load_settings
 from config.memory import job_memory
 from config.placeholders import placeholders
 from config.prices import PriceError
@@ -32,7 +32,7 @@ from stacks.app_builder import build_app, new_app, pipeline_environments
 from stacks.environment import EnvironmentStacks
 
 
-def synthesize(settings: Settings, out_dir: Path, directory: Path = ENVIRONMENTS_DIR) -> EnvironmentStacks:
+def synthesize(settings: Settings, out_dir: Path, directory: Path | None = None) -> EnvironmentStacks:
     """Synthesize one environment into out_dir/<env> (atomically replaced); a pipeline's other
     environments are read from `directory`."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -180,8 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--config-dir",
         type=Path,
-        default=ENVIRONMENTS_DIR,
-        help="folder of environment files (default: config/environments)",
+        default=None,
+        help="folder of the environment files (default: $RAYTRAIN_CONFIG_DIR, else config/environments)",
     )
     parser.add_argument("--out", default="cdk.out", type=Path, help="output folder (default: cdk.out)")
     args = parser.parse_args(argv)

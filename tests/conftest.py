@@ -25,6 +25,27 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
 
 
+def _examples() -> Path:
+    """The suite's environment files: the shipped examples as shipped beside the checkout's own
+    files (tests/environment_copies.py). Every command the tests run without --config-dir reads
+    them (RAYTRAIN_CONFIG_DIR, config/loader.py), so a dev.yaml edited as README step 1 says, or
+    an environment of one's own, leaves the tests of dev and prod as they are."""
+    import atexit
+    import shutil
+    import tempfile
+
+    from config.loader import CONFIG_DIR_VARIABLE
+    from tests.environment_copies import write_examples
+
+    folder = Path(tempfile.mkdtemp(prefix="raytrain-examples-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    os.environ[CONFIG_DIR_VARIABLE] = str(write_examples(folder / "environments"))
+    return folder / "environments"
+
+
+EXAMPLES_DIR = _examples()
+
+
 # --- Which CI stage runs a test: every test runs once per CI run (Makefile, .ci/run) ---
 #
 # tests/training tests the package the RayJob runs, on the image's Python (3.13) and packages

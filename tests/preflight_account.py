@@ -27,7 +27,7 @@ import pytest
 from botocore.stub import Stubber
 from moto import mock_aws
 
-from config.loader import ENVIRONMENTS_DIR
+from config.loader import environments_dir
 from raytrain.aws import CapacityApi
 from raytrain.preflight import command
 from raytrain.preflight.permissions import CallRecorder
@@ -122,7 +122,7 @@ def registry_client(server: Registry) -> RegistryClient:
 
 
 def env_dir(tmp_path: Path, replace: dict[str, str] | None = None, append: str = "") -> Path:
-    text = (ENVIRONMENTS_DIR / "dev.yaml").read_text()
+    text = (environments_dir() / "dev.yaml").read_text()
     for old, new in (replace or {}).items():
         assert old in text, old
         text = text.replace(old, new)

@@ -26,7 +26,6 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from config.loader import ENVIRONMENTS_DIR
 from raytrain.job.common import DASHBOARD_PORT, JobError
 from raytrain.job.control import run_delete, run_stop
 from raytrain.job.dashboard import run_dashboard
@@ -43,8 +42,8 @@ def connection(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--config-dir",
         type=Path,
-        default=ENVIRONMENTS_DIR,
-        help="directory of the environment files (default: config/environments)",
+        default=None,
+        help="folder of the environment files (default: $RAYTRAIN_CONFIG_DIR, else config/environments)",
     )
     p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
     p.add_argument("--context", help="kubeconfig context (default: the current context)")

@@ -9,7 +9,7 @@ from typing import Any
 import boto3
 import pytest
 
-from config.loader import ENVIRONMENTS_DIR, load_settings, parse_settings
+from config.loader import environments_dir, load_settings, parse_settings
 from raytrain import capacity
 from raytrain.aws import CapacityApi
 from raytrain.capacity import command
@@ -126,7 +126,7 @@ def _comments(text: str) -> list[str]:
 
 @pytest.mark.parametrize("env", ["dev", "prod", "example"])
 def test_round_trip_without_changes_is_byte_identical(env) -> None:
-    text = (ENVIRONMENTS_DIR / f"{env}.yaml").read_text()
+    text = (environments_dir() / f"{env}.yaml").read_text()
     settings = parse_settings(text, name=env, source=env)
     same, changes = capacity.updated_text(
         text,
