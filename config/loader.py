@@ -67,6 +67,7 @@ def load_with_overrides(
     """The environment with `job.FIELD=VALUE` overrides (as `load_settings`), and from the same
     read of the file the file alone, as deployed: None when the file alone is refused (e.g. a
     memory check the overrides fix). Without overrides both are the same object."""
+    directory = environments_dir(directory)
     path, text = _read(name, directory)
     settings = parse_settings(text, name=name, source=path, overrides=overrides)
     _check_cluster_name_unique(settings, path, directory)
