@@ -22,7 +22,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 from config.costs import estimate, job_nodes
-from config.loader import SettingsError, environment_names, load_settings
+from config.loader import SettingsError, environment_file, environment_names, load_settings
 from config.memory import job_memory
 from config.placeholders import placeholders
 from config.prices import PriceError
@@ -96,7 +96,9 @@ class AssemblyReport:
         return cls(list(warnings), acknowledged, "; ".join(conclusions) or "no report", rayjob)
 
 
-def environment_panel(settings: Settings, stacks: EnvironmentStacks, out_dir: Path) -> Panel:
+def environment_panel(
+    settings: Settings, stacks: EnvironmentStacks, out_dir: Path, directory: Path | None = None
+) -> Panel:
     """One environment's block: fits 80 columns (rich wraps the values, never cuts them)."""
     assembly = out_dir / settings.name
     report = AssemblyReport.read(assembly)
@@ -139,12 +141,20 @@ def environment_panel(settings: Settings, stacks: EnvironmentStacks, out_dir: Pa
         grid.add_row(
             "[bold red]PLACEHOLDERS[/]",
             "[bold red]documentation values: replace them in "
-            f"config/environments/{settings.name}.yaml before a deploy[/]\n" + "\n".join(found),
+            f"{_shown(environment_file(settings.name, directory))} before a deploy[/]\n" + "\n".join(found),
         )
     border = "red" if found else "yellow" if report.warnings else "green"
     return Panel(
         grid, title=f"[bold]{settings.name}[/] → {assembly}/", title_align="left", border_style=border
     )
+
+
+def _shown(path: Path) -> str:
+    """A path as a user typed it: relative to the working folder where it lies under it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def training_cell(settings: Settings) -> str:
@@ -216,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: synthesis of env={settings.name} failed: {exc}", file=sys.stderr)
             return 1
     for settings, stacks in results:
-        console.print(environment_panel(settings, stacks, args.out))
+        console.print(environment_panel(settings, stacks, args.out, args.config_dir))
     return 0
 
 

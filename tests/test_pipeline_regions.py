@@ -124,3 +124,19 @@ def test_two_files_enabling_the_pipeline_are_refused_in_one_line(tmp_path: Path)
         load_settings(HOST, tmp_path)
     message = str(caught.value)
     assert "pipeline.enabled: env='team-prod-2' enables a pipeline too" in message and "\n" not in message
+
+
+def test_cfn_lint_is_clean_on_the_support_and_pipeline_templates(own_synthesized):
+    import subprocess
+    import sys
+
+    host = own_synthesized[HOST].directory
+    templates = [str(p) for p in sorted(host.glob("cross-region-stack-*.template.json"))]
+    assert templates
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run(
+        [str(Path(sys.executable).with_name("cfn-lint")), "--config-file", str(root / ".cfnlintrc.yaml"),
+         *templates, str(host / "RayTrain-team-prod-Pipeline.template.json")],
+        capture_output=True, text=True, cwd=root, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
