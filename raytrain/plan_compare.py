@@ -70,7 +70,7 @@ def _size(model: str, config: str | None = None) -> None:
             raise ValueError(exc.message) from None
         # The catalogue's advice (job.config_json, job.shape) is the settings', not --compare's.
         mean = f"; did you mean {' or '.join(map(repr, exc.close))}?" if exc.close else ""
-        lead = f"{model!r} is not in the model catalogue (training/model_configs/), so its size is unknown"
+        lead = f"{model!r} is not in the model catalogue (training/model/configs/), so its size is unknown"
         raise ValueError(
             f"{lead}{mean}{' Otherwise' if mean else ';'} compare a local copy of its config.json "
             "(--compare FILE, or a folder holding one)"

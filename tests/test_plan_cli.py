@@ -308,7 +308,7 @@ def test_compare_suggests_the_catalogue_id_a_variant_name_meant(envdir: Path) ->
     said = [line for line in console.export_text().splitlines() if line.startswith("refused ")]
     assert said == [
         "refused Qwen/Qwen3-8B-Instruct: 'Qwen/Qwen3-8B-Instruct' is not in the model catalogue "
-        "(training/model_configs/), so its size is unknown; did you mean 'Qwen/Qwen3-8B' or "
+        "(training/model/configs/), so its size is unknown; did you mean 'Qwen/Qwen3-8B' or "
         "'Qwen/Qwen3-8B-Base'? Otherwise compare a local copy of its config.json (--compare FILE, or a "
         "folder holding one)"
     ]
