@@ -148,6 +148,12 @@ def register(subparsers: Any) -> None:
         description=(__doc__ or "").split("\n\n", 1)[0],
     )
     parser.add_argument("--env", required=True, help="environment name (config/environments/NAME.yaml)")
+    parser.add_argument(
+        "--config-dir",
+        type=Path,
+        default=None,
+        help="folder of the environment files (default: $RAYTRAIN_CONFIG_DIR, else config/environments)",
+    )
     parser.add_argument("--summary", type=Path, help="a run's summary.json: also print $ per billion tokens")
     parser.add_argument("--json", action="store_true", help="print the estimate as JSON")
     parser.add_argument(
@@ -178,6 +184,29 @@ def live_clients(profile: str | None, region: str) -> tuple[Any, Any]:
 
 def _prices(args: argparse.Namespace, settings: Settings) -> tuple[RegionPrices | None, float | None]:
     """(prices, Spot $/h): None, None for the pinned table."""
+    return region_prices(settings, live=getattr(args, "live", False), profile=getattr(args, "profile", None))
+
+
+def optional_prices(
+    settings: Settings, *, live: bool, profile: str | None
+) -> tuple[RegionPrices | None, float | None, str | None]:
+    """For commands whose cost is one part among others (`raytrain plan`): the prices --live asks
+    AWS for, else the pinned table's (None, None); with why AWS could not price them, instead of
+    failing (the pinned table is used then, where it has the region)."""
+    if not live:
+        return None, None, None
+    try:
+        prices, spot = region_prices(settings, live=True, profile=profile)
+    except PriceError as exc:
+        return None, None, f"--live: {exc}"
+    return prices, spot, None
+
+
+def region_prices(
+    settings: Settings, *, live: bool, profile: str | None
+) -> tuple[RegionPrices | None, float | None]:
+    """(prices, Spot $/h) from the AWS Price List API and Spot price history when `live` or when the
+    pinned table lacks the region; (None, None) for the pinned table. PriceError says why not."""
     import datetime as dt
 
     import botocore.exceptions as bce
@@ -186,11 +215,10 @@ def _prices(args: argparse.Namespace, settings: Settings) -> tuple[RegionPrices 
     from raytrain.aws import credential_problem, permission_problem
     from raytrain.pricing import live_prices, spot_rate
 
-    live = getattr(args, "live", False)
     if not live and settings.region in PRICES:
         return None, None
     try:
-        pricing, ec2 = live_clients(getattr(args, "profile", None), settings.region)
+        pricing, ec2 = live_clients(profile, settings.region)
     except PriceError:
         if not live:  # a region the table lacks, and no credentials to ask AWS: say both
             prices_for(settings.region)
@@ -219,7 +247,7 @@ def run(args: argparse.Namespace) -> int:
 
     console = Console(width=None if sys.stdout.isatty() else 120)
     try:
-        settings = load_settings(args.env)
+        settings = load_settings(args.env, getattr(args, "config_dir", None))
         prices, spot = _prices(args, settings)
         result = estimate(settings, prices, spot_per_hour=spot)
         tokens = None

@@ -13,8 +13,8 @@ from typing import Any
 
 import aws_cdk as cdk
 import cdk8s
-from aws_cdk import aws_eks as eks_l1
 from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_eks as eks_l1
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3

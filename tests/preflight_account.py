@@ -27,7 +27,7 @@ import pytest
 from botocore.stub import Stubber
 from moto import mock_aws
 
-from config.loader import ENVIRONMENTS_DIR
+from config.loader import environments_dir
 from raytrain.aws import CapacityApi
 from raytrain.preflight import command
 from raytrain.preflight.permissions import CallRecorder
@@ -124,7 +124,7 @@ def registry_client(server: Registry) -> RegistryClient:
 
 
 def env_dir(tmp_path: Path, replace: dict[str, str] | None = None, append: str = "") -> Path:
-    text = (ENVIRONMENTS_DIR / "dev.yaml").read_text()
+    text = (environments_dir() / "dev.yaml").read_text()
     for old, new in (replace or {}).items():
         assert old in text, old
         text = text.replace(old, new)
@@ -132,22 +132,23 @@ def env_dir(tmp_path: Path, replace: dict[str, str] | None = None, append: str =
     return tmp_path
 
 
-def preflight_args(config_dir: Path) -> argparse.Namespace:
-    return argparse.Namespace(env="dev", profile=None, role_arn=None, config_dir=config_dir)
+def preflight_args(config_dir: Path, env: str = "dev") -> argparse.Namespace:
+    return argparse.Namespace(env=env, profile=None, role_arn=None, config_dir=config_dir)
 
 
 class Account:
     """One account: moto EC2, stubbed CloudFormation, EKS, ECR and Service Quotas."""
 
-    def __init__(self) -> None:
+    def __init__(self, region: str = REGION) -> None:
+        self.region = region
         self.recorder = CallRecorder()
         watch = self.recorder.watch
-        self.ec2 = watch(boto3.client("ec2", region_name=REGION))
-        self.cloudformation = watch(boto3.client("cloudformation", region_name=REGION))
-        self.eks = watch(boto3.client("eks", region_name=REGION))
-        self.ecr = watch(boto3.client("ecr", region_name=REGION))
-        self.quotas = watch(boto3.client("service-quotas", region_name=REGION))
-        self.iam = watch(boto3.client("iam", region_name=REGION))
+        self.ec2 = watch(boto3.client("ec2", region_name=region))
+        self.cloudformation = watch(boto3.client("cloudformation", region_name=region))
+        self.eks = watch(boto3.client("eks", region_name=region))
+        self.ecr = watch(boto3.client("ecr", region_name=region))
+        self.quotas = watch(boto3.client("service-quotas", region_name=region))
+        self.iam = watch(boto3.client("iam", region_name=region))
         self.stubs = [Stubber(c) for c in (self.eks, self.ecr, self.quotas, self.cloudformation)]
         self.eks_stub, self.ecr_stub, self.quota_stub, self.cfn_stub = self.stubs
 
@@ -180,7 +181,7 @@ class Account:
             eks=self.eks,
             ecr=self.ecr,
             cloudformation=self.cloudformation,
-            capacity=CapacityApi(REGION, self.ec2, self.quotas),
+            capacity=CapacityApi(self.region, self.ec2, self.quotas),
             iam=self.iam,
         )
 
@@ -254,28 +255,9 @@ class Account:
         )
         self.ecr_stub.add_client_error("get_registry_policy", "RegistryPolicyNotFoundException")
 
-    def network(self, vpcs: float = 5, eips: float = 5, deployed: bool = False) -> None:
-        """The last group's answers: the Network stack (absent unless `deployed`), the VPC and
-        Elastic IP quotas (moto's EC2 answers the usage: its default VPC, no addresses)."""
-        if deployed:
-            self.cfn_stub.add_response(
-                "describe_stacks",
-                {"Stacks": [{"StackName": "RayTrain-dev-Network", "CreationTime": dt.datetime(2026, 1, 1),
-                             "StackStatus": "CREATE_COMPLETE"}]},
-                {"StackName": "RayTrain-dev-Network"},
-            )  # fmt: skip
-        else:
-            self.no_stack("RayTrain-dev-Network")
-        for service, code, value in (("vpc", "L-F678F1CE", vpcs), ("ec2", "L-0263D0A3", eips)):
-            self.quota_stub.add_response(
-                "get_service_quota",
-                {"Quota": {"ServiceCode": service, "QuotaCode": code, "Value": value}},
-                {"ServiceCode": service, "QuotaCode": code},
-            )
-
-    def run(self, config_dir: Path, server: Registry, *, network: bool = True) -> tuple[int, list[str]]:
-        """The whole command; `network`: add the last group's default answers (a run that stops
-        earlier, or a test that gives its own, passes False)."""
+    def run(
+        self, config_dir: Path, server: Registry, env: str = "dev", *, network: bool = True
+    ) -> tuple[int, list[str]]:
         import contextlib
         import io
 
@@ -287,7 +269,9 @@ class Account:
             for stub in self.stubs:
                 stack.enter_context(stub)
             stack.enter_context(contextlib.redirect_stdout(out))
-            code = command.run(preflight_args(config_dir), self.clients(), registry_client(server), TODAY)
+            code = command.run(
+                preflight_args(config_dir, env), self.clients(), registry_client(server), TODAY
+            )
         for stub in self.stubs:
             stub.assert_no_pending_responses()
         return code, out.getvalue().splitlines()

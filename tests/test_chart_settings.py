@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from config.catalogue import CATALOGUE
-from config.loader import ENVIRONMENTS_DIR, SettingsError, load_settings, parse_settings
+from config.loader import SettingsError, environments_dir, load_settings, parse_settings
 from config.settings import Settings, Transport
 
-DEV = ENVIRONMENTS_DIR / "dev.yaml"
+DEV = environments_dir() / "dev.yaml"
 
 
 KEY = "arn:aws:kms:us-west-2:111122223333:key/1234abcd-12ab-34cd-56ef-1234567890ab"
@@ -40,7 +40,7 @@ def test_environment_files_are_valid_with_defaults() -> None:
         s = load_settings(name)
         assert s.job.keep_checkpoints >= 2
         assert s.job.transport(s.gpu_nodes.efa) is Transport.EFA
-    example = ENVIRONMENTS_DIR / "example.yaml"
+    example = environments_dir() / "example.yaml"
     parse_settings(example.read_text(), name="example", source=example)
 
 

@@ -18,7 +18,6 @@ import copy
 import json
 import os
 import subprocess
-import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -204,7 +203,6 @@ def test_cdks_kubectl_delete_sends_background_which_drops_the_anchors_foreground
     api.objects[("configmaps", JOBS_ANCHOR)] = copy.deepcopy(anchor)
     manifest = tmp_path / "manifest.yaml"
     manifest.write_text(json.dumps(anchor))
-    import subprocess
 
     # The kubectl handler's exact argv on Delete: kubectl('delete', manifest_file).
     out = subprocess.run(

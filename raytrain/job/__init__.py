@@ -25,6 +25,7 @@ such job. User guide: docs/jobs.md.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from raytrain.job.common import DASHBOARD_PORT, JobError
@@ -39,6 +40,28 @@ from raytrain.job.submit import run_submit
 __all__ = ["JobError", "cluster_name", "kuberay_check_name", "register", "select_job"]
 
 
+def connection(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--env", required=True, help="environment name (config/environments/NAME.yaml)")
+    p.add_argument(
+        "--config-dir",
+        type=Path,
+        default=None,
+        help="folder of the environment files (default: $RAYTRAIN_CONFIG_DIR, else config/environments)",
+    )
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
+    p.add_argument("--context", help="kubeconfig context (default: the current context)")
+    p.add_argument(
+        "--team",
+        help="your team (settings: teams): its namespace and queue; needed where there are several",
+    )
+
+
+def common(p: argparse.ArgumentParser, *, required: bool = False) -> None:
+    connection(p)
+    help_ = "the RayJob by name" if required else "a RayJob by name (default: the newest unfinished)"
+    p.add_argument("--job", metavar="NAME", required=required, help=help_)
+
+
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "job",
@@ -46,20 +69,6 @@ def register(subparsers: Any) -> None:
         description=(__doc__ or "").split("\n\n", 1)[0],
     )
     actions = parser.add_subparsers(dest="job_command", required=True, metavar="ACTION")
-
-    def connection(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--env", required=True, help="environment name (config/environments/NAME.yaml)")
-        p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
-        p.add_argument("--context", help="kubeconfig context (default: the current context)")
-        p.add_argument(
-            "--team",
-            help="your team (settings: teams): its namespace and queue; needed where there are several",
-        )
-
-    def common(p: argparse.ArgumentParser, *, required: bool = False) -> None:
-        connection(p)
-        help_ = "the RayJob by name" if required else "a RayJob by name (default: the newest unfinished)"
-        p.add_argument("--job", metavar="NAME", required=required, help=help_)
 
     _submit_parser(actions, connection)
 

@@ -58,7 +58,7 @@ def guarded(
     err = err or console
     if settings is None:
         try:
-            settings = load_settings(args.env, overrides=overrides)
+            settings = load_settings(args.env, args.config_dir, overrides=overrides)
         except SettingsError as exc:
             return settings_refused(err, exc)
     try:

@@ -26,7 +26,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from config.loader import SettingsError, load_with_overrides
+from config.loader import SettingsError, environment_file, load_with_overrides
 from config.locations import S3Input, checkpoint_bucket_name, checkpoint_prefix, checkpoint_uri, s3_inputs
 from config.names import DEPLOYED_JOB_PREFIX, JOBS_ANCHOR, RUN_NAME_LABEL
 from config.settings import ClusterMode, Settings
@@ -56,14 +56,14 @@ def run_submit(args: argparse.Namespace, console: Console | None = None) -> int:
         if field in _DEPLOYED_ONLY:
             err.print(
                 f"[bold red]--set {escape(item)}:[/] job.{field} {_DEPLOYED_ONLY[field]}: change it "
-                f"in config/environments/{args.env}.yaml and deploy",
+                f"in {environment_file(args.env, args.config_dir)} and deploy",
                 highlight=False,
                 soft_wrap=True,
             )
             return 2
     # One read of the environment file: the job's settings (with --set) and the file's own.
     try:
-        loaded, own = load_with_overrides(args.env, args.overrides)
+        loaded, own = load_with_overrides(args.env, args.overrides, args.config_dir)
     except SettingsError as exc:
         return settings_refused(err, exc)
     try:
@@ -83,7 +83,7 @@ def run_submit(args: argparse.Namespace, console: Console | None = None) -> int:
         # The chart's code loads cdk8s (a jsii process): only this command pays for it.
         from k8s.chart import JobOwner, submitted_rayjob
 
-        check_inputs_granted(settings, own, args.env)
+        check_inputs_granted(settings, own, args.env, environment_file(args.env, args.config_dir))
         check_image_cached(settings)
         name = job_name(args.name, settings)
         ns = settings.workload.namespace
@@ -155,7 +155,7 @@ def dry_run(args: argparse.Namespace, err: Console, settings: Settings, own: Set
 
     where = f"raytrain job submit --dry-run ({settings.name})"
     try:
-        check_inputs_granted(settings, own, args.env)
+        check_inputs_granted(settings, own, args.env, environment_file(args.env, args.config_dir))
         check_image_cached(settings)
         name = job_name(args.name, settings)
     except JobError as exc:
@@ -279,12 +279,15 @@ def job_name(given: str | None, settings: Settings) -> str:
     return f"{SUBMITTED_PREFIX}{slug}-{stamp}-{suffix}" if slug else f"{SUBMITTED_PREFIX}{stamp}-{suffix}"
 
 
-def check_inputs_granted(settings: Settings, own: Settings | None, env: str) -> None:
+def check_inputs_granted(
+    settings: Settings, own: Settings | None, env: str, env_file: Path | str = ""
+) -> None:
     """An s3:// data or model set with --set must lie inside what the deployed role may read (the
     environment file's own locations, `own`: the file without the overrides, from the same read;
     None when the file alone is refused, e.g. a memory plan the overrides fixed): the grants come
     with a deploy, not with a job."""
     deployed = s3_inputs(own) if own is not None else []
+    env_file = env_file or f"config/environments/{env}.yaml"
 
     def covered(loc: S3Input) -> bool:
         return any(
@@ -301,8 +304,27 @@ def check_inputs_granted(settings: Settings, own: Settings | None, env: str) -> 
             allowed = ", ".join(f"s3://{d.bucket}/{d.prefix}" for d in deployed) or "none"
             raise JobError(
                 f"{loc.setting}: s3://{loc.bucket}/{loc.prefix} is not readable by the Ray pods' role "
-                f"(the deployed grants: {allowed}); set it in config/environments/{env}.yaml and deploy"
+                f"(the deployed grants: {allowed}); set it in {env_file} and deploy{_prefix_hint(deployed)}"
             )
+
+
+def _prefix_hint(deployed: list[S3Input]) -> str:
+    """A deployed grant of one file means a deploy per data set: say how a prefix avoids that."""
+    files = [d for d in deployed if d.setting in ("job.data", "job.eval_data") and _is_file(d.prefix)]
+    if not files:
+        return ""
+    d = files[0]
+    folder = d.prefix.rsplit("/", 1)[0] if "/" in d.prefix else ""
+    example = f"s3://{d.bucket}/{folder + '/' if folder else ''}train/"
+    return (
+        f" (the file grants {d.setting} as one file, s3://{d.bucket}/{d.prefix}: give it a prefix "
+        f"instead, e.g. {example} holding the jsonl files, and every data set under it is readable "
+        "by later jobs without a deploy; keep held-out data under another prefix)"
+    )
+
+
+def _is_file(prefix: str) -> bool:
+    return prefix.rsplit("/", 1)[-1].endswith((".jsonl", ".json", ".parquet", ".txt", ".gz", ".zst"))
 
 
 def check_run_name(jobs: list[dict[str, Any]], settings: Settings, name: str) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import boto3
 import botocore.exceptions as bce
 
-from config.loader import ENVIRONMENTS_DIR, SettingsError, load_settings
+from config.loader import SettingsError, load_settings
 from config.settings import Settings
 from raytrain.aws import CLIENT_CONFIG, AwsError, CapacityApi, credential_problem, session
 from raytrain.preflight import account, capacity, eks, images, network, principals
@@ -78,8 +78,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--config-dir",
         type=Path,
-        default=ENVIRONMENTS_DIR,
-        help="directory of the environment files (default: config/environments)",
+        default=None,
+        help="folder of the environment files (default: $RAYTRAIN_CONFIG_DIR, else config/environments)",
     )
     parser.set_defaults(func=run)
 
