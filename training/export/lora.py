@@ -168,6 +168,27 @@ def _serving_files(model: str, out: str) -> list[int]:
     return [stops] if isinstance(stops, int) else list(stops or [])
 
 
+def base_weights_dir(model: str) -> str:
+    """A local folder with the base's safetensors files (and their index): `model` itself when it is
+    a folder, its copy when it is s3:// (training/model/build.py local_model_dir), and for a Hugging
+    Face Hub id the snapshot in the Hub cache that from_pretrained fills and reads
+    (huggingface_hub's snapshot_download: the same cache, HF_TOKEN and HF_HUB_OFFLINE; only the
+    weight files are fetched, once)."""
+    from training.model.build import local_model_dir
+
+    if "://" in model or os.path.isdir(model):
+        return local_model_dir(model, weights=True)
+    from huggingface_hub import snapshot_download
+
+    try:
+        return str(snapshot_download(model, allow_patterns=["*.safetensors", INDEX_FILE]))
+    except Exception as exc:
+        raise OptionError(
+            f"--model: cannot fetch the weights of {model!r} from the Hugging Face Hub to merge into "
+            f"({' '.join(str(exc).split())[:300]}); give --model a local folder or s3:// copy of the base"
+        ) from None
+
+
 def base_weight_files(base_dir: str) -> list[str]:
     """The base model's safetensors files, in its index's order (one file: model.safetensors)."""
     index = os.path.join(base_dir, INDEX_FILE)
@@ -178,7 +199,8 @@ def base_weight_files(base_dir: str) -> list[str]:
     single = os.path.join(base_dir, "model.safetensors")
     if not os.path.exists(single):
         raise OptionError(
-            f"--model: {base_dir} has no safetensors weights (model.safetensors or {INDEX_FILE})"
+            f"--model: {base_dir} has no safetensors weights (model.safetensors or {INDEX_FILE}), "
+            "which the merge reads; give a base saved as safetensors (save_pretrained writes them)"
         )
     return [single]
 
@@ -272,7 +294,6 @@ def export_lora(
     import torch
 
     from training.export.files import _config_and_tokenizer, _open_checkpoint, model_tensors, publish
-    from training.model.build import local_model_dir
 
     model = model or (state.get("model_ref") or {}).get("model")
     if not model:
@@ -288,7 +309,7 @@ def export_lora(
     os.chmod(work, 0o755)  # noqa: S103 (a folder to be read by serving containers)
     try:
         if merged:
-            base_dir = local_model_dir(model, weights=True)
+            base_dir = base_weights_dir(model)
             deltas = merged_deltas(spec, adapters)
             ref = {**state.get("model_ref", {}), "init": "pretrained"}  # the base's own config
             _config_and_tokenizer({**state, "model_ref": ref}, model, dtype, work)
