@@ -39,7 +39,8 @@ QWEN_CONTROL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "<
                 "<tool_response>", "</tool_response>", "<think>", "</think>"]  # fmt: skip
 LLAMA_CONTROL = ["<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>",
                  "<|reserved_special_token_1|>", "<|finetune_right_pad_id|>", "<|reserved_special_token_2|>",
-                 "<|start_header_id|>", "<|end_header_id|>", "<|eom_id|>", "<|eot_id|>", "<|python_tag|>"]  # fmt: skip
+                 "<|start_header_id|>", "<|end_header_id|>", "<|eom_id|>", "<|eot_id|>",
+                 "<|python_tag|>"]  # fmt: skip
 MISTRAL_CONTROL = ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]",
                    "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]"]  # fmt: skip
 GEMMA_CONTROL = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]

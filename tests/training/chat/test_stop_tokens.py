@@ -100,4 +100,6 @@ def test_every_familys_end_of_turn_stops_generation_wherever_its_id_lies(family:
     assert (end >= tok.vocab_size) == spec.above_vocab
     assert end_of_turn_ids(tok) == [end]
     assert stop_token_ids(tok) == ([end, eos] if end != eos else [end])
-    assert stop_token_ids(tok, eos, [end, len(tok)]) == stop_token_ids(tok)  # an id past the tokenizer: left out
+    assert stop_token_ids(tok, eos, [end, len(tok)]) == stop_token_ids(
+        tok
+    )  # an id past the tokenizer: left out
