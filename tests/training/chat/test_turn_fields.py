@@ -157,3 +157,17 @@ def test_bad_train_flags_are_one_line_naming_the_turn(turn: dict[str, Any], matc
 def test_a_record_whose_answers_are_all_context_is_refused() -> None:
     with pytest.raises(RecordError, match="every assistant turn is context"):
         conversation({"messages": [Q1, {"role": "assistant", "content": "5", "train": False}]}, WHERE)
+
+
+def test_with_generation_markers_a_context_answers_block_is_cleared() -> None:
+    """A template with {% generation %} markers (transformers' assistant mask): the flagged
+    answer's marked block is not trained, the other one is."""
+    from bench import chat_tokenizer
+
+    tok = chat_tokenizer.build(["What is 2+3? 5 Reverse abc cba"], generation_tags=True)
+    renderer = ChatRenderer(tok)
+    assert renderer.method == "generation-markers"
+    record = {"messages": [Q1, {"role": "assistant", "content": "5", "weight": 0}, Q2,
+                           {"role": "assistant", "content": "cba"}]}  # fmt: skip
+    ((ids, target),) = renderer.examples(conversation(record, WHERE), WHERE)
+    assert tok.decode(ids[target].tolist()) == "cba<|im_end|>"
