@@ -249,7 +249,7 @@ def test_jobs_that_stay_fail_the_delete_so_a_retry_waits_again(api: Api, on_path
 
     class Context:
         def get_remaining_time_in_millis(self) -> int:
-            return (handler.RESPONSE_MARGIN_SECONDS + 6) * 1000
+            return (handler.RESPONSE_MARGIN_SECONDS + handler.MIN_RETRY_SECONDS + 10) * 1000
 
     event = {"RequestType": "Delete", "ResourceProperties": {"ClusterName": "c", "Namespace": NS,
              "Selector": SELECTOR}, "StackId": "s", "RequestId": "r", "LogicalResourceId": "l"}  # fmt: skip
