@@ -62,7 +62,9 @@ def holds_jobs_anchor(resource: dict[str, Any]) -> bool:
     except ValueError:
         return False
     return any(
-        isinstance(o, dict) and o.get("kind") == "ConfigMap" and o.get("metadata", {}).get("name") == JOBS_ANCHOR
+        isinstance(o, dict)
+        and o.get("kind") == "ConfigMap"
+        and o.get("metadata", {}).get("name") == JOBS_ANCHOR
         for o in (objects if isinstance(objects, list) else [objects])
     )
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import aws_cdk as cdk
 import cdk8s
-from aws_cdk import aws_eks as eks_l1
 from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_eks as eks_l1
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
@@ -409,7 +409,6 @@ class WorkloadStack(cdk.Stack):
         repository = settings.image_source.cache_repository(settings.workload.image)
         if repository is None:
             return []
-        arn = (
-            f"arn:{partition(settings.region)}:ecr:{settings.region}:{settings.account}:repository/{repository}"
-        )
+        region, account = settings.region, settings.account
+        arn = f"arn:{partition(region)}:ecr:{region}:{account}:repository/{repository}"
         return [iam.PolicyStatement(actions=["ecr:DescribeImages"], resources=[arn])]

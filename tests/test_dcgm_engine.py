@@ -277,7 +277,11 @@ def test_the_exporter_dials_the_synthesized_service_which_reaches_the_engine(
         rendered["amazon-cloudwatch-observability"], "DcgmExporter", de.DCGM_EXPORTER_RESOURCE.split("/")[1]
     )
     kubectl = layer_kubectl(prod.settings.cluster.kubernetes_version, tmp_path)
-    dialled = remote_engine(operator_container(_kubectl_patch(kubectl, cr, patch["Properties"]["ApplyPatchJson"], tmp_path)["spec"]))
+    dialled = remote_engine(
+        operator_container(
+            _kubectl_patch(kubectl, cr, patch["Properties"]["ApplyPatchJson"], tmp_path)["spec"]
+        )
+    )
     assert dialled is not None
     host, port = dialled.rsplit(":", 1)
     name, namespace, *_ = host.split(".")
@@ -318,7 +322,9 @@ def pairing_problem(client: tuple[int, int, int], engine: tuple[int, int, int]) 
     [((4, 6, 0), (4, 6, 1), True), ((4, 6, 1), (4, 6, 1), True), ((4, 6, 2), (4, 6, 1), False),
      ((4, 7, 0), (4, 6, 1), False), ((4, 5, 9), (4, 6, 1), False)],
 )  # fmt: skip
-def test_the_pairing_rule_at_its_boundaries(client: tuple[int, int, int], engine: tuple[int, int, int], ok: bool) -> None:
+def test_the_pairing_rule_at_its_boundaries(
+    client: tuple[int, int, int], engine: tuple[int, int, int], ok: bool
+) -> None:
     assert (pairing_problem(client, engine) is None) is ok
 
 

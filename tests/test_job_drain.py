@@ -18,7 +18,6 @@ import copy
 import json
 import os
 import subprocess
-import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -204,7 +203,6 @@ def test_cdks_kubectl_delete_sends_background_which_drops_the_anchors_foreground
     api.objects[("configmaps", JOBS_ANCHOR)] = copy.deepcopy(anchor)
     manifest = tmp_path / "manifest.yaml"
     manifest.write_text(json.dumps(anchor))
-    import subprocess
 
     # The kubectl handler's exact argv on Delete: kubectl('delete', manifest_file).
     out = subprocess.run(
@@ -286,12 +284,15 @@ def test_jobs_that_stay_fail_the_delete_so_a_retry_waits_again(api: Api, on_path
 # role's policy is evaluated by moto's IAM policy evaluator.
 
 REGION = "us-west-2"
-STACK_ID = f"arn:aws:cloudformation:{REGION}:111122223333:stack/RayTrain-dev-Workload/0a1b2c3d-0000-4000-8000-000000000001"
-OTHER_STACK = f"arn:aws:cloudformation:{REGION}:111122223333:stack/RayTrain-dev-Cluster/0a1b2c3d-0000-4000-8000-000000000002"
+STACKS = f"arn:aws:cloudformation:{REGION}:111122223333:stack"
+STACK_ID = f"{STACKS}/RayTrain-dev-Workload/0a1b2c3d-0000-4000-8000-000000000001"
+OTHER_STACK = f"{STACKS}/RayTrain-dev-Cluster/0a1b2c3d-0000-4000-8000-000000000002"
 
 
 def _cloudformation(status: str) -> tuple[Any, Stubber]:
-    client = boto3.client("cloudformation", region_name=REGION, aws_access_key_id="x", aws_secret_access_key="x")
+    client = boto3.client(
+        "cloudformation", region_name=REGION, aws_access_key_id="x", aws_secret_access_key="x"
+    )
     stub = Stubber(client)
     stack = {"StackId": STACK_ID, "StackName": "RayTrain-dev-Workload", "StackStatus": status,
              "CreationTime": "2026-12-01T00:00:00Z"}  # fmt: skip
@@ -336,7 +337,8 @@ def test_only_a_stack_delete_drains_the_submitted_jobs(
     monkeypatch.setattr(handler, "POLL_SECONDS", 0.05)
     handler.on_event(
         _delete_event(), _Context(), send=lambda e, st, reason, pid: sent.append((st, reason)),
-        login=lambda cluster, path, deadline: None, status_of=lambda stack_id: handler.stack_status(stack_id, client),
+        login=lambda cluster, path, deadline: None,
+        status_of=lambda stack_id: handler.stack_status(stack_id, client),
     )  # fmt: skip
     stub.assert_no_pending_responses()
     deletes = [r for r in api.requests if r[0] == "DELETE"]
@@ -344,21 +346,28 @@ def test_only_a_stack_delete_drains_the_submitted_jobs(
         assert sent == [("SUCCESS", "no submitted RayJob left")]
         assert deletes and ("rayjobs", "rs-a") not in api.objects
     else:
-        assert sent == [("SUCCESS", f"stack is {stack_status}, not being deleted: submitted RayJobs left running")]
+        assert sent == [
+            ("SUCCESS", f"stack is {stack_status}, not being deleted: submitted RayJobs left running")
+        ]
         assert not deletes and ("rayjobs", "rs-a") in api.objects
 
 
 def test_an_unreadable_stack_status_fails_the_delete_without_draining(api: Api, on_path: None) -> None:
     """Not knowing whether the stack goes: FAILED (a stack delete then retries), no job touched."""
-    client = boto3.client("cloudformation", region_name=REGION, aws_access_key_id="x", aws_secret_access_key="x")
+    client = boto3.client(
+        "cloudformation", region_name=REGION, aws_access_key_id="x", aws_secret_access_key="x"
+    )
     stub = Stubber(client)
-    stub.add_client_error("describe_stacks", "AccessDenied", "not authorized to perform cloudformation:DescribeStacks")
+    stub.add_client_error(
+        "describe_stacks", "AccessDenied", "not authorized to perform cloudformation:DescribeStacks"
+    )
     stub.activate()
     api.objects[("rayjobs", "rs-a")] = _rayjob("rs-a", "submitted")
     sent: list[tuple[str, str]] = []
     handler.on_event(
         _delete_event(), _Context(), send=lambda e, st, reason, pid: sent.append((st, reason)),
-        login=lambda cluster, path, deadline: None, status_of=lambda stack_id: handler.stack_status(stack_id, client),
+        login=lambda cluster, path, deadline: None,
+        status_of=lambda stack_id: handler.stack_status(stack_id, client),
     )  # fmt: skip
     ((status, reason),) = sent
     assert status == "FAILED" and "DescribeStacks" in reason and "AccessDenied" in reason
@@ -379,15 +388,26 @@ def test_the_drain_role_may_describe_its_own_stack_only(synthesized: Any) -> Non
     pseudo = {"AWS::StackId": STACK_ID, "AWS::Partition": "aws", "AWS::Region": REGION,
               "AWS::AccountId": "111122223333", "AWS::URLSuffix": "amazonaws.com"}  # fmt: skip
     evaluator = ac.IAMPolicy(json.dumps(resolve(policy, {}, pseudo=pseudo)))
-    assert evaluator.is_action_permitted("cloudformation:DescribeStacks", STACK_ID) is ac.PermissionResult.PERMITTED
-    assert evaluator.is_action_permitted("cloudformation:DescribeStacks", OTHER_STACK) is not ac.PermissionResult.PERMITTED
-    assert evaluator.is_action_permitted("cloudformation:DescribeStacks", "*") is not ac.PermissionResult.PERMITTED
+    assert (
+        evaluator.is_action_permitted("cloudformation:DescribeStacks", STACK_ID)
+        is ac.PermissionResult.PERMITTED
+    )
+    assert (
+        evaluator.is_action_permitted("cloudformation:DescribeStacks", OTHER_STACK)
+        is not ac.PermissionResult.PERMITTED
+    )
+    assert (
+        evaluator.is_action_permitted("cloudformation:DescribeStacks", "*")
+        is not ac.PermissionResult.PERMITTED
+    )
 
 
 # --- the drain's own robustness ---
 
 
-def _on_event(api: Api, seconds: float, login: Callable[[str, str, float], None] | None = None) -> tuple[list[tuple[str, str]], float]:
+def _on_event(
+    api: Api, seconds: float, login: Callable[[str, str, float], None] | None = None
+) -> tuple[list[tuple[str, str]], float]:
     """on_event for a stack delete with `seconds` of run time left; the answers and when the
     (last) one was sent, in seconds from the start."""
     sent: list[tuple[str, str]] = []
@@ -466,7 +486,11 @@ def test_a_failed_update_kubeconfig_reaches_cloudformation_with_its_stderr(
     monkeypatch.setenv("PATH", f"{aws.parent}:{os.environ['PATH']}")
     with running_moto_server() as endpoint:
         monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
-        for key, value in (("AWS_ACCESS_KEY_ID", "x"), ("AWS_SECRET_ACCESS_KEY", "x"), ("AWS_DEFAULT_REGION", REGION)):
+        for key, value in (
+            ("AWS_ACCESS_KEY_ID", "x"),
+            ("AWS_SECRET_ACCESS_KEY", "x"),
+            ("AWS_DEFAULT_REGION", REGION),
+        ):
             monkeypatch.setenv(key, value)
         monkeypatch.setattr(handler, "KUBECONFIG", str(tmp_path / "kubeconfig"))
         sent, _ = _on_event(drain_api, handler.RESPONSE_MARGIN_SECONDS + 20, login=handler.kubeconfig)

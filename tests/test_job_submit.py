@@ -521,7 +521,9 @@ def test_a_digest_not_in_the_cache_is_refused_before_anything_is_created(
         ecr.create_repository(repositoryName=repository)
         manifest = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
                                "manifests": []})  # fmt: skip
-        image = ecr.put_image(repositoryName=repository, imageManifest=manifest, imageTag="train-ml-cuda-v1.1")
+        image = ecr.put_image(
+            repositoryName=repository, imageManifest=manifest, imageTag="train-ml-cuda-v1.1"
+        )
         cached = image["image"]["imageId"]["imageDigest"]
         check_image_cached(_pinned(cached), ecr)  # passes
         newly = "sha256:" + "9" * 64
@@ -540,12 +542,16 @@ def test_the_submitter_policy_may_describe_the_cached_ray_images_only(synthesize
     template = synthesized["dev"].template("Workload")
     (doc,) = [
         r["Properties"]["PolicyDocument"] for r in template["Resources"].values()
-        if r["Type"] == "AWS::IAM::ManagedPolicy" and r["Properties"].get("ManagedPolicyName", "").endswith("-job-submitter")
+        if r["Type"] == "AWS::IAM::ManagedPolicy"
+        and r["Properties"].get("ManagedPolicyName", "").endswith("-job-submitter")
     ]  # fmt: skip
     statements = [st for st in doc["Statement"] if "ecr:" in json.dumps(st["Action"])]
     evaluator = ac.IAMPolicy(json.dumps({"Version": "2012-10-17", "Statement": statements}))
     repo = settings.image_source.cache_repository(settings.workload.image)
     arn = f"arn:aws:ecr:{settings.region}:{settings.account}:repository/{repo}"
     assert evaluator.is_action_permitted("ecr:DescribeImages", arn) is ac.PermissionResult.PERMITTED
-    assert evaluator.is_action_permitted("ecr:DescribeImages", arn + "-other") is not ac.PermissionResult.PERMITTED
+    assert (
+        evaluator.is_action_permitted("ecr:DescribeImages", arn + "-other")
+        is not ac.PermissionResult.PERMITTED
+    )
     assert evaluator.is_action_permitted("ecr:BatchGetImage", arn) is not ac.PermissionResult.PERMITTED

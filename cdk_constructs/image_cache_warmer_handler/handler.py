@@ -125,7 +125,9 @@ def warm(
             answer = get(f"{base}/{reference}", auth, method=method)
             if done(answer):
                 return answer
-            LOG.info("%s %s@%s answered %s (attempt %d)", method, repository, reference, answer.says(), attempt + 1)
+            LOG.info(
+                "%s %s@%s answered %s (attempt %d)", method, repository, reference, answer.says(), attempt + 1
+            )
             if attempt + 1 < ATTEMPTS:
                 sleep(BACKOFF_SECONDS * (attempt + 1))
         return answer
@@ -141,7 +143,11 @@ def warm(
     now = None
     if by_digest.status == 404:
         # What the tag names now: HEAD's header, else the GET's own bytes.
-        now = pull(tag, "HEAD", lambda a: a.status in (200, 404)).digest or tag_answer.digest or tag_answer.body_digest
+        now = (
+            pull(tag, "HEAD", lambda a: a.status in (200, 404)).digest
+            or tag_answer.digest
+            or tag_answer.body_digest
+        )
         if now == digest:  # the tag names the pinned digest: being cached, ask again
             by_digest = pull(digest, "HEAD", lambda a: a.status == 200)
     if by_digest.status == 200:

@@ -118,9 +118,7 @@ def kubectl(path: str, *args: str, deadline: float) -> str:
     return _run(["kubectl", "--kubeconfig", path, *args], f"kubectl {' '.join(args)}", deadline)
 
 
-def retrying(
-    call: Callable[[], Any], deadline: float, *, sleep: Callable[[float], None], poll: float
-) -> Any:
+def retrying(call: Callable[[], Any], deadline: float, *, sleep: Callable[[float], None], poll: float) -> Any:
     """`call()`, again after `poll` seconds on an error a retry may cure (the API server or the
     network for a moment), until the deadline; the last error then."""
     while True:
@@ -141,7 +139,9 @@ def delete_args(namespace: str, selector: str) -> list[str]:
 
 
 def remaining(path: str, namespace: str, selector: str, deadline: float) -> list[str]:
-    out = kubectl(path, "get", "rayjobs.ray.io", "-n", namespace, "-l", selector, "-o", "name", deadline=deadline)
+    out = kubectl(
+        path, "get", "rayjobs.ray.io", "-n", namespace, "-l", selector, "-o", "name", deadline=deadline
+    )
     return [line for line in out.splitlines() if line.strip()]
 
 
@@ -226,7 +226,10 @@ def on_event(
         if status not in STACK_GOING:
             # A replacement, a removal from the template or an update's rollback: the stack and
             # its jobs anchor stay, and so do the jobs.
-            return cfn_response.SUCCESS, f"stack is {status}, not being deleted: submitted RayJobs left running"
+            return (
+                cfn_response.SUCCESS,
+                f"stack is {status}, not being deleted: submitted RayJobs left running",
+            )
         retrying(lambda: login(props["ClusterName"], KUBECONFIG, deadline), deadline,
                  sleep=time.sleep, poll=POLL_SECONDS)  # fmt: skip
         left = drain(KUBECONFIG, props["Namespace"], props["Selector"], deadline=deadline)

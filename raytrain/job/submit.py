@@ -207,7 +207,9 @@ def check_image_cached(settings: Settings, ecr: Any = None) -> None:
                 f"needs the {settings.stack_prefix}-job-submitter policy (docs/jobs.md)"
             ) from None
     except BotoCoreError as exc:
-        raise JobError(f"checking the image cache: {exc}; are AWS credentials set for {settings.region}?") from None
+        raise JobError(
+            f"checking the image cache: {exc}; are AWS credentials set for {settings.region}?"
+        ) from None
     raise JobError(
         f"workload.image_digest {digest} is not in the pull-through cache ({repository}), and a digest "
         "not cached cannot be pulled through it (aws/containers-roadmap#2837): the pods would stay in "

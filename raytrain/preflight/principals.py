@@ -28,8 +28,11 @@ def _principals(settings: Settings) -> list[tuple[str, str, str]]:
     """(ARN, settings field, stack that creates its access entry)."""
     cluster = settings.cluster
     prefix = settings.stack_prefix
-    return [(arn, "cluster.admin_principal_arns", f"{prefix}-Cluster") for arn in cluster.admin_principal_arns] + [
-        (arn, "cluster.job_submitter_principals", f"{prefix}-Workload") for arn in cluster.job_submitter_principals
+    return [
+        (arn, "cluster.admin_principal_arns", f"{prefix}-Cluster") for arn in cluster.admin_principal_arns
+    ] + [
+        (arn, "cluster.job_submitter_principals", f"{prefix}-Workload")
+        for arn in cluster.job_submitter_principals
     ]
 
 
@@ -65,13 +68,18 @@ def access_principals(settings: Settings, iam: Any) -> Iterator[Check]:
                 NAME,
                 f"{arn} ({field}) does not exist: EKS needs an existing principal per access entry, "
                 f"{stack} would fail"
-                + (" after the EKS cluster is created (and roll it back)" if stack.endswith("-Cluster") else ""),
+                + (
+                    " after the EKS cluster is created (and roll it back)"
+                    if stack.endswith("-Cluster")
+                    else ""
+                ),
                 fix,
             )
         elif found != arn:
             yield problem(
                 NAME,
-                f"{arn} ({field}) does not exist; the {kind} {name} of this account is {found} (another path)",
+                f"{arn} ({field}) does not exist; the {kind} {name} of this account is {found} "
+                "(another path)",
                 f"set {field} to {found}",
             )
         else:

@@ -90,9 +90,12 @@ def test_bootstrap_version_boundary_is_the_lookup_roles(version: str, status: st
             required.add(props.get("requiresBootstrapStackVersion", 0))
             required.add(props.get("lookupRole", {}).get("requiresBootstrapStackVersion", 0))
     assert account_checks.MIN_BOOTSTRAP_VERSION == max(required) == 8
-    stack = {"StackName": "CDKToolkit", "CreationTime": dt.datetime(2026, 1, 1), "StackStatus": "UPDATE_COMPLETE",
+    stack = {"StackName": "CDKToolkit", "CreationTime": dt.datetime(2026, 1, 1),
+             "StackStatus": "UPDATE_COMPLETE",
              "Outputs": [{"OutputKey": "BootstrapVersion", "OutputValue": version}]}  # fmt: skip
-    cloudformation = boto3.client("cloudformation", region_name=REGION, aws_access_key_id="x", aws_secret_access_key="x")
+    cloudformation = boto3.client(
+        "cloudformation", region_name=REGION, aws_access_key_id="x", aws_secret_access_key="x"
+    )
     with Stubber(cloudformation) as stub:
         stub.add_response("describe_stacks", {"Stacks": [stack]}, {"StackName": "CDKToolkit"})
         (check,) = account_checks.bootstrap(load_settings("dev"), cloudformation)
@@ -105,9 +108,12 @@ def test_access_entry_principals_must_exist(account: Account, registry: Registry
     """One missing role, one user at another path than configured, one of another account: each
     its own line; the existing ones are ok."""
     account.principals("arn:aws:iam::111122223333:user/team/alice")
-    replace = {"    - arn:aws:iam::111122223333:role/MLEngineer": (
-        "    - arn:aws:iam::111122223333:role/MLEngineer\n    - arn:aws:iam::111122223333:role/Missing\n"
-        "    - arn:aws:iam::111122223333:user/alice\n    - arn:aws:iam::444455556666:role/Partner")}
+    replace = {
+        "    - arn:aws:iam::111122223333:role/MLEngineer": (
+            "    - arn:aws:iam::111122223333:role/MLEngineer\n    - arn:aws:iam::111122223333:role/Missing\n"
+            "    - arn:aws:iam::111122223333:user/alice\n    - arn:aws:iam::444455556666:role/Partner"
+        )
+    }
     from raytrain.preflight import principals
 
     settings = load_settings("dev", env_dir(tmp_path, replace))
@@ -117,7 +123,10 @@ def test_access_entry_principals_must_exist(account: Account, registry: Registry
     assert lines["arn:aws:iam::111122223333:role/MLEngineer"].status.value == "ok"
     missing = lines["arn:aws:iam::111122223333:role/Missing"]
     assert missing.status.value == "problem" and "does not exist" in missing.detail
-    assert "RayTrain-dev-Workload would fail" in missing.detail and "cluster.job_submitter_principals" in missing.fix
+    assert (
+        "RayTrain-dev-Workload would fail" in missing.detail
+        and "cluster.job_submitter_principals" in missing.fix
+    )
     path = lines["arn:aws:iam::111122223333:user/alice"]
     assert path.status.value == "problem" and path.fix == (
         "set cluster.job_submitter_principals to arn:aws:iam::111122223333:user/team/alice"
@@ -148,31 +157,43 @@ def test_cache_rules_are_read_page_by_page_and_only_ours_count() -> None:
 
     settings = load_settings("dev")
     ecr = boto3.client("ecr", region_name=REGION, aws_access_key_id="x", aws_secret_access_key="x")
-    cloudformation = boto3.client("cloudformation", region_name=REGION, aws_access_key_id="x", aws_secret_access_key="x")
+    cloudformation = boto3.client(
+        "cloudformation", region_name=REGION, aws_access_key_id="x", aws_secret_access_key="x"
+    )
 
     def rule(prefix: str) -> dict[str, str]:
         return {"ecrRepositoryPrefix": prefix, "upstreamRegistryUrl": "public.ecr.aws"}
 
     with Stubber(ecr) as stub, Stubber(cloudformation) as cfn:
-        stub.add_response("describe_pull_through_cache_rules",
-                          {"pullThroughCacheRules": [rule("prod/ecr-public"), rule("dev-old/k8s")], "nextToken": "t"}, {})
+        stub.add_response(
+            "describe_pull_through_cache_rules",
+            {"pullThroughCacheRules": [rule("prod/ecr-public"), rule("dev-old/k8s")], "nextToken": "t"},
+            {},
+        )
         stub.add_response("describe_pull_through_cache_rules", {"pullThroughCacheRules": [rule("dev/quay")]},
                           {"nextToken": "t"})  # fmt: skip
-        cfn.add_client_error("describe_stacks", "ValidationError", "Stack with id RayTrain-dev-Cluster does not exist",
+        cfn.add_client_error("describe_stacks", "ValidationError",
+                             "Stack with id RayTrain-dev-Cluster does not exist",
                              expected_params={"StackName": "RayTrain-dev-Cluster"})  # fmt: skip
         (check,) = account_checks.cache_rules(settings, ecr, cloudformation)
         stub.assert_no_pending_responses()
     assert check.status.value == "problem"
     assert "rules with the prefixes dev/quay already exist" in check.detail
     with Stubber(ecr) as stub:
-        stub.add_response("describe_pull_through_cache_rules", {"pullThroughCacheRules": [rule("prod/quay")]}, {})
+        stub.add_response(
+            "describe_pull_through_cache_rules", {"pullThroughCacheRules": [rule("prod/quay")]}, {}
+        )
         (check,) = account_checks.cache_rules(settings, ecr, cloudformation)
     assert check.status.value == "ok" and "no rule holds" in check.detail
 
 
 @pytest.mark.parametrize(
     ("zones", "status"),
-    [(["us-west-2a"], "problem"), (["us-west-2a", "us-west-2c"], "problem"), (["us-west-2a", "us-west-2b"], "ok")],
+    [
+        (["us-west-2a"], "problem"),
+        (["us-west-2a", "us-west-2c"], "problem"),
+        (["us-west-2a", "us-west-2b"], "ok"),
+    ],
 )
 def test_the_gpu_type_must_be_offered_in_the_pinned_zone_not_another(zones: list[str], status: str) -> None:
     """Offered in the region but only in other zones than gpu_nodes.availability_zone: refused.
@@ -185,13 +206,16 @@ def test_the_gpu_type_must_be_offered_in_the_pinned_zone_not_another(zones: list
     keys = {"region_name": REGION, "aws_access_key_id": "x", "aws_secret_access_key": "x"}
     ec2, quotas = boto3.client("ec2", **keys), boto3.client("service-quotas", **keys)
     with Stubber(ec2) as stub, Stubber(quotas) as quota_stub:
-        offerings = [{"InstanceType": "g6.12xlarge", "LocationType": "availability-zone", "Location": z} for z in zones]
+        offerings = [
+            {"InstanceType": "g6.12xlarge", "LocationType": "availability-zone", "Location": z} for z in zones
+        ]
         stub.add_response("describe_instance_type_offerings", {"InstanceTypeOfferings": offerings},
                           {"LocationType": "availability-zone",
                            "Filters": [{"Name": "instance-type", "Values": ["g6.12xlarge"]}]})  # fmt: skip
         stub.add_response("describe_instances", {"Reservations": []})
         quota_stub.add_response("get_service_quota",
-                                {"Quota": {"ServiceCode": "ec2", "QuotaCode": "L-DB2E81BA", "Value": 192}})  # fmt: skip
+                                {"Quota": {"ServiceCode": "ec2", "QuotaCode": "L-DB2E81BA",
+                                           "Value": 192}})  # fmt: skip
         checks = list(capacity.capacity_checks(settings, CapacityApi(REGION, ec2, quotas)))
     offering = next(c for c in checks if c.name == "gpu offering")
     assert offering.status.value == status, offering
@@ -210,7 +234,13 @@ def test_the_gpu_type_must_be_offered_in_the_pinned_zone_not_another(zones: list
     ],
 )
 def test_vpc_and_elastic_ip_quotas_at_their_boundary(
-    account: Account, registry: Registry, tmp_path: Path, vpcs: int, eips: int, deployed: bool, lines: dict[str, str]
+    account: Account,
+    registry: Registry,
+    tmp_path: Path,
+    vpcs: int,
+    eips: int,
+    deployed: bool,
+    lines: dict[str, str],
 ) -> None:
     account.bootstrap()
     account.version()
@@ -223,7 +253,9 @@ def test_vpc_and_elastic_ip_quotas_at_their_boundary(
         line = check_line(out, name)
         assert line.startswith(status), line
     if lines["vpc quota"] == "problem":
-        assert "VPCs per Region: 1 of 1 used and RayTrain-dev-Network needs 1 more" in check_line(out, "vpc quota")
+        assert "VPCs per Region: 1 of 1 used and RayTrain-dev-Network needs 1 more" in check_line(
+            out, "vpc quota"
+        )
         assert "--service-code vpc --quota-code L-F678F1CE --desired-value 2" in check_line(out, "vpc quota")
     if lines["elastic ip quota"] == "problem":
         assert "EC2-VPC Elastic IPs: 0 of 0 used and RayTrain-dev-Network needs 1 more" in check_line(
@@ -324,7 +356,8 @@ def test_creation_template_without_role_blocks_the_cache(
     )
 
 
-@pytest.mark.parametrize(("mutability", "status"), [("IMMUTABLE", "warn"), ("IMMUTABLE_WITH_EXCLUSION", "warn"),
+@pytest.mark.parametrize(("mutability", "status"), [("IMMUTABLE", "warn"),
+                                                     ("IMMUTABLE_WITH_EXCLUSION", "warn"),
                                                      ("MUTABLE", "ok"), (None, "ok")])  # fmt: skip
 def test_an_immutable_tag_template_over_the_cache_is_a_warning(mutability: str | None, status: str) -> None:
     from raytrain.preflight import account as account_checks
@@ -334,11 +367,16 @@ def test_an_immutable_tag_template_over_the_cache_is_a_warning(mutability: str |
         template["imageTagMutability"] = mutability
     ecr = boto3.client("ecr", region_name=REGION, aws_access_key_id="x", aws_secret_access_key="x")
     with Stubber(ecr) as stub:
-        stub.add_response("describe_repository_creation_templates", {"repositoryCreationTemplates": [template]})
+        stub.add_response(
+            "describe_repository_creation_templates", {"repositoryCreationTemplates": [template]}
+        )
         checks = list(account_checks.creation_templates(load_settings("dev"), ecr))
     assert len(checks) == 3 and {c.status.value for c in checks} == {status}, checks
     if status == "warn":
-        assert f"template 'dev' makes the tags of the repositories under dev/quay/ {mutability}" in checks[2].detail
+        assert (
+            f"template 'dev' makes the tags of the repositories under dev/quay/ {mutability}"
+            in checks[2].detail
+        )
 
 
 def test_registry_policy_denying_the_cache(account: Account, registry: Registry, tmp_path: Path) -> None:

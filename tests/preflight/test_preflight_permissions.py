@@ -25,7 +25,6 @@ from tests.preflight_account import (
     Account,
     Registry,
     check_line,
-    digest_env,
     env_dir,
 )
 

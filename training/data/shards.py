@@ -140,7 +140,9 @@ def read_manifest(location: str) -> dict[str, Any]:
                 f"version reads {reads}: run the job with the code that prepared it, or prepare the "
                 "data again with this one"
             )
-        raise ShardError(f"{uri}: format {got!r} is not one this version reads ({reads}); prepare the data again")
+        raise ShardError(
+            f"{uri}: format {got!r} is not one this version reads ({reads}); prepare the data again"
+        )
     if manifest.get("checksum") != manifest_checksum(manifest):
         why = "has no checksum (written by an older version)" if "checksum" not in manifest else "was edited"
         raise ShardError(f"{uri}: the manifest {why}: its shards cannot be trusted; prepare the data again")

@@ -147,12 +147,14 @@ def test_prepared_shards_without_their_manifest_are_told_so(tmp_path: Path, uri:
     with pytest.raises(OptionError) as err:
         parse_args([*base, "--data", data])
     text = str(err.value)
-    assert text.startswith(f"--data: {data} holds prepared shards (shards-0123456789abcdef/) but no manifest.json")
+    assert text.startswith(
+        f"--data: {data} holds prepared shards (shards-0123456789abcdef/) but no manifest.json"
+    )
     assert "prepare the data again" in text and "\n" not in text
     # A folder of other files stays "no data files".
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("x")
-    with pytest.raises(OptionError, match="no .jsonl/.json/.parquet files under"):
+    with pytest.raises(OptionError, match=r"no \.jsonl/\.json/\.parquet files under"):
         parse_args([*base, "--data", str(tmp_path / "other")])
 
 
@@ -173,7 +175,9 @@ def test_a_manifest_of_a_newer_format_names_it_and_what_this_version_reads(tmp_p
         shards.read_manifest(str(tmp_path))
 
 
-def test_a_failed_atomic_write_leaves_the_old_file_and_no_temp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_atomic_write_leaves_the_old_file_and_no_temp(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import pyarrow.fs as pafs
 
     target = tmp_path / "run.json"
