@@ -1,5 +1,6 @@
 """Custom resource that, when the Workload stack is deleted (or its failed creation rolls back),
-deletes the RayJobs `raytrain job submit` created (foreground) and waits until they are gone: before the stack's manifests (the jobs
+deletes the RayJobs `raytrain job submit` created (foreground) and waits until they are gone:
+before the stack's manifests (the jobs
 anchor, the Roles) go, and so before the Cluster stack (the KubeRay operator) goes. Why the anchor
 alone does not hold the destroy: `job_drain_handler/handler.py`.
 

@@ -292,7 +292,9 @@ class ClusterStack(cdk.Stack):
             "ClusterSecurityGroupId",
             value=self.cluster.cluster_security_group_id,
             export_name=cluster_security_group_export(settings),
-            description="Security group EKS created for the cluster (the Workload stack's job drain runs in it)",
+            description=(
+                "Security group EKS created for the cluster (the Workload stack's job drain runs in it)"
+            ),
         )
         # The automatic export the Workload stack imported before it used the named one: kept so
         # that deploying this version updates the Cluster stack (first) while the deployed Workload

@@ -442,5 +442,6 @@ class WorkloadStack(cdk.Stack):
         repository = settings.image_source.cache_repository(settings.workload.image)
         if repository is None:
             return []
-        arn = f"arn:{partition(settings.region)}:ecr:{settings.region}:{settings.account}:repository/{repository}"
+        region, account = settings.region, settings.account
+        arn = f"arn:{partition(region)}:ecr:{region}:{account}:repository/{repository}"
         return [iam.PolicyStatement(actions=["ecr:DescribeImages"], resources=[arn])]

@@ -32,7 +32,8 @@ EXAMPLE_FIELDS: dict[str, dict[str, Any]] = {
         "gpu_nodes.availability_zone": "us-west-2b",
         "cluster.public_access_cidrs": ["203.0.113.0/24"],
         "cluster.admin_principal_arns": [f"arn:aws:iam::{_PLACEHOLDER_ACCOUNT}:role/Admin"],
-        "cluster.job_submitter_principals": [f"arn:aws:iam::{_PLACEHOLDER_ACCOUNT}:role/MLEngineer"],
+        "teams.research.submitters": [f"arn:aws:iam::{_PLACEHOLDER_ACCOUNT}:role/MLEngineer"],
+        "teams.applied.submitters": [f"arn:aws:iam::{_PLACEHOLDER_ACCOUNT}:role/AppliedML"],
     },
     "prod": {
         "account": _PLACEHOLDER_ACCOUNT,
@@ -41,7 +42,8 @@ EXAMPLE_FIELDS: dict[str, dict[str, Any]] = {
         "gpu_nodes.availability_zone": "us-west-2c",
         "cluster.public_access_cidrs": ["198.51.100.0/24"],
         "cluster.admin_principal_arns": [f"arn:aws:iam::{_PLACEHOLDER_ACCOUNT}:role/PlatformAdmin"],
-        "cluster.job_submitter_principals": [f"arn:aws:iam::{_PLACEHOLDER_ACCOUNT}:role/MLEngineer"],
+        "teams.llm.submitters": [f"arn:aws:iam::{_PLACEHOLDER_ACCOUNT}:role/MLEngineer"],
+        "teams.evaluation.submitters": [f"arn:aws:iam::{_PLACEHOLDER_ACCOUNT}:role/EvalEngineer"],
         "pipeline.connection_arn": f"arn:aws:codeconnections:us-west-2:{_PLACEHOLDER_ACCOUNT}:connection/"
         "00000000-0000-4000-8000-000000000000",
         "pipeline.repository": "example-org/ray-train-efa-eks",
@@ -132,7 +134,10 @@ def copy_environment(
     gpu["availability_zone"] = region + gpu["availability_zone"].removeprefix(old_region)
     data["cluster"]["name"] = f"ray-train-{name}"
     for key in ("admin_principal_arns", "job_submitter_principals"):
-        data["cluster"][key] = [arn.replace(old_account, account) for arn in data["cluster"].get(key) or []]
+        if key in data["cluster"]:
+            data["cluster"][key] = [arn.replace(old_account, account) for arn in data["cluster"][key] or []]
+    for team in (data.get("teams") or {}).values():
+        team["submitters"] = [arn.replace(old_account, account) for arn in team.get("submitters") or []]
     if "job" in data and data["job"].get("run_name"):
         data["job"]["run_name"] = f"{name}-{data['job']['run_name']}"
     if "tags" in data:

@@ -188,7 +188,8 @@ class Account:
     def principals(self, *arns: str) -> None:
         """The roles and users named, in moto's IAM (not watched: setup)."""
         iam = boto3.client("iam", region_name=REGION)
-        trust = json.dumps({"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
+        trust = json.dumps({"Version": "2012-10-17", "Statement": [{"Effect": "Allow",
+                            "Action": "sts:AssumeRole",
                             "Principal": {"AWS": "arn:aws:iam::111122223333:root"}}]})  # fmt: skip
         for arn in arns or DEV_PRINCIPALS:
             kind, _, rest = arn.split(":", 5)[5].partition("/")

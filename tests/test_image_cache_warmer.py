@@ -189,7 +189,8 @@ def test_connection_errors_are_retried_on_both_pulls(registry: CacheRegistry) ->
         return original(url, auth, method=method)
 
     assert handler.warm(registry_url=registry.url, repository=REPO, tag=TAG, digest=PINNED,
-                        auth=f"Basic {TOKEN}", get=flaky, sleep=sleeps.append).endswith("is served")  # fmt: skip
+                        auth=f"Basic {TOKEN}", get=flaky,
+                        sleep=sleeps.append).endswith("is served")  # fmt: skip
     assert calls == ["GET", "HEAD", "HEAD"]
 
 

@@ -247,7 +247,7 @@ def test_jobs_that_stay_fail_the_delete_so_a_retry_waits_again(api: Api, on_path
 
     class Context:
         def get_remaining_time_in_millis(self) -> int:
-            return (handler.RESPONSE_MARGIN_SECONDS + 6) * 1000
+            return (handler.RESPONSE_MARGIN_SECONDS + handler.MIN_RETRY_SECONDS + 10) * 1000
 
     event = {"RequestType": "Delete", "ResourceProperties": {"ClusterName": "c", "Namespace": NS,
              "Selector": SELECTOR}, "StackId": "s", "RequestId": "r", "LogicalResourceId": "l"}  # fmt: skip
@@ -284,8 +284,9 @@ def test_jobs_that_stay_fail_the_delete_so_a_retry_waits_again(api: Api, on_path
 # role's policy is evaluated by moto's IAM policy evaluator.
 
 REGION = "us-west-2"
-STACK_ID = f"arn:aws:cloudformation:{REGION}:111122223333:stack/RayTrain-dev-Workload/0a1b2c3d-0000-4000-8000-000000000001"
-OTHER_STACK = f"arn:aws:cloudformation:{REGION}:111122223333:stack/RayTrain-dev-Cluster/0a1b2c3d-0000-4000-8000-000000000002"
+STACKS = f"arn:aws:cloudformation:{REGION}:111122223333:stack"
+STACK_ID = f"{STACKS}/RayTrain-dev-Workload/0a1b2c3d-0000-4000-8000-000000000001"
+OTHER_STACK = f"{STACKS}/RayTrain-dev-Cluster/0a1b2c3d-0000-4000-8000-000000000002"
 
 
 def _cloudformation(status: str) -> tuple[Any, Stubber]:
@@ -336,7 +337,8 @@ def test_only_a_stack_delete_drains_the_submitted_jobs(
     monkeypatch.setattr(handler, "POLL_SECONDS", 0.05)
     handler.on_event(
         _delete_event(), _Context(), send=lambda e, st, reason, pid: sent.append((st, reason)),
-        login=lambda cluster, path, deadline: None, status_of=lambda stack_id: handler.stack_status(stack_id, client),
+        login=lambda cluster, path, deadline: None,
+        status_of=lambda stack_id: handler.stack_status(stack_id, client),
     )  # fmt: skip
     stub.assert_no_pending_responses()
     deletes = [r for r in api.requests if r[0] == "DELETE"]
@@ -364,7 +366,8 @@ def test_an_unreadable_stack_status_fails_the_delete_without_draining(api: Api, 
     sent: list[tuple[str, str]] = []
     handler.on_event(
         _delete_event(), _Context(), send=lambda e, st, reason, pid: sent.append((st, reason)),
-        login=lambda cluster, path, deadline: None, status_of=lambda stack_id: handler.stack_status(stack_id, client),
+        login=lambda cluster, path, deadline: None,
+        status_of=lambda stack_id: handler.stack_status(stack_id, client),
     )  # fmt: skip
     ((status, reason),) = sent
     assert status == "FAILED" and "DescribeStacks" in reason and "AccessDenied" in reason

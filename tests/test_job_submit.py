@@ -598,7 +598,8 @@ def test_the_submitter_policy_may_describe_the_cached_ray_images_only(synthesize
     template = synthesized["dev"].template("Workload")
     (doc,) = [
         r["Properties"]["PolicyDocument"] for r in template["Resources"].values()
-        if r["Type"] == "AWS::IAM::ManagedPolicy" and r["Properties"].get("ManagedPolicyName", "").endswith("-job-submitter")
+        if r["Type"] == "AWS::IAM::ManagedPolicy"
+        and r["Properties"].get("ManagedPolicyName", "").endswith("-job-submitter")
     ]  # fmt: skip
     statements = [st for st in doc["Statement"] if "ecr:" in json.dumps(st["Action"])]
     evaluator = ac.IAMPolicy(json.dumps({"Version": "2012-10-17", "Statement": statements}))

@@ -107,7 +107,8 @@ def test_the_advertised_maximum_is_the_boundary(system_max: int) -> None:
     import re
 
     data = dev_data()
-    data["gpu_nodes"].update({"instance_type": "p4d.24xlarge", "capacity_reservation_id": "cr-0123456789abcdef0",
+    data["gpu_nodes"].update({"instance_type": "p4d.24xlarge",
+                              "capacity_reservation_id": "cr-0123456789abcdef0",
                               "placement_group": False, "max_size": 40})  # fmt: skip
     data["system_nodes"] = {**data["system_nodes"], "max_size": system_max}
     data["job"] = {**data["job"], "nodes": 2}

@@ -165,11 +165,18 @@ def drain(
             LOG.info("no RayJob resource type: %s", exc)
             return []
         raise
+    left: list[str] | None = None
     while True:
-        left = retrying(
-            lambda: remaining(path, namespace, selector, deadline), deadline, sleep=sleep, poll=poll
-        )
-        if not left or time.monotonic() + poll >= deadline:
+        try:
+            left = retrying(
+                lambda: remaining(path, namespace, selector, deadline), deadline, sleep=sleep, poll=poll
+            )
+        except CallError as exc:
+            # Out of time on a slow or failing last look: what the last one saw is still the answer.
+            if left is None or exc.permanent:
+                raise
+            return left
+        if not left or time.monotonic() + poll + MIN_RETRY_SECONDS >= deadline:
             return left
         LOG.info("waiting for %s", ", ".join(left))
         sleep(poll)

@@ -24,7 +24,14 @@ EIP_QUOTA = ("ec2", "L-0263D0A3", "EC2-VPC Elastic IPs")
 
 
 def _check(
-    api: CapacityApi, name: str, quota: tuple[str, str, str], need: int, used: int, stack: str, deployed: bool
+    api: CapacityApi,
+    name: str,
+    quota: tuple[str, str, str],
+    *,
+    need: int,
+    used: int,
+    stack: str,
+    deployed: bool,
 ) -> Check:
     service, code, title = quota
     limit = int(api.quota_value(code, service))
@@ -44,6 +51,9 @@ def network_quotas(settings: Settings, api: CapacityApi, cloudformation: Any) ->
     stack = f"{settings.stack_prefix}-Network"
     deployed = _stack(cloudformation, stack) is not None
     vpcs = api.count("describe_vpcs", "Vpcs")
-    yield _check(api, "vpc quota", VPC_QUOTA, 1, vpcs, stack, deployed)
+    yield _check(api, "vpc quota", VPC_QUOTA, need=1, used=vpcs, stack=stack, deployed=deployed)
     addresses = api.count("describe_addresses", "Addresses")
-    yield _check(api, "elastic ip quota", EIP_QUOTA, settings.vpc.nat_gateways, addresses, stack, deployed)
+    need = settings.vpc.nat_gateways
+    yield _check(
+        api, "elastic ip quota", EIP_QUOTA, need=need, used=addresses, stack=stack, deployed=deployed
+    )

@@ -78,7 +78,8 @@ def access_principals(settings: Settings, iam: Any) -> Iterator[Check]:
         elif found != arn:
             yield problem(
                 NAME,
-                f"{arn} ({field}) does not exist; the {kind} {name} of this account is {found} (another path)",
+                f"{arn} ({field}) does not exist; the {kind} {name} of this account is {found} "
+                "(another path)",
                 f"set {field} to {found}",
             )
         else:

@@ -90,7 +90,8 @@ def test_bootstrap_version_boundary_is_the_lookup_roles(version: str, status: st
             required.add(props.get("requiresBootstrapStackVersion", 0))
             required.add(props.get("lookupRole", {}).get("requiresBootstrapStackVersion", 0))
     assert account_checks.MIN_BOOTSTRAP_VERSION == max(required) == 8
-    stack = {"StackName": "CDKToolkit", "CreationTime": dt.datetime(2026, 1, 1), "StackStatus": "UPDATE_COMPLETE",
+    stack = {"StackName": "CDKToolkit", "CreationTime": dt.datetime(2026, 1, 1),
+             "StackStatus": "UPDATE_COMPLETE",
              "Outputs": [{"OutputKey": "BootstrapVersion", "OutputValue": version}]}  # fmt: skip
     cloudformation = boto3.client(
         "cloudformation", region_name=REGION, aws_access_key_id="x", aws_secret_access_key="x"
@@ -171,7 +172,8 @@ def test_cache_rules_are_read_page_by_page_and_only_ours_count() -> None:
         )
         stub.add_response("describe_pull_through_cache_rules", {"pullThroughCacheRules": [rule("dev/quay")]},
                           {"nextToken": "t"})  # fmt: skip
-        cfn.add_client_error("describe_stacks", "ValidationError", "Stack with id RayTrain-dev-Cluster does not exist",
+        cfn.add_client_error("describe_stacks", "ValidationError",
+                             "Stack with id RayTrain-dev-Cluster does not exist",
                              expected_params={"StackName": "RayTrain-dev-Cluster"})  # fmt: skip
         (check,) = account_checks.cache_rules(settings, ecr, cloudformation)
         stub.assert_no_pending_responses()
@@ -212,7 +214,8 @@ def test_the_gpu_type_must_be_offered_in_the_pinned_zone_not_another(zones: list
                            "Filters": [{"Name": "instance-type", "Values": ["g6.12xlarge"]}]})  # fmt: skip
         stub.add_response("describe_instances", {"Reservations": []})
         quota_stub.add_response("get_service_quota",
-                                {"Quota": {"ServiceCode": "ec2", "QuotaCode": "L-DB2E81BA", "Value": 192}})  # fmt: skip
+                                {"Quota": {"ServiceCode": "ec2", "QuotaCode": "L-DB2E81BA",
+                                           "Value": 192}})  # fmt: skip
         checks = list(capacity.capacity_checks(settings, CapacityApi(REGION, ec2, quotas)))
     offering = next(c for c in checks if c.name == "gpu offering")
     assert offering.status.value == status, offering
@@ -353,7 +356,8 @@ def test_creation_template_without_role_blocks_the_cache(
     )
 
 
-@pytest.mark.parametrize(("mutability", "status"), [("IMMUTABLE", "warn"), ("IMMUTABLE_WITH_EXCLUSION", "warn"),
+@pytest.mark.parametrize(("mutability", "status"), [("IMMUTABLE", "warn"),
+                                                     ("IMMUTABLE_WITH_EXCLUSION", "warn"),
                                                      ("MUTABLE", "ok"), (None, "ok")])  # fmt: skip
 def test_an_immutable_tag_template_over_the_cache_is_a_warning(mutability: str | None, status: str) -> None:
     from raytrain.preflight import account as account_checks

@@ -281,6 +281,15 @@ def resolve_eval_data(opts: TrainOptions, train: str | None) -> str | None:
     return location
 
 
+def resolve_inputs(opts: TrainOptions, vocab_size: int, record: dict[str, Any]) -> tuple[Any, Any]:
+    """The training and eval data (prepared when raw), then the run record: written only once every
+    input is accepted, so a start refused for its data leaves no run.json."""
+    data = resolve_data(opts, vocab_size)
+    eval_data = resolve_eval_data(opts, data)
+    run_state.record(opts, record)
+    return data, eval_data
+
+
 def run(opts: TrainOptions) -> dict[str, Any]:
     """Run (or resume) the training run; return the summary."""
     import ray
@@ -293,10 +302,7 @@ def run(opts: TrainOptions) -> dict[str, Any]:
     init_ray(opts)
     logs = quiet.driver(prepares=opts.data != "random")  # library chatter to a log file
     workers, use_gpu = resolve_workers(opts)
-    data = resolve_data(opts, int(cfg.vocab_size))
-    eval_data = resolve_eval_data(opts, data)
-    # Recorded only once every input is accepted: a start refused above leaves no run.json.
-    run_state.record(opts, record)
+    data, eval_data = resolve_inputs(opts, int(cfg.vocab_size), record)
     verdict: Any = ray.remote(num_cpus=0)(_GateVerdict).remote()
     trainer = TorchTrainer(
         quiet.train_worker,  # training/run/loop.py's train_loop

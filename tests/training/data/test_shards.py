@@ -154,7 +154,7 @@ def test_prepared_shards_without_their_manifest_are_told_so(tmp_path: Path, uri:
     # A folder of other files stays "no data files".
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("x")
-    with pytest.raises(OptionError, match="no .jsonl/.json/.parquet files under"):
+    with pytest.raises(OptionError, match=r"no \.jsonl/\.json/\.parquet files under"):
         parse_args([*base, "--data", str(tmp_path / "other")])
 
 
