@@ -30,8 +30,11 @@ from config.memory import (
     largest_micro_batch_for,
 )
 from config.settings import Settings
+from config.settings.infrastructure import CapacityType
 from raytrain.plan_compare import EXIT_DOES_NOT_FIT, EXIT_FITS, EXIT_UNUSABLE
 from raytrain.plan_compare import run as compare
+from raytrain.interruptions import interruptions
+from raytrain.interruptions import lines as interruption_lines
 from raytrain.prediction import predict
 from training.model.sharding import mesh_shape
 from training.sizing.loss_chunks import LOSS_CHUNK_TOKENS
@@ -104,6 +107,7 @@ def speed(settings: Settings) -> dict[str, Any]:
             {"change": name, "tokens_per_s": alt.tokens_per_s, "vs_now": alt.tokens_per_s / base.tokens_per_s}
         )
     return {
+        "interruptions": interruptions(settings, base.step_s, per_hour),
         "predicted": base.as_dict(),
         "job_hours": job.steps * base.step_s / 3600,
         "job_cost_usd": job.steps * base.step_s / 3600 * per_hour,
@@ -232,6 +236,10 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
         return EXIT_FITS if need.fits(have) else EXIT_DOES_NOT_FIT
     for table in (breakdown(settings), micro_batches(settings), speed_table(result)):
         console.print(table)
+    spot = settings.gpu_nodes.capacity_type is CapacityType.SPOT
+    for line in interruption_lines(result["interruptions"], spot):
+        style = "bold yellow" if line.startswith("[warning]") else "dim"
+        console.print(f"[{style}]{escape(line)}[/]", highlight=False, soft_wrap=True)
     headroom = (have - need.device_bytes) / GIB
     nodes = settings.num_workers // gpu.gpus
     if need.fits(have):

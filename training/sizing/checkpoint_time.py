@@ -6,10 +6,11 @@ parameter (a LoRA run: its adapters; the frozen base is the --model it started f
 training/checkpoint/dcp.py), sharded evenly over the ranks. A rank's save is its share copied off the
 GPU and written (DCP, one file per rank), then Ray Train uploads the node's files to S3.
 
-Rates (bytes per second) as measured: BENCHMARKS.md, "Checkpoint stall" (one H200, DCP to local
-disk). The upload rate is a planning figure, not a measurement here: S3's guidance is ~100 Gb/s per
-instance across parallel connections ("Performance design patterns for Amazon S3", horizontal
-scaling); a quarter of a 100 Gb/s node's line rate is taken.
+Rates (bytes per second) are planning figures until bench/checkpoint_stall.py has measured them on
+the GPU machine (its command is in docs/jobs.md, "What an interruption costs"; no device time was
+left for it when this landed): a local NVMe write of ~1 GB/s per rank for DCP's synchronous save, and
+for the upload S3's guidance of up to ~100 Gb/s per instance across parallel connections
+("Performance design patterns for Amazon S3", horizontal scaling), of which a quarter is taken.
 
 The interval: with a checkpoint every T seconds costing C seconds, and interruptions at a rate of
 lambda per hour, the expected loss per hour is C/T (checkpointing) + lambda*T/2 (half an interval of work
@@ -24,8 +25,11 @@ import math
 from dataclasses import dataclass
 
 BYTES_PER_TRAINED_PARAM = 12  # fp32 master + AdamW exp_avg + exp_avg_sq
-# DCP's synchronous save per rank, GPU -> host -> local file (BENCHMARKS.md, "Checkpoint stall").
+# DCP's synchronous save per rank, GPU -> host -> local file: a planning figure (see above).
 SAVE_BYTES_PER_S = 1.0e9
+# What an asynchronous save costs the step, as a share of the synchronous save's: the issue's goal
+# (< 10 %), a planning figure until bench/checkpoint_stall.py measures it.
+ASYNC_STALL_OF_SYNC = 0.1
 UPLOAD_BYTES_PER_S = 3.0e9  # per node to S3: see above
 NOTICE_POLL_S = 1  # Ray Train's preemption watcher's poll (RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S on the pods)
 GRACE_MARGIN_S = 15  # the drain call, Ray's barrier, and the preStop's own margin
@@ -87,3 +91,13 @@ def expected_hours(
     (the work since the last checkpoint, restart and resume)."""
     with_checkpoints = train_h * (1 + cost_s / interval_s) if interval_s > 0 else train_h
     return with_checkpoints * (1 + interruptions_per_hour * lost_s / 3600)
+
+
+# Planning figures for interruptions (not measured here):
+# - a Spot GPU node's interruptions per hour: the Spot Instance Advisor gives bands of "frequency of
+#   interruption" per month (<5 % ... >20 %) and shows the large GPU types in the top band; one in
+#   twenty hours is taken for them, well above that band's floor (>20 % a month is > 0.0003 per hour);
+# - what an interruption costs besides lost steps: a new node started, the image pulled, the group
+#   restarted and the checkpoint read (docs/jobs.md, "What an interruption costs").
+SPOT_INTERRUPTIONS_PER_HOUR = 0.05
+RESTART_S = 600.0
