@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from config.checkpointing import stop_grace_seconds
 from config.names import (
     EFA_RESOURCE,
     GPU_NODE_LABELS,
@@ -18,7 +19,6 @@ from config.names import (
     NODE_ROLE_LABEL,
     SYSTEM_NODE_LABELS,
 )
-from config.checkpointing import stop_grace_seconds
 from config.settings import Settings
 from k8s.imports.raycluster.io import ray as rc
 from k8s.imports.rayjob.io import ray as rj

@@ -31,9 +31,9 @@ def interruptions(settings: Settings, step_s: float, per_hour_usd: float) -> dic
     warnings = []
     if need > grace:
         warnings.append(
-            f"a checkpoint on notice needs ~{need:.0f} s (a {step_s:.1f} s step, {ct.complete_s:.0f} s to "
-            f"write and upload {ct.total_bytes / 1e9:.1f} GB) but the worker pods' grace period is {grace} s: "
-            "a stop would lose the steps since the last checkpoint"
+            f"a checkpoint on notice needs ~{need:.0f} s (a {step_s:.1f} s step, {ct.complete_s:.0f} s "
+            f"to write and upload {ct.total_bytes / 1e9:.1f} GB) but the worker pods' grace period is "
+            f"{grace} s: a stop would lose the steps since the last checkpoint"
         )
     if spot and need > SPOT_NOTICE_S:
         warnings.append(
@@ -50,7 +50,9 @@ def interruptions(settings: Settings, step_s: float, per_hour_usd: float) -> dic
     # too short) half an interval of steps on average too.
     lost_s = RESTART_S + (0 if need <= min(grace, SPOT_NOTICE_S) else interval / 2)
     rate = SPOT_INTERRUPTIONS_PER_HOUR
-    spot_h = expected_hours(train_h, cost_s=stall_s, interval_s=interval, interruptions_per_hour=rate, lost_s=lost_s)
+    spot_h = expected_hours(
+        train_h, cost_s=stall_s, interval_s=interval, interruptions_per_hour=rate, lost_s=lost_s
+    )
     od_h = expected_hours(train_h, cost_s=stall_s, interval_s=interval, interruptions_per_hour=0, lost_s=0)
     return {
         "checkpoint_gb": ct.total_bytes / 1e9,
@@ -81,7 +83,7 @@ def lines(result: dict[str, Any], spot: bool) -> list[str]:
         f"(a checkpoint on notice needs ~{result['notice_needs_s']:.0f} s)",
         f"{'Spot' if spot else 'on Spot'}: ~{s['expected_hours']:.2f} h, ${s['expected_cost_usd']:.2f} at "
         f"{s['interruptions_per_hour']} interruptions/h (each ~{s['lost_s_each'] / 60:.0f} min lost) "
-        f"against ~{s['on_demand_hours']:.2f} h, ${s['on_demand_cost_usd']:.2f} uninterrupted at the same rate; "
-        f"checkpoint interval for that rate: {s['checkpoint_every_for_spot']} steps",
+        f"against ~{s['on_demand_hours']:.2f} h, ${s['on_demand_cost_usd']:.2f} uninterrupted at the "
+        f"same rate; checkpoint interval for that rate: {s['checkpoint_every_for_spot']} steps",
     ]
     return out + [f"[warning] {w}" for w in result["warnings"]]

@@ -31,10 +31,10 @@ from config.memory import (
 )
 from config.settings import Settings
 from config.settings.infrastructure import CapacityType
-from raytrain.plan_compare import EXIT_DOES_NOT_FIT, EXIT_FITS, EXIT_UNUSABLE
-from raytrain.plan_compare import run as compare
 from raytrain.interruptions import interruptions
 from raytrain.interruptions import lines as interruption_lines
+from raytrain.plan_compare import EXIT_DOES_NOT_FIT, EXIT_FITS, EXIT_UNUSABLE
+from raytrain.plan_compare import run as compare
 from raytrain.prediction import predict
 from training.model.sharding import mesh_shape
 from training.sizing.loss_chunks import LOSS_CHUNK_TOKENS

@@ -32,6 +32,7 @@ preempted (training/run/driver.py) and the rerun resumes it (training/checkpoint
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -67,7 +68,7 @@ def prestop_script(grace_s: int, directory: str = NOTICE_DIR) -> str:
         f'd={d}; [ -s "$d/{NODE_FILE}" ] || exit 0; rm -f "$d/{SAVED_FILE}"; '
         f'ray drain-node --node-id "$(cat "$d/{NODE_FILE}")" --reason {DRAIN_REASON} '
         f'--reason-message "pod $HOSTNAME is terminating" --deadline-remaining-seconds {wait_s} || exit 0; '
-        f'end=$((SECONDS + {wait_s})); '
+        f"end=$((SECONDS + {wait_s})); "
         f'while [ $SECONDS -lt $end ] && [ ! -e "$d/{SAVED_FILE}" ]; do sleep 1; done'
     )
 
@@ -137,11 +138,8 @@ class Notice:
         self.dir = notice_dir()
         if local_rank == 0:  # one writer per node: what the pod's preStop drains
             os.makedirs(self.dir, exist_ok=True)
-            for stale in (SAVED_FILE,):
-                try:
-                    os.remove(os.path.join(self.dir, stale))
-                except FileNotFoundError:
-                    pass
+            with contextlib.suppress(FileNotFoundError):  # a previous run's, in the same pod
+                os.remove(os.path.join(self.dir, SAVED_FILE))
             with open(os.path.join(self.dir, NODE_FILE), "w") as f:
                 f.write(self.node_id)
 

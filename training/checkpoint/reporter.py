@@ -3,6 +3,7 @@ stop, ray.train.report with or without a checkpoint, and what train_state.json h
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import shutil
 import tempfile
@@ -169,10 +170,8 @@ class Reporting:
         if pending is None:
             return False
         if wait:
-            try:
+            with contextlib.suppress(Exception):  # judged below, on every rank together
                 pending.future.result()
-            except Exception:  # noqa: S110  (judged below, on every rank together)
-                pass
         failed = pending.future.done() and pending.future.exception() is not None
         # On the training's own group (the writer thread uses the saver's group meanwhile).
         state = torch.tensor([int(failed), int(not pending.future.done())], device=self.device)

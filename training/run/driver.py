@@ -288,6 +288,22 @@ def resolve_eval_data(opts: TrainOptions, train: str | None) -> str | None:
     return location
 
 
+def _why_it_ended(opts: TrainOptions, exc: Exception) -> Exception:
+    """What fit() raising `exc` means: an input error (one line), a preemption past
+    --max-preemptions (recorded in run.json; a rerun continues), or the failure itself."""
+    found = find_input_error(exc)
+    if found is not None:
+        return found
+    if not is_preemption(exc):
+        return exc
+    step = run_state.latest_of(opts)
+    run_state.end(opts, "preempted", step)
+    return RunPreempted(
+        f"preempted; the newest complete checkpoint is step {step}: run the same job again, or "
+        f"with --resume, to continue run {opts.run_name!r}"
+    )
+
+
 def run(opts: TrainOptions) -> dict[str, Any]:
     """Run (or resume) the training run; return the summary."""
     import ray
@@ -334,17 +350,7 @@ def run(opts: TrainOptions) -> dict[str, Any]:
     try:
         result = trainer.fit()
     except Exception as exc:
-        found = find_input_error(exc)
-        if found is not None:
-            raise found from None
-        if not is_preemption(exc):
-            raise
-        step = run_state.latest_of(opts)
-        run_state.end(opts, "preempted", step)
-        raise RunPreempted(
-            f"preempted; the newest complete checkpoint is step {step}: run the same job again, or "
-            f"with --resume, to continue run {opts.run_name!r}"
-        ) from None
+        raise _why_it_ended(opts, exc) from None
     failure = ray.get(verdict.get.remote())
     if failure is not None:
         message, gate = failure

@@ -97,15 +97,27 @@ class StepProfiler:
         return [trace, table_path]
 
 
-def checkpoint_on_notice(
-    tr: Reporting, notice: Notice, info: Any, metrics: dict[str, Any], checkpointed: bool
-) -> None:
-    """Every rank at the same step (the notice is a barrier): the step in flight has finished; save
-    it (unless this step just checkpointed), tell the pod's preStop, and train no further."""
+def _shown(tr: Reporting, metrics: dict[str, Any], first: bool) -> dict[str, Any]:
+    """The step's metrics with what the first step's report and the progress line carry besides:
+    the transport verdict, once; the preemptions so far with the steps each cost."""
+    if first:
+        metrics = {**metrics, "transport": tr.transport}
+    if tr.preemptions:
+        metrics["preemptions"] = [p.get("lost_steps") for p in tr.preemptions]
+    return metrics
+
+
+def checkpoint_on_notice(tr: Reporting, notice: Notice, metrics: dict[str, Any], checkpointed: bool) -> None:
+    """Collective, after every step: on a stop notice (every rank sees it at the same step: the
+    check is a barrier) the step in flight has finished; save it (unless this step just
+    checkpointed), tell the pod's preStop, and train no further."""
     import time
 
     import torch.distributed as dist
 
+    info = notice.check()
+    if info is None:
+        return
     t0 = time.perf_counter()
     entry = notice.entry(info, tr.step)
     if tr.rank == 0:
@@ -179,19 +191,14 @@ def train_loop(config: dict[str, Any]) -> None:
             emf.publish(opts, tr.rank, metrics)
             for written in profiler.after_step(tr.step):
                 say(f"[train] profile: wrote {written}")
-            if first:
-                metrics = {**metrics, "transport": tr.transport}
-            if tr.preemptions:
-                metrics["preemptions"] = [p.get("lost_steps") for p in tr.preemptions]
+            metrics = _shown(tr, metrics, first)
             if tr.rank == 0 and (tr.step % opts.log_every == 0 or tr.step == opts.steps):
                 say(progress.line(metrics, opts.steps, tr.history[-tr.steps_here :]))
             checkpointed = report(tr, metrics, first)
             first = False
             if tr.stopped_early:
                 break
-            info = notice.check()
-            if info is not None:
-                checkpoint_on_notice(tr, notice, info, metrics, checkpointed)
+            checkpoint_on_notice(tr, notice, metrics, checkpointed)
     finally:
         gc.enable()
         tr.batches.close()
