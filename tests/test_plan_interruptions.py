@@ -31,6 +31,7 @@ def test_a_step_longer_than_the_grace_period_and_spots_notice_is_warned() -> Non
     assert "grace period is" in text and "two-minute" not in text  # the words are the module's
     assert f"{SPOT_NOTICE_S} s after its interruption notice" in text
     # Without a checkpoint on notice an interruption also loses half an interval of steps.
-    assert got["spot"]["lost_s_each"] > interruptions(settings, step_s=1.0, per_hour_usd=10.0)["spot"]["lost_s_each"]
+    short = interruptions(settings, step_s=1.0, per_hour_usd=10.0)
+    assert got["spot"]["lost_s_each"] > short["spot"]["lost_s_each"]
     on_demand = interruptions(settings_of(ALL[0]), step_s=float(SPOT_NOTICE_S), per_hour_usd=10.0)
     assert not any("interruption notice" in w for w in on_demand["warnings"])

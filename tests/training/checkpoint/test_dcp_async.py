@@ -4,6 +4,7 @@ while it is written, loads back bitwise, and a write that fails surfaces in its 
 
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 from typing import Any
@@ -27,8 +28,10 @@ def _async_worker(rank: int, world: int, init_file: str, out: str) -> None:
     model, opt = _setup(rank, world, init_file)
     saver = checkpoint.AsyncSaver(on_gpu=False)
     _train_once(model, opt, rank)
-    reference = _full(model, opt)
-    future = saver.start(os.path.join(out, f"rank{rank}"), model, opt, step=5, position=40, extra={"history": []})
+    # A copy: the full state dict shares tensors with the live state (the optimizer's step counter).
+    reference = copy.deepcopy(_full(model, opt))
+    where = os.path.join(out, f"rank{rank}")
+    future = saver.start(where, model, opt, step=5, position=40, extra={"history": []})
     _train_once(model, opt, rank)  # changes what was staged: the checkpoint must not see it
     assert future.result() is not None
     changed = _full(model, opt)
@@ -42,7 +45,8 @@ def _async_worker(rank: int, world: int, init_file: str, out: str) -> None:
         failed = type(exc).__name__
     saver.close()
     if rank == 0:
-        torch.save({"reference": reference, "changed": changed, "failed": failed}, os.path.join(out, "ref.pt"))
+        record = {"reference": reference, "changed": changed, "failed": failed}
+        torch.save(record, os.path.join(out, "ref.pt"))
     _teardown()
 
 
@@ -53,7 +57,8 @@ def test_async_checkpoint_holds_its_own_step_and_loads_bitwise(tmp_path: Path) -
     assert ref["failed"] is not None
     out = tmp_path / "loaded"
     out.mkdir()
-    mp.spawn(_load_worker, args=(2, str(tmp_path / "init-load"), str(tmp_path / "ckpt"), str(out)), nprocs=2, join=True)
+    args = (2, str(tmp_path / "init-load"), str(tmp_path / "ckpt"), str(out))
+    mp.spawn(_load_worker, args=args, nprocs=2, join=True)
     loaded = torch.load(out / "loaded.pt", weights_only=False)
     _assert_same(ref["reference"]["model"], loaded["full"]["model"])
     _assert_same(ref["reference"]["optim"], loaded["full"]["optim"])

@@ -53,7 +53,7 @@ def test_preemptions_are_told_from_failures() -> None:
     assert notice.is_preemption(PreemptionError(info))
     lost = ActorDiedError()
     assert not notice.is_preemption(WorkerGroupError("workers failed", {0: lost}))
-    lost._preempted = True  # what Ray sets (from the death cause) for an actor on a node drained for preemption
+    lost._preempted = True  # Ray sets it from the death cause: an actor on a node drained for preemption
     assert notice.is_preemption(WorkerGroupError("workers failed", {0: lost}))
     try:
         raise RuntimeError("wrapped") from PreemptionError(info)
