@@ -34,7 +34,7 @@ from k8s.pods import (
     pod_security,
     resources,
 )
-from training.checkpoint.notice import PRESTOP_MARGIN_S, prestop_script
+from training.common.stop_notice import PRESTOP_MARGIN_S, prestop_script
 from training.network.probe import GATE_LOG_ENV
 from training.sizing.checkpoint_time import NOTICE_POLL_S
 

@@ -8,7 +8,7 @@ import pytest
 
 from config.checkpointing import STEP_ALLOWANCE_S, checkpoint_time, stop_grace_seconds, trained_params
 from tests.chart_render import ALL, env_of, head_pod, settings_of, worker_container, worker_group
-from training.checkpoint.notice import NOTICE_DIR, PRESTOP_MARGIN_S, SAVED_FILE
+from training.common.stop_notice import NOTICE_DIR, PRESTOP_MARGIN_S, SAVED_FILE
 
 
 @pytest.mark.parametrize("name", ALL)
