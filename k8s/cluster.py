@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from config.checkpointing import stop_grace_seconds
 from config.names import (
     EFA_RESOURCE,
     GPU_NODE_LABELS,
@@ -33,7 +34,9 @@ from k8s.pods import (
     pod_security,
     resources,
 )
+from training.common.stop_notice import PRESTOP_MARGIN_S, prestop_script
 from training.network.probe import GATE_LOG_ENV
+from training.sizing.checkpoint_time import NOTICE_POLL_S
 
 # Node labels and the GPU taint are the node groups' own (one definition for EKS and the pods).
 SYSTEM_NODE_SELECTOR = dict(SYSTEM_NODE_LABELS)
@@ -70,15 +73,28 @@ def worker_env(settings: Settings) -> dict[str, str]:
         # Without these NCCL may pick TCP sockets and still "succeed", at a fraction of the speed.
         env |= {"FI_PROVIDER": "efa", "NCCL_NET_PLUGIN": "ofi"}
     env |= settings.workload.worker_env
+    env |= notice_env(settings)
     env["RAYTRAIN_EXPECT_TRANSPORT"] = settings.job.transport(settings.gpu_nodes.efa).value
     env |= aws_region_env(settings.region)
     return env
 
 
+def notice_env(settings: Settings) -> dict[str, str]:
+    """How a stop notice reaches the training (training/checkpoint/notice.py), on every Ray pod: Ray
+    Train's preemption watcher polls the drained nodes this often (ray/train/v2/_internal/constants.py,
+    default 5 s), and `ray start --block` drains its node on SIGTERM for this long before it kills
+    the node's processes (ray/_private/ray_constants.py, default 30 s): the pod's grace period less the
+    preStop hook's margin."""
+    return {
+        "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": str(NOTICE_POLL_S),
+        "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": str(stop_grace_seconds(settings) - PRESTOP_MARGIN_S),
+    }
+
+
 def head_env(settings: Settings) -> dict[str, str]:
     """The head's environment: no GPU, and the region for the job driver's AWS calls."""
     # The head shares system nodes with no GPU; "void" keeps CUDA from probing for one.
-    return {"NVIDIA_VISIBLE_DEVICES": "void", **aws_region_env(settings.region)}
+    return {"NVIDIA_VISIBLE_DEVICES": "void", **aws_region_env(settings.region), **notice_env(settings)}
 
 
 def _head_group(types: SpecTypes, settings: Settings, service_account_name: str) -> Any:
@@ -146,11 +162,23 @@ def _worker_group(types: SpecTypes, settings: Settings, service_account_name: st
         # IPC_LOCK: libfabric/EFA registers (pins) memory for RDMA, beyond the default memlock
         # limit. It is the one capability kept, and only on EFA nodes.
         security_context=container_security(t, ["IPC_LOCK"] if settings.gpu_nodes.efa else []),
+        # Told to stop (drain, eviction, Spot interruption, Kueue preemption, job stop): drain this
+        # Ray node and wait for the checkpoint on notice before the SIGTERM (training/checkpoint/notice.py).
+        lifecycle=t("SpecContainersLifecycle")(
+            pre_stop=t("SpecContainersLifecyclePreStop")(
+                exec=t("SpecContainersLifecyclePreStopExec")(
+                    command=["/bin/bash", "-c", prestop_script(stop_grace_seconds(settings))]
+                )
+            )
+        ),
     )
     spec = t("Spec")(
         init_containers=[pod_identity_check(t, settings.ray_image_ref)],
         containers=[container],
         restart_policy="Never",
+        # Sized from the job's checkpoint (config/checkpointing.py): the preStop hook and the
+        # checkpoint on notice run within it; the kubelet's SIGKILL ends it.
+        termination_grace_period_seconds=stop_grace_seconds(settings),
         node_selector=dict(GPU_NODE_SELECTOR),
         tolerations=[
             t("SpecTolerations")(

@@ -35,8 +35,11 @@ from config.memory import (
 )
 from config.prices import PriceError, RegionPrices
 from config.settings import Settings
+from config.settings.infrastructure import CapacityType
 from config.settings.teams import queue_summary
 from raytrain.cost import estimate, optional_prices
+from raytrain.interruptions import interruptions
+from raytrain.interruptions import lines as interruption_lines
 from raytrain.plan_compare import EXIT_DOES_NOT_FIT, EXIT_FITS, EXIT_UNUSABLE
 from raytrain.plan_compare import run as compare
 from raytrain.prediction import predict
@@ -136,6 +139,7 @@ def speed(
         )
     hours = job.steps * base.step_s / 3600
     return {
+        "interruptions": interruptions(settings, base.step_s, per_hour),
         "predicted": base.as_dict(),
         "job_hours": hours,
         "job_cost_usd": None if per_hour is None else hours * per_hour,
@@ -288,6 +292,10 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
         highlight=False,
         soft_wrap=True,
     )
+    spot = settings.gpu_nodes.capacity_type is CapacityType.SPOT
+    for line in interruption_lines(result["interruptions"], spot):
+        style = "bold yellow" if line.startswith("[warning]") else "dim"
+        console.print(f"[{style}]{escape(line)}[/]", highlight=False, soft_wrap=True)
     headroom = (have - need.device_bytes) / GIB
     nodes = settings.num_workers // gpu.gpus
     if need.fits(have):

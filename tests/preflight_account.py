@@ -256,14 +256,35 @@ class Account:
         )
         self.ecr_stub.add_client_error("get_registry_policy", "RegistryPolicyNotFoundException")
 
+    def network(self, vpcs: float = 5, eips: float = 5, deployed: bool = False, env: str = "dev") -> None:
+        """The last group's answers: the Network stack (absent unless `deployed`), the VPC and
+        Elastic IP quotas (moto's EC2 answers the usage: its default VPC, no addresses)."""
+        stack = f"RayTrain-{env}-Network"
+        if deployed:
+            self.cfn_stub.add_response(
+                "describe_stacks",
+                {"Stacks": [{"StackName": stack, "CreationTime": dt.datetime(2026, 1, 1),
+                             "StackStatus": "CREATE_COMPLETE"}]},
+                {"StackName": stack},
+            )  # fmt: skip
+        else:
+            self.no_stack(stack)
+        for service, code, value in (("vpc", "L-F678F1CE", vpcs), ("ec2", "L-0263D0A3", eips)):
+            self.quota_stub.add_response(
+                "get_service_quota",
+                {"Quota": {"ServiceCode": service, "QuotaCode": code, "Value": value}},
+                {"ServiceCode": service, "QuotaCode": code},
+            )
+
     def run(
         self, config_dir: Path, server: Registry, env: str = "dev", *, network: bool = True
     ) -> tuple[int, list[str]]:
         import contextlib
         import io
 
+        """The whole command; `network`: add the last group's default answers."""
         if network:
-            self.network()
+            self.network(env=env)
 
         out = io.StringIO()
         with contextlib.ExitStack() as stack:

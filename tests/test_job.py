@@ -288,6 +288,14 @@ def test_status_shows_the_jobs_progress_from_its_driver_log(
     api_server.logs = {}  # the submitter not started yet: no progress, no error
     rc, text = run(tmp_path, api_server, "status")
     assert rc == 0 and "progress:" not in text, text
+    # Issue 53: stop notices, counted apart from failures, with the steps each cost.
+    api_server.logs = {f"{JOB}-sub1": [
+        "[train] step 90/200 (45%) | loss 1.9000 | 49,000 tok/s | mem 9.10 GiB | data wait 0.3 ms | "
+        "preempted 2 (lost 0, 7 steps) | ETA 8m00s",
+    ]}  # fmt: skip
+    rc, text = run(tmp_path, api_server, "status")
+    assert rc == 0, text
+    assert "preempted 2x (steps lost: 0, 7)" in " ".join(text.split()), text
 
 
 def test_status_of_a_failed_job_exits_one(tmp_path: Path, api_server: FakeApi, settings: Settings) -> None:

@@ -189,6 +189,11 @@ def test_preflight_of_each_against_its_own_region(own_environments, name, regist
     settings = load_settings(name, own_environments)
     with mock_aws():
         account = Account(settings.region)
+        # Every principal its access entries name exists in the account (raytrain/preflight/principals.py).
+        account.principals(
+            *settings.cluster.admin_principal_arns,
+            *(arn for team in settings.team_list for arn in team.submitters),
+        )
         account.bootstrap()
         account.version()
         for addon, (pinned, _) in pinned_addons(settings).items():  # each EKS add-on the file pins

@@ -6,7 +6,7 @@ import sys
 
 from training.common.errors import INPUT_ERROR_EXIT, InputError
 from training.options.train import OptionError, parse_args
-from training.run.driver import TransportGateFailed, run
+from training.run.driver import RunPreempted, TransportGateFailed, run
 
 PROG = "python -m training"
 
@@ -23,6 +23,9 @@ def main(argv: list[str] | None = None) -> int:
         # A data file, shard or checkpoint: the same input fails the same way on every attempt.
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return INPUT_ERROR_EXIT
+    except RunPreempted as exc:  # not a failure: the rerun resumes
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return RunPreempted.EXIT
     except TransportGateFailed as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 3

@@ -200,6 +200,9 @@ def progress_text(target: Target) -> str | None:
         parts.append(f"held-out loss {p['eval_loss']:.4f} (step {p['eval_step']})")
     if "tokens_per_s" in p:
         parts.append(f"{p['tokens_per_s']:,.0f} tokens/s")
+    if p.get("preemptions"):  # stop notices, counted apart from failures, with the steps each cost
+        lost = ", ".join("?" if x is None else str(x) for x in p["preemptions"])
+        parts.append(f"preempted {len(p['preemptions'])}x (steps lost: {lost})")
     if "eta" in p and not finished(target.job or {}):
         parts.append(f"ETA {p['eta']}")
     return "progress: " + ", ".join(parts)

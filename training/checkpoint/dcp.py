@@ -59,6 +59,17 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
+def _save_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int, position: int
+) -> dict[str, Any]:
+    model_sd, optim_sd = _trained_state(model, optimizer)
+    return {
+        "model": model_sd,
+        "optim": optim_sd,
+        "train": {"step": torch.tensor(step), "position": torch.tensor(position)},
+    }
+
+
 def save(
     path: str,
     model: torch.nn.Module,
@@ -70,13 +81,56 @@ def save(
 ) -> None:
     """Collective: every rank writes its own shards into its own `path`."""
     os.makedirs(path, exist_ok=True)
-    model_sd, optim_sd = _trained_state(model, optimizer)
-    state = {
-        "model": model_sd,
-        "optim": optim_sd,
-        "train": {"step": torch.tensor(step), "position": torch.tensor(position)},
-    }
-    dcp.save(state, checkpoint_id=path)
+    dcp.save(_save_state(model, optimizer, step, position), checkpoint_id=path)
+    _save_small_files(path, step, position, extra)
+
+
+class AsyncSaver:
+    """DCP's asynchronous save (torch 2.13: torch/distributed/checkpoint/state_dict_saver.py
+    async_save; staging.py DefaultStager): the step waits only while the trained state is copied off
+    the GPU into pinned host memory (kept between saves, so only the first save allocates it); the
+    files are written by a thread beside training. DCP's async save coordinates the ranks on a
+    process group with a CPU backend: a gloo group of its own (as torchtitan does), beside NCCL on
+    GPUs, and beside the training's own gloo group on CPUs (two threads' collectives on one gloo
+    group interleave and corrupt each other's messages)."""
+
+    def __init__(self, on_gpu: bool) -> None:
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        self.group = dist.new_group(backend="gloo")  # collective: every rank, in the same order
+        # Pinned memory and non-blocking copies on the GPU; the copy itself is waited for (the next
+        # optimizer step must not change what is being copied). No shared memory: thread, not process.
+        self.stager = DefaultStager(
+            StagingOptions(
+                use_pinned_memory=on_gpu,
+                use_shared_memory=False,
+                use_async_staging=False,
+                use_non_blocking_copy=on_gpu,
+            )
+        )
+
+    def start(
+        self,
+        path: str,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        step: int,
+        position: int,
+        extra: dict[str, Any] | None = None,
+    ) -> Any:
+        """Collective: stage this rank's state and start writing it to `path`; returns the Future
+        of the write (its result: DCP's metadata; its exception: the failed write)."""
+        os.makedirs(path, exist_ok=True)
+        _save_small_files(path, step, position, extra)  # small: before the write, under the same name
+        state = _save_state(model, optimizer, step, position)
+        return dcp.async_save(state, checkpoint_id=path, process_group=self.group, async_stager=self.stager)
+
+    def close(self) -> None:
+        self.stager.close()
+
+
+def _save_small_files(path: str, step: int, position: int, extra: dict[str, Any] | None) -> None:
     rank = dist.get_rank()
     torch.save(rng_state(), os.path.join(path, f"rng-rank{rank}.pt"))
     if rank == 0:

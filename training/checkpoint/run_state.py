@@ -34,7 +34,8 @@ SNAPSHOT = "checkpoint_manager_snapshot.json"
 HOW_IT_RUNS = frozenset(
     {
         "steps", "resume", "job_id", "output_dir", "storage_path", "address", "num_workers",
-        "max_failures", "checkpoint_every", "keep_checkpoints", "log_every", "report_every",
+        "max_failures", "max_preemptions", "checkpoint_every", "async_checkpoint", "keep_checkpoints",
+        "log_every", "report_every",
         "profile", "peak_tflops", "metrics_cluster", "export", "expect_transport", "emulate_hosts",
         "micro_batch_size", "sharding", "compile", "activation_checkpointing", "liger",
         "liger_layers", "reshard_after_forward", "loss_chunk_tokens", "skip_guard_eval",
@@ -149,3 +150,26 @@ def record(opts: TrainOptions, run: dict[str, Any]) -> None:
     fs, run_dir = shards.filesystem(location)
     fs.create_dir(run_dir, recursive=True)
     shards.write_atomic(shards.join(location, RUN_FILE), data)
+
+
+def end(opts: TrainOptions, outcome: str, step: int | None) -> dict[str, Any]:
+    """Mark this start's end in the run record (`outcome`: "preempted"); returns the record."""
+    location = shards.join(opts.storage_path, opts.run_name)
+    fs, run_dir = shards.filesystem(location)
+    try:
+        record = _read_json(fs, f"{run_dir}/{RUN_FILE}")
+    except (OSError, ValueError):
+        record = None
+    if not isinstance(record, dict) or not record.get("starts"):
+        return {}
+    record["starts"][-1].update(
+        {"ended": outcome, "at_step": step, "ended_at": datetime.now(UTC).isoformat(timespec="seconds")}
+    )
+    shards.write_atomic(shards.join(location, RUN_FILE), json.dumps(record, indent=2, default=str).encode())
+    return dict(record)
+
+
+def latest_of(opts: TrainOptions) -> int | None:
+    """The step of the run's newest complete checkpoint (the one a rerun resumes from)."""
+    fs, run_dir = shards.filesystem(shards.join(opts.storage_path, opts.run_name))
+    return latest_step(fs, run_dir)

@@ -1,5 +1,6 @@
 """Common ground: the input-error types every room raises (`errors`: not failures for Ray to retry) and the
-one rule for locations, s3:// or local (`uri`).
+one rule for locations, s3:// or local (`uri`), and what a training worker and its pod agree on for a
+checkpoint on notice (`stop_notice`: the files they leave each other, the preStop hook).
 
 Imports nothing from the other rooms; every room may import it. Torch-free.
 """

@@ -67,7 +67,24 @@ def add_arguments(g: Any) -> None:
         default=3,
         help="worker-group restarts from the last checkpoint before giving up",
     )
+    g.add_argument(
+        "--max-preemptions",
+        type=int,
+        default=-1,
+        metavar="N",
+        help="worker-group restarts after a stop notice (Spot reclaim, node drain, preemption), "
+        "counted apart from --max-failures; -1: no limit; 0: the run ends as preempted at the first "
+        "(exit 75) and a rerun of the same job, or --resume, continues it",
+    )
     g.add_argument("--checkpoint-every", type=pos_int, default=50, metavar="STEPS")
+    g.add_argument(
+        "--async-checkpoint",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="write the periodic checkpoints beside training: the step waits only for the copy off "
+        "the GPU; a checkpoint counts (resume, best) once written and uploaded; one at a time. The "
+        "final checkpoint and one on notice are written whole before the run goes on",
+    )
     g.add_argument("--keep-checkpoints", type=int, default=2, help="checkpoints kept (>= 2)")
     g.add_argument("--log-every", type=pos_int, default=1, metavar="STEPS",
                    help="progress line on rank 0 every STEPS steps")  # fmt: skip
@@ -85,6 +102,8 @@ def check(d: dict[str, Any]) -> None:
     """Names and paths; fills in the defaults that depend on other options."""
     if not d["run_name"] or not re.fullmatch(r"[A-Za-z0-9][\w.-]*", d["run_name"]):
         raise OptionError(f"--run-name: use letters, digits, '-', '_', '.'; got {d['run_name']!r}")
+    if d["max_preemptions"] < -1:
+        raise OptionError(f"--max-preemptions: -1 (no limit) or a count >= 0, got {d['max_preemptions']}")
     if d["keep_checkpoints"] < 2:
         raise OptionError(f"--keep-checkpoints: must be >= 2, got {d['keep_checkpoints']}")
     if d["output_dir"] is None:

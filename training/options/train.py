@@ -71,7 +71,9 @@ class TrainOptions:
     num_workers: int | None
     address: str | None
     max_failures: int
+    max_preemptions: int
     checkpoint_every: int
+    async_checkpoint: bool
     keep_checkpoints: int
     model: str
     init: str

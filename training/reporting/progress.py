@@ -2,7 +2,8 @@
 job's driver log): one format, written and parsed here. Torch-free: the CLI side imports it.
 
   [train] step 30/200 (15%) | loss 2.3456 | 1,234 tok/s | MFU 41.0% | mem 3.20 GiB |
-  data wait 0.4 ms | eval loss 2.4000 | ppl 11.02 | acc 52.0% | ETA 12m05s
+  data wait 0.4 ms | eval loss 2.4000 | ppl 11.02 | acc 52.0% | preempted 2 (lost 0, 3 steps) |
+  ETA 12m05s
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ ETA_WINDOW = 20  # steps whose wall time gives the rate of the ETA
 _HEAD = re.compile(r"^step (\d+)/(\d+) \((\d+)%\)$")
 _NUMBER = re.compile(r"^(.+?) ([-\d.,]+)(%| GiB| ms)?$")
 _RATE = re.compile(r"^([\d.,]+) tok/s$")
+_PREEMPTED = re.compile(r"^preempted (\d+) \(lost ([\d, None]+) steps\)$")
 
 
 def duration(seconds: float) -> str:
@@ -54,6 +56,9 @@ def line(m: dict[str, Any], steps: int, history: list[dict[str, Any]]) -> str:
             f"ppl {m['eval_perplexity']:.2f}",
             f"acc {100 * m['eval_accuracy']:.1f}%",
         ]
+    lost = m.get("preemptions")
+    if lost:  # the steps each stop notice cost (training/checkpoint/notice.py)
+        parts.append(f"preempted {len(lost)} (lost {', '.join(str(x) for x in lost)} steps)")
     eta = eta_seconds(history, steps)
     if eta is not None:
         parts.append(f"ETA {duration(eta)}")
@@ -75,6 +80,10 @@ def parse(text: str) -> dict[str, Any] | None:
     for part in rest:
         if part.startswith("ETA "):
             out["eta"] = part[4:]
+            continue
+        pre = _PREEMPTED.match(part)
+        if pre is not None:
+            out["preemptions"] = [None if x == "None" else int(x) for x in pre[2].split(", ")]
             continue
         rate, n = _RATE.match(part), _NUMBER.match(part)
         if rate is not None:

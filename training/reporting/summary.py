@@ -115,6 +115,9 @@ def summarize(meta: dict[str, Any], options: dict[str, Any], wall_s: float) -> d
             else None
         ),
         "resumes": meta.get("resumes", []),
+        # Stop notices (Spot reclaim, drain, preemption), each with the steps it cost
+        # (training/checkpoint/notice.py): counted apart from the failures among the resumes.
+        "preemptions": meta.get("preemptions", []),
         "transport": meta.get("transport"),
         "wall_time_s": wall_s,
         # The options as given: --micro-batch-size auto is None in them (the choice is above).

@@ -13,12 +13,19 @@ from typing import Any
 
 from training.checkpoint import best as best_checkpoint
 from training.checkpoint import run_state
+from training.checkpoint.notice import is_preemption
 from training.common.errors import find_input_error
 from training.options.train import OptionError, TrainOptions, batch_split_error
 from training.reporting import summary as summary_mod
 from training.run import quiet
 from training.run.ray_session import init_ray_at
 from training.sizing.batch import accumulation_steps
+
+
+class RunPreempted(Exception):
+    """The run stopped on a notice past its --max-preemptions: a rerun continues it."""
+
+    EXIT = 75  # EX_TEMPFAIL (sysexits.h): try again later
 
 
 class TransportGateFailed(Exception):
@@ -290,6 +297,22 @@ def resolve_inputs(opts: TrainOptions, vocab_size: int, record: dict[str, Any]) 
     return data, eval_data
 
 
+def _why_it_ended(opts: TrainOptions, exc: Exception) -> Exception:
+    """What fit() raising `exc` means: an input error (one line), a preemption past
+    --max-preemptions (recorded in run.json; a rerun continues), or the failure itself."""
+    found = find_input_error(exc)
+    if found is not None:
+        return found
+    if not is_preemption(exc):
+        return exc
+    step = run_state.latest_of(opts)
+    run_state.end(opts, "preempted", step)
+    return RunPreempted(
+        f"preempted; the newest complete checkpoint is step {step}: run the same job again, or "
+        f"with --resume, to continue run {opts.run_name!r}"
+    )
+
+
 def run(opts: TrainOptions) -> dict[str, Any]:
     """Run (or resume) the training run; return the summary."""
     import ray
@@ -322,7 +345,11 @@ def run(opts: TrainOptions) -> dict[str, Any]:
         run_config=RunConfig(
             name=opts.run_name,
             storage_path=opts.storage_path,
-            failure_config=FailureConfig(max_failures=opts.max_failures),
+            # Preemptions (a notice, then the node's end: training/checkpoint/notice.py) have their
+            # own budget: a Spot job is not ended by its failure budget (Ray 2.58 and 2.60).
+            failure_config=FailureConfig(
+                max_failures=opts.max_failures, max_preemption_failures=opts.max_preemptions
+            ),
             checkpoint_config=best_checkpoint.checkpoint_config(opts),
             callbacks=[stop_on_input_error()],
             **quiet.train_logging_config(),
@@ -331,10 +358,7 @@ def run(opts: TrainOptions) -> dict[str, Any]:
     try:
         result = trainer.fit()
     except Exception as exc:
-        found = find_input_error(exc)
-        if found is None:
-            raise
-        raise found from None
+        raise _why_it_ended(opts, exc) from None
     failure = ray.get(verdict.get.remote())
     if failure is not None:
         message, gate = failure

@@ -11,7 +11,8 @@ from typing import Any
 
 import torch
 
-from training.checkpoint.reporter import eval_into, report
+from training.checkpoint.notice import Notice, record_notice
+from training.checkpoint.reporter import Reporting, eval_into, report
 from training.methods.evaluate import EarlyStop
 from training.network.probe import TransportGateError, run_transport_gate
 from training.options.train import TrainOptions, profile_range
@@ -96,6 +97,43 @@ class StepProfiler:
         return [trace, table_path]
 
 
+def _shown(tr: Reporting, metrics: dict[str, Any], first: bool) -> dict[str, Any]:
+    """The step's metrics with what the first step's report and the progress line carry besides:
+    the transport verdict, once; the preemptions so far with the steps each cost."""
+    if first:
+        metrics = {**metrics, "transport": tr.transport}
+    if tr.preemptions:
+        metrics["preemptions"] = [p.get("lost_steps") for p in tr.preemptions]
+    return metrics
+
+
+def checkpoint_on_notice(tr: Reporting, notice: Notice, metrics: dict[str, Any], checkpointed: bool) -> None:
+    """Collective, after every step: on a stop notice (every rank sees it at the same step: the
+    check is a barrier) the step in flight has finished; save it (unless this step just
+    checkpointed), tell the pod's preStop, and train no further."""
+    import time
+
+    import torch.distributed as dist
+
+    info = notice.check()
+    if info is None:
+        return
+    t0 = time.perf_counter()
+    entry = notice.entry(info, tr.step)
+    if tr.rank == 0:
+        say(f"[train] stop notice at step {tr.step} (ranks {entry['ranks']}, {entry['notice_s']}s left)")
+        try:  # counted even should the save not complete in time
+            record_notice(tr.opts.storage_path, tr.opts.run_name, entry)
+        except OSError as exc:
+            say(f"[train] warning: could not record the notice ({exc})")
+    tr.preemptions.append(entry)
+    if not checkpointed:
+        tr.save_and_report({**metrics, "preempted": True})
+    dist.barrier()  # every rank's part is written and reported
+    notice.saved(info, tr.step, time.perf_counter() - t0)
+    notice.wait_for_stop()
+
+
 def train_loop(config: dict[str, Any]) -> None:
     """Ray Train's per-worker function: build, resume, gate the transport, train, checkpoint."""
     import ray
@@ -126,6 +164,12 @@ def train_loop(config: dict[str, Any]) -> None:
         return
     tr.transport.setdefault("expect", expect)
 
+    notice = Notice(
+        tr.rank,
+        ray.train.get_context().get_local_rank(),
+        opts.storage_path,
+        opts.run_name,
+    )
     profiler = StepProfiler(opts.profile, opts.output_dir, tr.rank, tr.on_gpu)
     # Python's automatic collector runs when allocation counts say so, on each rank at its own
     # moment; a full pass over this process's large heap (compiled graphs, Ray, transformers) stalls
@@ -147,14 +191,16 @@ def train_loop(config: dict[str, Any]) -> None:
             emf.publish(opts, tr.rank, metrics)
             for written in profiler.after_step(tr.step):
                 say(f"[train] profile: wrote {written}")
-            if first:
-                metrics = {**metrics, "transport": tr.transport}
+            metrics = _shown(tr, metrics, first)
             if tr.rank == 0 and (tr.step % opts.log_every == 0 or tr.step == opts.steps):
                 say(progress.line(metrics, opts.steps, tr.history[-tr.steps_here :]))
-            report(tr, metrics, first)
+            checkpointed = report(tr, metrics, first)
             first = False
             if tr.stopped_early:
                 break
+            checkpoint_on_notice(tr, notice, metrics, checkpointed)
     finally:
         gc.enable()
         tr.batches.close()
+        if tr.saver is not None:
+            tr.saver.close()

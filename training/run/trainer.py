@@ -232,6 +232,7 @@ class Trainer(Step, Reporting):
         self.step, self.position = 0, 0
         self.history: list[dict[str, Any]] = []
         self.resumes: list[dict[str, Any]] = []
+        self.preemptions: list[dict[str, Any]] = []
         self.transport: dict[str, Any] = {}
         self.timer = StepTimer(self.device)
         torch.manual_seed(opts.seed * 1000 + self.rank)

@@ -37,6 +37,7 @@ def _fails(argv: list[str], capsys: pytest.CaptureFixture[str], *needles: str) -
         (["--seq-len", "0"], ["--seq-len", "> 0"]),
         (["--steps", "ten"], ["--steps", "ten"]),
         (["--keep-checkpoints", "1"], ["--keep-checkpoints", ">= 2"]),
+        (["--max-preemptions", "-2"], ["--max-preemptions", "-1 (no limit)"]),
         (["--global-batch-size", "6", "--micro-batch-size", "4"], ["--global-batch-size", "4"]),
         (
             ["--global-batch-size", "6", "--micro-batch-size", "2", "--num-workers", "2"],

@@ -38,3 +38,15 @@ def test_the_line_reads_back_and_status_takes_the_latest_eval() -> None:
                                       "tokens_per_s": 12346.0, "eta": "5m40s", "eval_loss": 2.4,
                                       "eval_step": 25}  # fmt: skip
     assert progress.latest(["nothing", "[train] data: 4 blocks"]) is None
+
+
+def test_preemptions_and_their_lost_steps_read_back() -> None:
+    """Stop notices ride on the progress line (training/checkpoint/notice.py), one lost-step count
+    each; a notice whose cost is not known yet reads back as None."""
+    history = [_step(s, 100.0 + 2 * s) for s in range(1, 31)]
+    m = {**history[-1], "preemptions": [0, 3, None]}
+    text = progress.line(m, 200, history)
+    assert "preempted 3 (lost 0, 3, None steps)" in text
+    got = progress.parse(text)
+    assert got is not None and got["preemptions"] == [0, 3, None] and got["step"] == 30
+    assert "preempted" not in progress.line(history[-1], 200, history)

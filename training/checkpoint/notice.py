@@ -1,0 +1,185 @@
+"""Checkpoint on notice: a worker told to stop saves a checkpoint before it goes, and the run counts a
+preemption, not a failure.
+
+The mechanism is Ray Train's own (Ray 2.58, the image's, and 2.60: ray/train/v2/_internal/execution/
+preemption.py, PreemptionWatcher; ray/train/v2/api/train_fn_utils.py, get_preemption_info;
+FailureConfig.max_preemption_failures in ray/train/v2/api/config.py). Ray Train polls Ray Core for
+nodes being drained and hands every rank the same PreemptionInfo through `get_preemption_info()`, a
+barrier, so all ranks agree on the step they save at. When the node dies, its actors' errors carry
+`preempted` (or the controller raises PreemptionError at the drain deadline), which the failure policy
+charges to max_preemption_failures, apart from max_failures (failure_handling/default.py,
+_is_preemption_failure).
+
+What drains a node is a Ray Core drain with reason PREEMPTION and a deadline (GcsClient.drain_node).
+A pod being deleted (a node drain or eviction, a Spot interruption the managed node group turns into
+a drain, a Kueue preemption deleting the RayCluster, `raytrain job stop`) runs its preStop hook, then
+sends SIGTERM to the container's first process (Kubernetes docs, "Pod Lifecycle: Termination of
+Pods"), and SIGKILL at the end of terminationGracePeriodSeconds. Two paths make that drain:
+- `ray start --block` drains its own node on SIGTERM, reason PREEMPTION, for
+  RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S (default 30 s), and waits that long for its raylet before it
+  kills the node's processes (Ray 2.58 and 2.60: ray/_private/node.py, _drain_node_before_shutdown);
+  the worker pods set that timeout from their grace period (k8s/cluster.py);
+- the GPU worker pod's preStop hook (`prestop_script`) drains the pod's node itself, with the same
+  deadline, through `ray drain-node` (ray/scripts/scripts.py): the SIGTERM reaches `ray start` only
+  when it is the container's first process, and KubeRay starts it under a shell. The hook then waits
+  until the ranks there wrote the checkpoint (SAVED_FILE) before it lets the SIGTERM come.
+
+A rank that saved on notice trains no further: the steps it would take die with the node. It waits for
+Ray Train to tear the worker group down at the deadline (or for the node to go), then Ray Train starts a
+new group, which resumes from that checkpoint (`max_preemption_failures` allowing), or the run ends as
+preempted (training/run/driver.py) and the rerun resumes it (training/checkpoint/run_state.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from training.common.stop_notice import (  # noqa: F401  (the names tests and the chart use, from here too)
+    NODE_FILE,
+    NOTICE_DIR,
+    NOTICE_DIR_ENV,
+    PRESTOP_MARGIN_S,
+    SAVED_FILE,
+    prestop_script,
+)
+from training.reporting.progress import say
+
+PREEMPTIONS_FILE = "preemptions.json"  # under the run's storage: every notice, saved or not
+
+
+def notice_dir() -> str:
+    return os.environ.get(NOTICE_DIR_ENV) or NOTICE_DIR
+
+
+def record_notice(storage_path: str, run_name: str, entry: dict[str, Any]) -> None:
+    """Append one notice to the run's PREEMPTIONS_FILE (rank 0, before the save: a save that never
+    completes still leaves the notice counted)."""
+    from training.data import shards
+
+    fs, run_dir = shards.filesystem(shards.join(storage_path, run_name))
+    where = f"{run_dir}/{PREEMPTIONS_FILE}"
+    fs.create_dir(run_dir, recursive=True)
+    found = read_notices(fs, where)
+    with fs.open_output_stream(where) as f:
+        f.write(json.dumps([*found, entry], indent=2).encode())
+
+
+def read_notices(fs: Any, where: str) -> list[dict[str, Any]]:
+    import pyarrow.fs as pafs
+
+    if fs.get_file_info(where).type != pafs.FileType.File:
+        return []
+    try:
+        with fs.open_input_stream(where) as f:
+            found = json.loads(f.read())
+    except (OSError, ValueError):
+        return []  # a notice file cut short by the node's end: the checkpoint's own record stands
+    return [e for e in found if isinstance(e, dict)] if isinstance(found, list) else []
+
+
+def run_notices(storage_path: str, run_name: str) -> list[dict[str, Any]]:
+    from training.data import shards
+
+    fs, run_dir = shards.filesystem(shards.join(storage_path, run_name))
+    return read_notices(fs, f"{run_dir}/{PREEMPTIONS_FILE}")
+
+
+def preemptions_after_resume(
+    saved: list[dict[str, Any]], notices: list[dict[str, Any]], from_step: int
+) -> list[dict[str, Any]]:
+    """The run's preemptions as a resume at `from_step` sees them: those the checkpoint carries, and
+    the newer notices of the run's file (a notice whose save did not complete is only there). Each
+    says what it cost: `lost_steps`, the steps trained past the checkpoint resumed from (0 when the
+    on-notice checkpoint completed)."""
+    known = {e.get("at") for e in saved}
+    out = [dict(e) for e in saved]
+    for e in notices:
+        if e.get("at") not in known:
+            out.append(dict(e))
+    for e in out:
+        if e.get("lost_steps") is None and isinstance(e.get("step"), int):
+            e["lost_steps"] = max(0, e["step"] - from_step)
+            e["resumed_from"] = from_step
+    return out
+
+
+class Notice:
+    """One rank's watch for a stop notice (Ray Train's preemption info), and its checkpoint on notice."""
+
+    def __init__(self, rank: int, local_rank: int, storage_path: str, run_name: str) -> None:
+        import ray
+
+        self.rank, self.local_rank = rank, local_rank
+        self.storage_path, self.run_name = storage_path, run_name
+        self.saved_for: Any = None
+        self.node_id = ray.get_runtime_context().get_node_id()
+        self.dir = notice_dir()
+        if local_rank == 0:  # one writer per node: what the pod's preStop drains
+            os.makedirs(self.dir, exist_ok=True)
+            with contextlib.suppress(FileNotFoundError):  # a previous run's, in the same pod
+                os.remove(os.path.join(self.dir, SAVED_FILE))
+            with open(os.path.join(self.dir, NODE_FILE), "w") as f:
+                f.write(self.node_id)
+
+    def check(self) -> Any:
+        """Collective (a barrier on every rank, every step): Ray Train's PreemptionInfo, the same on
+        every rank, or None. None again once this rank saved for it."""
+        import ray.train
+
+        info = ray.train.get_preemption_info()
+        if info is None or self.saved_for is not None:
+            return None
+        return info
+
+    def entry(self, info: Any, step: int) -> dict[str, Any]:
+        deadline_ms = getattr(info, "deadline_ms", None)
+        return {
+            "at": datetime.now(UTC).isoformat(timespec="milliseconds"),
+            "step": step,
+            "nodes": list(getattr(info, "preempted_node_ids", [])),
+            "ranks": list(getattr(info, "preempted_ranks", [])),
+            "notice_s": round(deadline_ms / 1000 - time.time(), 1) if deadline_ms else None,
+        }
+
+    def saved(self, info: Any, step: int, save_s: float) -> None:
+        """After the on-notice checkpoint is complete on every rank: tell the pod's preStop."""
+        self.saved_for = info
+        if self.local_rank == 0:
+            with open(os.path.join(self.dir, SAVED_FILE), "w") as f:
+                f.write(str(step))
+        if self.rank == 0:
+            say(f"[train] checkpoint on notice at step {step} written in {save_s:.1f}s; waiting for the stop")
+
+    @staticmethod
+    def wait_for_stop() -> None:
+        """Train no further: Ray Train ends this worker group at the drain deadline (or the node goes)."""
+        while True:
+            time.sleep(1)
+
+
+def is_preemption(exc: BaseException) -> bool:
+    """Whether fit() ended on a preemption (Ray Train's rule, failure_handling/default.py
+    _is_preemption_failure): a PreemptionError, or a worker group whose lost actors were preempted."""
+    from ray.exceptions import RayActorError
+
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if type(e).__name__ == "PreemptionError":
+            return True
+        failures = getattr(e, "worker_failures", None)
+        if isinstance(failures, dict) and any(
+            isinstance(f, RayActorError) and getattr(f, "preempted", False) for f in failures.values()
+        ):
+            return True
+        todo += [e.__cause__, e.__context__]
+    return False
