@@ -263,23 +263,48 @@ def apply_fsdp(
     return model
 
 
-def apply_liger(model: nn.Module, *, layers: bool) -> None:
-    """Liger's fused linear cross-entropy, which never builds the full [tokens, vocab] logits, and
-    with `layers` its RMSNorm, RoPE and SwiGLU kernels too. Applied to this instance, before
-    fully_shard. Compiled layers leave those three to inductor: it fuses them as well, and its
-    partitioner recomputes the norms in the backward rather than saving their outputs, which it
-    cannot do through Liger's opaque Triton calls (BENCHMARKS.md)."""
+# The MLP kernel flag of each Liger patch: SwiGLU for Llama, Mistral, Qwen2/3; GeGLU for Gemma 1-3
+# (liger_kernel 0.8.5 transformers/monkey_patch.py: apply_liger_kernel_to_gemma2(rope, cross_entropy,
+# fused_linear_cross_entropy, rms_norm, geglu, model), apply_liger_kernel_to_qwen2(..., swiglu, model)).
+MLP_KERNEL_FLAGS = ("swiglu", "geglu")
+
+
+def liger_patch(model_type: str) -> Any:
+    """Liger's patch for `model_type` (apply_liger_kernel_to_<model_type>), None when Liger has none."""
     import liger_kernel.transformers as lk
 
+    return getattr(lk, f"apply_liger_kernel_to_{model_type}", None)
+
+
+def liger_arguments(parameters: Any, *, layers: bool) -> dict[str, bool]:
+    """The keyword arguments for a Liger patch that takes `parameters` (its signature's names): the
+    fused loss always, its RMSNorm, RoPE and MLP kernel (whichever of SwiGLU or GeGLU the family's
+    patch names) with `layers`. Only names the patch takes: Gemma's patches have no `swiglu`."""
+    wanted = {
+        "fused_linear_cross_entropy": True,
+        "cross_entropy": False,
+        "rope": layers,
+        "rms_norm": layers,
+        **{flag: layers for flag in MLP_KERNEL_FLAGS},
+    }
+    names = set(parameters)
+    if "fused_linear_cross_entropy" not in names:
+        raise ValueError("--liger: this Liger patch has no fused linear cross-entropy")
+    return {name: value for name, value in wanted.items() if name in names}
+
+
+def apply_liger(model: nn.Module, *, layers: bool) -> None:
+    """Liger's fused linear cross-entropy, which never builds the full [tokens, vocab] logits, and
+    with `layers` its RMSNorm, RoPE and SwiGLU/GeGLU kernels too. Applied to this instance, before
+    fully_shard. Compiled layers leave those three to inductor: it fuses them as well, and its
+    partitioner recomputes the norms in the backward rather than saving their outputs, which it
+    cannot do through Liger's opaque Triton calls (BENCHMARKS.md). Liger's Gemma 2/3 losses apply
+    the final logit soft-cap themselves (liger_kernel/transformers/model/gemma2.py lce_forward:
+    `final_logit_softcapping=self.config.final_logit_softcapping`)."""
+    import inspect
+
     model_type = getattr(getattr(model, "config", None), "model_type", "")
-    patch = getattr(lk, f"apply_liger_kernel_to_{model_type}", None)
+    patch = liger_patch(model_type)
     if patch is None:
         raise ValueError(f"--liger: liger-kernel has no patch for model type {model_type!r}")
-    patch(
-        rope=layers,
-        rms_norm=layers,
-        swiglu=layers,
-        fused_linear_cross_entropy=True,
-        cross_entropy=False,
-        model=model,
-    )
+    patch(**liger_arguments(inspect.signature(patch).parameters, layers=layers), model=model)

@@ -24,6 +24,7 @@ from training.model.build import (
     build_model,
     check_float8_device,
     host_layout,
+    liger_patch,
     make_mesh,
 )
 from training.model.lora import apply_lora, check_end_of_turn_trained
@@ -279,6 +280,12 @@ class Trainer(Step, Reporting):
         # plain eager PyTorch on CPU, where neither pays off.
         self.compile = self.on_gpu if opts.compile is None else opts.compile
         self.liger = (self.on_gpu and _liger_installed()) if opts.liger is None else opts.liger
+        model_type = str(getattr(model.config, "model_type", ""))
+        if self.liger and opts.liger is None and liger_patch(model_type) is None:
+            # By default only: an explicit --liger for such a model is refused before Ray starts.
+            self.liger = False
+            if self.rank == 0:
+                say(f"[train] Liger has no patch for {model_type!r}: transformers' loss and layers")
         self.liger_layers = self.liger and (
             not self.compile if opts.liger_layers is None else opts.liger_layers
         )
