@@ -17,12 +17,12 @@ from training.model.shapes import SHAPES
 from training.model.sharding import mesh_shape
 
 
-def shape_config(shape: str) -> Any:
-    """The config `--init random` builds: a catalogue entry's published fields (or a test shape's)
-    in the config class of its model_type (Qwen2Config, LlamaConfig, Gemma2Config, ...)."""
+def shape_config(shape: str | dict[str, Any]) -> Any:
+    """The config `--init random` builds: a catalogue entry's published fields (or a test shape's, or
+    the fields given) in the config class of its model_type (Qwen2Config, LlamaConfig, Gemma2Config)."""
     from transformers import AutoConfig
 
-    fields = dict(SHAPES[shape])
+    fields = dict(SHAPES[shape] if isinstance(shape, str) else shape)
     return AutoConfig.for_model(fields.pop("model_type"), **fields, use_cache=False)
 
 
@@ -73,6 +73,20 @@ def model_config(init: str, shape: str, model: str) -> Any:
     return AutoConfig.from_pretrained(local_model_dir(model, weights=False))
 
 
+def attention_implementation(config: Any) -> str:
+    """PyTorch's SDPA kernels, except for a model that soft-caps its attention logits (Gemma 2:
+    `attn_logit_softcapping`): SDPA has no soft-cap, so transformers 5.13 (the image) computed Gemma 2's
+    attention without it under sdpa, and 5.24 refuses sdpa for it (models/gemma2/modeling_gemma2.py:
+    `_supports_sdpa = False  # sdpa does not support softcapping`; integrations/sdpa_attention.py:
+    "`sdpa` attention does not support `softcap`"). Eager attention applies it on every release
+    (modeling_gemma2.py eager_attention_forward: `attn_weights = attn_weights / softcap`, tanh,
+    `* softcap`) and is what transformers and Liger advise for training Gemma 2 (Liger's gemma2
+    lce_forward warns under any other). flex_attention applies it too (integrations/flex_attention.py
+    score_mod), but needs its own compiled kernel inside the per-layer compiled graphs; eager builds the
+    [heads, seq, seq] scores, which per-layer compile fuses with the soft-cap and softmax."""
+    return "eager" if getattr(config, "attn_logit_softcapping", None) else "sdpa"
+
+
 def _dtype_kwarg() -> str:
     # transformers renamed torch_dtype to dtype in 4.56; the DLC may ship an older release.
     import transformers
@@ -82,18 +96,24 @@ def _dtype_kwarg() -> str:
 
 
 def build_model(
-    init: str, shape: str, model: str, seed: int, dtype: torch.dtype = torch.float32
+    init: str, shape: str | dict[str, Any], model: str, seed: int, dtype: torch.dtype = torch.float32
 ) -> nn.Module:
     """The model on the CPU (FSDP2 moves each rank's shard to its device): fp32, the master weights
     of a full fine-tune; bf16 for LoRA's frozen base."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    kwargs = {_dtype_kwarg(): dtype, "attn_implementation": "sdpa"}
     if init == "random":
-        m = AutoModelForCausalLM.from_config(shape_config(shape), **kwargs)
+        config = shape_config(shape)
+        kwargs = {_dtype_kwarg(): dtype, "attn_implementation": attention_implementation(config)}
+        m = AutoModelForCausalLM.from_config(config, **kwargs)
     else:
-        m = AutoModelForCausalLM.from_pretrained(local_model_dir(model, weights=True), **kwargs)
+        from transformers import AutoConfig
+
+        path = local_model_dir(model, weights=True)
+        config = AutoConfig.from_pretrained(path)
+        kwargs = {_dtype_kwarg(): dtype, "attn_implementation": attention_implementation(config)}
+        m = AutoModelForCausalLM.from_pretrained(path, config=config, **kwargs)
     m.config.use_cache = False
     return m
 
