@@ -159,7 +159,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--steps", type=pos_int, default=100)
     g.add_argument("--lr", type=pos_float, default=1e-4)
     g.add_argument("--warmup-steps", type=non_negative_int, help="default: 10%% of --steps")
-    g.add_argument("--weight-decay", type=float, default=0.1)
+    g.add_argument(
+        "--weight-decay",
+        type=float,
+        default=0.0,
+        help="AdamW's decoupled weight decay on weight matrices and embeddings, never on biases or norm "
+        "gains (default 0.0, as transformers' Trainer, TRL and axolotl)",
+    )
     g.add_argument("--grad-clip", type=float, default=1.0, help="max grad norm; 0 = off")
     g.add_argument("--seed", type=non_negative_int, default=0)
     options_metrics.add_arguments(p.add_argument_group("metrics and network"))

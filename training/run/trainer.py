@@ -34,6 +34,7 @@ from training.network.probe import host_key
 from training.options.train import TrainOptions
 from training.reporting.progress import say
 from training.reporting.timing import StepTimer
+from training.run.optimizer import build_optimizer
 from training.run.step import Step
 from training.sizing.flops import count_params, flops_per_token, lora_flops_per_token, peak_tflops
 from training.sizing.loss_chunks import chunk_mem_const, default_chunk_tokens
@@ -187,12 +188,8 @@ class Trainer(Step, Reporting):
             reshard_after_forward=self.reshard_after_forward,
         )
         self.model.train()
-        self.optimizer = torch.optim.AdamW(
-            [p for p in self.model.parameters() if p.requires_grad],  # LoRA: the adapters alone
-            lr=opts.lr,
-            betas=(0.9, 0.95),
-            weight_decay=opts.weight_decay,
-            fused=True if self.on_gpu else None,
+        self.optimizer = build_optimizer(
+            self.model, lr=opts.lr, weight_decay=opts.weight_decay, fused=self.on_gpu
         )
         micro = self.micro
         self.global_batch = opts.global_batch_size or micro * self.world
