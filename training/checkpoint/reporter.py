@@ -150,27 +150,33 @@ class Reporting:
         }
 
 
-def report(tr: Reporting, metrics: dict[str, Any], first: bool) -> None:
-    """A checkpoint at every --checkpoint-every, the end and an early stop; else metrics only.
-    Every rank takes the same branch: ray.train.report is a barrier."""
+def report(tr: Reporting, metrics: dict[str, Any], first: bool, improved: bool = False) -> None:
+    """A checkpoint at every --checkpoint-every, the end, an early stop and an evaluated step whose
+    held-out loss is the lowest so far (`improved`); else metrics only. The last makes the exported
+    "best" the lowest held-out loss of the run, whether or not --eval-every divides
+    --checkpoint-every (training/checkpoint/best.py). Every rank takes the same branch (the same
+    figures on every rank): ray.train.report is a barrier."""
     import ray.train
 
     opts = tr.opts
-    if tr.stopped_early or tr.step % opts.checkpoint_every == 0 or tr.step == opts.steps:
+    due = tr.step % opts.checkpoint_every == 0 or tr.step == opts.steps
+    if tr.stopped_early or due or improved:
         tr.save_and_report(metrics)
     elif first or tr.step % opts.report_every == 0:
         ray.train.report(metrics)
 
 
-def eval_into(tr: Reporting, early: EarlyStop, metrics: dict[str, Any]) -> None:
+def eval_into(tr: Reporting, early: EarlyStop, metrics: dict[str, Any]) -> bool:
     """Evaluate (every rank: the same figures, so the same early-stop decision) into the step's
-    metrics and history."""
+    metrics and history. True when the held-out loss is the lowest so far."""
     figures = tr.run_eval()
     metrics.update(figures)
     tr.history[-1].update(figures)
     tr.stopped_early = early.observe(figures["eval_loss"])
     if tr.stopped_early and tr.rank == 0:
+        best = "none finite" if early.best is None else f"best {early.best:.4f}"
         say(
-            f"[train] early stop at step {tr.step}: no lower eval loss in "
-            f"{early.patience} evaluations (best {early.best:.4f})"
+            f"[train] early stop at step {tr.step}: no lower eval loss in {early.patience} "
+            f"evaluations ({best})"
         )
+    return early.improved

@@ -138,13 +138,16 @@ class EarlyStop:
         self.patience = patience
         self.best: float | None = None
         self.since_best = 0
+        self.improved = False  # the last evaluation was the lowest so far
         for h in history:
             if h.get("eval_loss") is not None:
                 self.observe(float(h["eval_loss"]))
 
     def observe(self, loss: float) -> bool:
-        """Record one evaluation; True when training should stop."""
-        if self.best is None or loss < self.best:
+        """Record one evaluation; True when training should stop. A non-finite loss (a run gone to
+        NaN) is never the best, and never blocks a later finite one from being it."""
+        self.improved = math.isfinite(loss) and (self.best is None or loss < self.best)
+        if self.improved:
             self.best, self.since_best = loss, 0
         else:
             self.since_best += 1
