@@ -239,9 +239,13 @@ def parse_args(argv: list[str]) -> TrainOptions:
         d["data_format"] = "text"
     options_data.check_eval(d)
     options_model.check_lora(d)
-    if d["skip_guard_eval"] and d["data_format"] == "chat":
+    from training.data.shards import FORMAT as UNFLAGGED  # text prepared before documents had flags
+
+    unflagged = manifest is not None and manifest["format"] == UNFLAGGED
+    if d["skip_guard_eval"] and d["data"] != "random" and not unflagged:
         raise OptionError(
-            "--skip-guard-eval: not with chat data (packed conversations give blocks different "
+            f"--skip-guard-eval: not with {d['data_format']} data (packed "
+            f"{'conversations' if d['data_format'] == 'chat' else 'documents'} give blocks different "
             "attention masks, which only the guards tell apart); drop it or use --no-skip-guard-eval"
         )
     chat_to_prepare = d["prepared_data"] is not None and d["data_format"] == "chat"
