@@ -57,6 +57,9 @@ class Dims:
     qk_norm: bool = False
     layer_norms: int = 2
     model_type: str = "qwen2"
+    # Attention logits soft-capped (Gemma 2): trained with eager attention, which keeps the
+    # [heads, seq, seq] probabilities (training/model/build.py attention_implementation).
+    attn_softcap: bool = False
 
     def __post_init__(self) -> None:
         if not self.head_dim:
@@ -115,6 +118,7 @@ class Dims:
             # Qwen2Config and Qwen3Config (transformers models/<type>/configuration_<type>.py).
             tied=bool(s.get("tie_word_embeddings", kind not in UNTIED_BY_DEFAULT)),
             max_seq=s.get("max_position_embeddings") or 32768,
+            attn_softcap=bool(s.get("attn_logit_softcapping")),
             head_dim=s.get("head_dim") or s["hidden_size"] // heads,
             qkv_bias=True if kind == "qwen2" else attention_bias,
             o_bias=attention_bias if kind in ("llama", "qwen3", "gemma2", "gemma3_text") else False,
