@@ -10,7 +10,12 @@ the best) would have deleted the best and exported the last, overfit one.
 A report whose metrics lack the score attribute scores -inf, which order "min" turns into the best
 of all (ray/train/_internal/checkpoint_manager.py, _get_checkpoint_score). So every checkpoint
 reports SCORE: its own held-out loss, NaN when its step was not evaluated; NaN ranks below every
-number there, so such checkpoints go first.
+number there, so such checkpoints go first, and `choose` never takes one.
+
+An evaluated step whose held-out loss is the lowest so far is checkpointed whatever --checkpoint-every
+says (training/checkpoint/reporter.py `report`): the lowest loss of the run is always a kept
+checkpoint, so "lowest held-out loss" in the summary is the run's, not only that of the steps that
+happened to be both evaluated and checkpointed.
 """
 
 from __future__ import annotations

@@ -235,15 +235,18 @@ class Reporting:
         }
 
 
-def report(tr: Reporting, metrics: dict[str, Any], first: bool) -> bool:
+def report(tr: Reporting, metrics: dict[str, Any], first: bool, improved: bool = False) -> bool:
     """A checkpoint at every --checkpoint-every (asynchronous with --async-checkpoint), and a whole
-    one at the end and an early stop; else metrics only, unless a save in flight completed and was
-    reported with its own step's metrics. Every rank takes the same branch: ray.train.report is a
-    barrier. True when this step's state was saved whole (nothing left in flight)."""
+    one at the end, an early stop and an evaluated step whose held-out loss is the lowest so far
+    (`improved`: the exported "best" is then the run's lowest held-out loss, whether or not
+    --eval-every divides --checkpoint-every; training/checkpoint/best.py); else metrics only, unless
+    a save in flight completed and was reported with its own step's metrics. Every rank takes the
+    same branch (the same figures on every rank): ray.train.report is a barrier. True when this
+    step's state was saved whole (nothing left in flight)."""
     import ray.train
 
     opts = tr.opts
-    if tr.stopped_early or tr.step == opts.steps:
+    if tr.stopped_early or tr.step == opts.steps or improved:
         tr.save_and_report(metrics)
         return True
     if tr.step % opts.checkpoint_every == 0:
@@ -255,15 +258,17 @@ def report(tr: Reporting, metrics: dict[str, Any], first: bool) -> bool:
     return False
 
 
-def eval_into(tr: Reporting, early: EarlyStop, metrics: dict[str, Any]) -> None:
+def eval_into(tr: Reporting, early: EarlyStop, metrics: dict[str, Any]) -> bool:
     """Evaluate (every rank: the same figures, so the same early-stop decision) into the step's
-    metrics and history."""
+    metrics and history. True when the held-out loss is the lowest so far."""
     figures = tr.run_eval()
     metrics.update(figures)
     tr.history[-1].update(figures)
     tr.stopped_early = early.observe(figures["eval_loss"])
     if tr.stopped_early and tr.rank == 0:
+        best = "none finite" if early.best is None else f"best {early.best:.4f}"
         say(
-            f"[train] early stop at step {tr.step}: no lower eval loss in "
-            f"{early.patience} evaluations (best {early.best:.4f})"
+            f"[train] early stop at step {tr.step}: no lower eval loss in {early.patience} "
+            f"evaluations ({best})"
         )
+    return early.improved

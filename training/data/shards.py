@@ -17,6 +17,13 @@ NAME.flags, one uint8 per token at the same position: FLAG_TARGET marks a token 
 on (an assistant token: the model predicts it from the tokens before it), FLAG_START the first
 token of a conversation (position ids restart there, so packed conversations do not attend to each
 other). A reader of the text format refuses the chat format by its version, never ignoring masks.
+
+Text data (training/run/prepare.py) has format TEXT_FORMAT: the same flags, FLAG_START on each
+document's first token (its BOS where the tokenizer adds one), FLAG_TARGET on every other token: packed
+documents do not attend to each other and none is predicted from the one before it, as TRL's
+padding-free collator (transformers' DataCollatorWithFlattening: position ids restarting per example,
+the first label of each -100), axolotl's and torchtune's packing do. FORMAT (no flags: every token
+attends to the whole block) is still read, for data prepared before.
 """
 
 from __future__ import annotations
@@ -36,7 +43,9 @@ from training.common.errors import InputError
 
 FORMAT = "raytrain-token-shards/1"
 CHAT_FORMAT = "raytrain-token-shards/2"  # FORMAT plus a .flags file beside every shard
-FORMATS = (FORMAT, CHAT_FORMAT)
+TEXT_FORMAT = "raytrain-token-shards/3"  # text documents: FORMAT plus flags marking where each starts
+FORMATS = (FORMAT, CHAT_FORMAT, TEXT_FORMAT)
+FLAGGED = (CHAT_FORMAT, TEXT_FORMAT)
 FLAGS_SUFFIX = ".flags"
 FLAG_TARGET = 1
 FLAG_START = 2
@@ -180,7 +189,7 @@ class TokenBlocks:
         self._names = [str(s["name"]) for s in self.manifest["shards"]]
         self._base = location if not location.partition("?")[0].endswith(MANIFEST) else _parent(location)
         self._remote = is_remote(self._base)
-        self.has_flags = self.manifest["format"] == CHAT_FORMAT
+        self.has_flags = self.manifest["format"] in FLAGGED
         self._open: dict[int, Any] = {}
         self._open_flags: dict[int, Any] = {}
         self._lock = threading.Lock()
@@ -247,7 +256,7 @@ class TokenBlocks:
         return np.frombuffer(buf, dtype=np.uint8)
 
     def take_flags(self, indices: Sequence[int]) -> np.ndarray:
-        """The blocks' flags [len(indices), seq_len] as uint8 (chat data only: see CHAT_FORMAT)."""
+        """The blocks' flags [len(indices), seq_len] as uint8 (CHAT_FORMAT and TEXT_FORMAT only)."""
         if not self.has_flags:
             raise ShardError(f"{self.location}: text data has no target flags")
         out = np.empty((len(indices), self.seq_len), dtype=np.uint8)

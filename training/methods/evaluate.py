@@ -11,8 +11,9 @@ Targets are those of training (training/methods/loss.py): every next token for t
 tokens for chat data. No [micro, seq, vocab] logits are made (2.5 GB in bf16 at 4 x 2048 tokens of
 a 151,936-word vocabulary, which the memory plan does not count): a pre-hook on the output layer
 takes its input, the final hidden states, scores them one row's chunk of positions at a time with
-the layer's own weight (gathered by FSDP for the root's forward, bf16 as the loop computes), and
-hands the layer only the last position. The extra memory is one chunk of [tokens, vocab] floats.
+the layer's own weight (gathered by FSDP for the root's forward, bf16 as the loop computes) and the
+model's final logit soft-cap (Gemma 2), and hands the layer only the last position. The extra
+memory is one chunk of [tokens, vocab] floats.
 """
 
 from __future__ import annotations
@@ -64,9 +65,14 @@ class _ScoredHead:
     """The output layer's pre-hook: scores the hidden states against `labels` into `sums` (loss
     sum, correct, targets) chunk by chunk; the layer itself computes the last position only."""
 
-    def __init__(self, sums: torch.Tensor) -> None:
+    def __init__(self, sums: torch.Tensor, softcap: float | None = None) -> None:
         self.sums = sums
         self.labels: torch.Tensor | None = None
+        # Gemma 2's final_logit_softcapping: the model's logits are cap * tanh(logits / cap) (its
+        # forward: transformers models/gemma2/modeling_gemma2.py Gemma2ForCausalLM.forward; Liger's
+        # fused loss the same, liger_kernel/transformers/model/gemma2.py); scored uncapped, the loss is
+        # another number (49.0 where the model's own was 27.8).
+        self.softcap = softcap
 
     def __call__(self, head: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
         hidden = args[0]
@@ -82,6 +88,8 @@ class _ScoredHead:
                     continue
                 h = hidden[row, at : at + t.shape[0]][keep]  # position p predicts p + 1
                 lg = torch.nn.functional.linear(h, weight, bias).float()
+                if self.softcap:
+                    lg = torch.tanh(lg / self.softcap) * self.softcap
                 t = t[keep]
                 self.sums[0] += torch.nn.functional.cross_entropy(lg, t, reduction="sum").double()
                 self.sums[1] += (lg.argmax(-1) == t).sum()
@@ -96,7 +104,7 @@ def evaluate(
     """Collective: every rank calls it with the same blocks. Returns eval_loss, eval_perplexity,
     eval_accuracy (share of target tokens whose argmax is right) and eval_tokens."""
     sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, targets
-    scorer = _ScoredHead(sums)
+    scorer = _ScoredHead(sums, getattr(model.config, "final_logit_softcapping", None))
     hook = model.get_output_embeddings().register_forward_pre_hook(scorer)
     was_training = model.training
     model.eval()
@@ -130,13 +138,16 @@ class EarlyStop:
         self.patience = patience
         self.best: float | None = None
         self.since_best = 0
+        self.improved = False  # the last evaluation was the lowest so far
         for h in history:
             if h.get("eval_loss") is not None:
                 self.observe(float(h["eval_loss"]))
 
     def observe(self, loss: float) -> bool:
-        """Record one evaluation; True when training should stop."""
-        if self.best is None or loss < self.best:
+        """Record one evaluation; True when training should stop. A non-finite loss (a run gone to
+        NaN) is never the best, and never blocks a later finite one from being it."""
+        self.improved = math.isfinite(loss) and (self.best is None or loss < self.best)
+        if self.improved:
             self.best, self.since_best = loss, 0
         else:
             self.since_best += 1

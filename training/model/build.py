@@ -17,12 +17,12 @@ from training.model.shapes import SHAPES
 from training.model.sharding import mesh_shape
 
 
-def shape_config(shape: str) -> Any:
-    """The config `--init random` builds: a catalogue entry's published fields (or a test shape's)
-    in the config class of its model_type (Qwen2Config, LlamaConfig, Gemma2Config, ...)."""
+def shape_config(shape: str | dict[str, Any]) -> Any:
+    """The config `--init random` builds: a catalogue entry's published fields (or a test shape's, or
+    the fields given) in the config class of its model_type (Qwen2Config, LlamaConfig, Gemma2Config)."""
     from transformers import AutoConfig
 
-    fields = dict(SHAPES[shape])
+    fields = dict(SHAPES[shape] if isinstance(shape, str) else shape)
     return AutoConfig.for_model(fields.pop("model_type"), **fields, use_cache=False)
 
 
@@ -73,6 +73,20 @@ def model_config(init: str, shape: str, model: str) -> Any:
     return AutoConfig.from_pretrained(local_model_dir(model, weights=False))
 
 
+def attention_implementation(config: Any) -> str:
+    """PyTorch's SDPA kernels, except for a model that soft-caps its attention logits (Gemma 2:
+    `attn_logit_softcapping`): SDPA has no soft-cap, so transformers 5.13 (the image) computed Gemma 2's
+    attention without it under sdpa, and 5.24 refuses sdpa for it (models/gemma2/modeling_gemma2.py:
+    `_supports_sdpa = False  # sdpa does not support softcapping`; integrations/sdpa_attention.py:
+    "`sdpa` attention does not support `softcap`"). Eager attention applies it on every release
+    (modeling_gemma2.py eager_attention_forward: `attn_weights = attn_weights / softcap`, tanh,
+    `* softcap`) and is what transformers and Liger advise for training Gemma 2 (Liger's gemma2
+    lce_forward warns under any other). flex_attention applies it too (integrations/flex_attention.py
+    score_mod), but needs its own compiled kernel inside the per-layer compiled graphs; eager builds the
+    [heads, seq, seq] scores, which per-layer compile fuses with the soft-cap and softmax."""
+    return "eager" if getattr(config, "attn_logit_softcapping", None) else "sdpa"
+
+
 def _dtype_kwarg() -> str:
     # transformers renamed torch_dtype to dtype in 4.56; the DLC may ship an older release.
     import transformers
@@ -82,18 +96,24 @@ def _dtype_kwarg() -> str:
 
 
 def build_model(
-    init: str, shape: str, model: str, seed: int, dtype: torch.dtype = torch.float32
+    init: str, shape: str | dict[str, Any], model: str, seed: int, dtype: torch.dtype = torch.float32
 ) -> nn.Module:
     """The model on the CPU (FSDP2 moves each rank's shard to its device): fp32, the master weights
     of a full fine-tune; bf16 for LoRA's frozen base."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    kwargs = {_dtype_kwarg(): dtype, "attn_implementation": "sdpa"}
     if init == "random":
-        m = AutoModelForCausalLM.from_config(shape_config(shape), **kwargs)
+        config = shape_config(shape)
+        kwargs = {_dtype_kwarg(): dtype, "attn_implementation": attention_implementation(config)}
+        m = AutoModelForCausalLM.from_config(config, **kwargs)
     else:
-        m = AutoModelForCausalLM.from_pretrained(local_model_dir(model, weights=True), **kwargs)
+        from transformers import AutoConfig
+
+        path = local_model_dir(model, weights=True)
+        config = AutoConfig.from_pretrained(path)
+        kwargs = {_dtype_kwarg(): dtype, "attn_implementation": attention_implementation(config)}
+        m = AutoModelForCausalLM.from_pretrained(path, config=config, **kwargs)
     m.config.use_cache = False
     return m
 
@@ -263,23 +283,48 @@ def apply_fsdp(
     return model
 
 
-def apply_liger(model: nn.Module, *, layers: bool) -> None:
-    """Liger's fused linear cross-entropy, which never builds the full [tokens, vocab] logits, and
-    with `layers` its RMSNorm, RoPE and SwiGLU kernels too. Applied to this instance, before
-    fully_shard. Compiled layers leave those three to inductor: it fuses them as well, and its
-    partitioner recomputes the norms in the backward rather than saving their outputs, which it
-    cannot do through Liger's opaque Triton calls (BENCHMARKS.md)."""
+# The MLP kernel flag of each Liger patch: SwiGLU for Llama, Mistral, Qwen2/3; GeGLU for Gemma 1-3
+# (liger_kernel 0.8.5 transformers/monkey_patch.py: apply_liger_kernel_to_gemma2(rope, cross_entropy,
+# fused_linear_cross_entropy, rms_norm, geglu, model), apply_liger_kernel_to_qwen2(..., swiglu, model)).
+MLP_KERNEL_FLAGS = ("swiglu", "geglu")
+
+
+def liger_patch(model_type: str) -> Any:
+    """Liger's patch for `model_type` (apply_liger_kernel_to_<model_type>), None when Liger has none."""
     import liger_kernel.transformers as lk
 
+    return getattr(lk, f"apply_liger_kernel_to_{model_type}", None)
+
+
+def liger_arguments(parameters: Any, *, layers: bool) -> dict[str, bool]:
+    """The keyword arguments for a Liger patch that takes `parameters` (its signature's names): the
+    fused loss always, its RMSNorm, RoPE and MLP kernel (whichever of SwiGLU or GeGLU the family's
+    patch names) with `layers`. Only names the patch takes: Gemma's patches have no `swiglu`."""
+    wanted = {
+        "fused_linear_cross_entropy": True,
+        "cross_entropy": False,
+        "rope": layers,
+        "rms_norm": layers,
+        **{flag: layers for flag in MLP_KERNEL_FLAGS},
+    }
+    names = set(parameters)
+    if "fused_linear_cross_entropy" not in names:
+        raise ValueError("--liger: this Liger patch has no fused linear cross-entropy")
+    return {name: value for name, value in wanted.items() if name in names}
+
+
+def apply_liger(model: nn.Module, *, layers: bool) -> None:
+    """Liger's fused linear cross-entropy, which never builds the full [tokens, vocab] logits, and
+    with `layers` its RMSNorm, RoPE and SwiGLU/GeGLU kernels too. Applied to this instance, before
+    fully_shard. Compiled layers leave those three to inductor: it fuses them as well, and its
+    partitioner recomputes the norms in the backward rather than saving their outputs, which it
+    cannot do through Liger's opaque Triton calls (BENCHMARKS.md). Liger's Gemma 2/3 losses apply
+    the final logit soft-cap themselves (liger_kernel/transformers/model/gemma2.py lce_forward:
+    `final_logit_softcapping=self.config.final_logit_softcapping`)."""
+    import inspect
+
     model_type = getattr(getattr(model, "config", None), "model_type", "")
-    patch = getattr(lk, f"apply_liger_kernel_to_{model_type}", None)
+    patch = liger_patch(model_type)
     if patch is None:
         raise ValueError(f"--liger: liger-kernel has no patch for model type {model_type!r}")
-    patch(
-        rope=layers,
-        rms_norm=layers,
-        swiglu=layers,
-        fused_linear_cross_entropy=True,
-        cross_entropy=False,
-        model=model,
-    )
+    patch(**liger_arguments(inspect.signature(patch).parameters, layers=layers), model=model)

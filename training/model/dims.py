@@ -33,6 +33,11 @@ class ArchitectureError(ValueError):
     """A config the loop cannot train (unsupported model_type, missing fields)."""
 
 
+# Model types whose config class defaults tie_word_embeddings to False (the rest: True, as
+# transformers' PretrainedConfig and Gemma's config classes).
+UNTIED_BY_DEFAULT = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+
+
 @dataclass(frozen=True)
 class Dims:
     """A decoder-only transformer's sizes (SwiGLU/GeGLU MLP, RMSNorm, grouped-query attention)."""
@@ -52,6 +57,9 @@ class Dims:
     qk_norm: bool = False
     layer_norms: int = 2
     model_type: str = "qwen2"
+    # Attention logits soft-capped (Gemma 2): trained with eager attention, which keeps the
+    # [heads, seq, seq] probabilities (training/model/build.py attention_implementation).
+    attn_softcap: bool = False
 
     def __post_init__(self) -> None:
         if not self.head_dim:
@@ -105,10 +113,12 @@ class Dims:
             layers=s["num_hidden_layers"],
             heads=heads,
             kv_heads=s.get("num_key_value_heads") or heads,
-            # transformers' PretrainedConfig defaults tie_word_embeddings to True; Gemma's configs
-            # often leave it out (tied), the others write it.
-            tied=bool(s.get("tie_word_embeddings", True)),
+            # A config.json without tie_word_embeddings gets its config class's default: True for
+            # Gemma's (Gemma2Config, Gemma3TextConfig), False for LlamaConfig, MistralConfig,
+            # Qwen2Config and Qwen3Config (transformers models/<type>/configuration_<type>.py).
+            tied=bool(s.get("tie_word_embeddings", kind not in UNTIED_BY_DEFAULT)),
             max_seq=s.get("max_position_embeddings") or 32768,
+            attn_softcap=bool(s.get("attn_logit_softcapping")),
             head_dim=s.get("head_dim") or s["hidden_size"] // heads,
             qkv_bias=True if kind == "qwen2" else attention_bias,
             o_bias=attention_bias if kind in ("llama", "qwen3", "gemma2", "gemma3_text") else False,

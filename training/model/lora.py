@@ -94,14 +94,20 @@ def apply_lora(model: nn.Module, spec: LoraSpec, *, base_model: str | None = Non
 
 
 def untrained_tokens(model: nn.Module, token_ids: list[int]) -> list[int]:
-    """The ids among `token_ids` whose input-embedding row is untrained (UNTRAINED_MAX)."""
-    weight: Any = model.get_input_embeddings().weight  # type: ignore[operator]
-    return [t for t in token_ids if float(weight[t].detach().max()) <= UNTRAINED_MAX]
+    """The ids among `token_ids` whose input-embedding row, or output-layer row, is untrained
+    (UNTRAINED_MAX). The output row decides whether the model can emit the token at all: an untied
+    model (Llama 3.1/3.2 base, Qwen2.5-7B and larger, Mistral, Qwen3-8B and larger) has one of its own,
+    which LoRA trains no more than the embedding (Unsloth's fix_untrained_tokens reads both)."""
+    rows: list[Any] = [model.get_input_embeddings().weight]  # type: ignore[operator]
+    head = model.get_output_embeddings()  # type: ignore[operator]
+    if head is not None and head.weight is not rows[0]:
+        rows.append(head.weight)
+    return [t for t in token_ids if any(float(w[t].detach().max()) <= UNTRAINED_MAX for w in rows)]
 
 
 def check_end_of_turn_trained(model: nn.Module, tokenizer: Any, model_name: str) -> None:
-    """Refuse LoRA on chat data when a token that ends the answers has an untrained embedding: the
-    adapters train no embedding, so the model could never learn to end its answers (BENCHMARKS.md,
+    """Refuse LoRA on chat data when a token that ends the answers has an untrained embedding or
+    output row: the adapters train neither, so the model could never learn to end its answers (BENCHMARKS.md,
     "A LoRA fine-tune that learns": a LoRA run whose answers need untrained rows does not learn)."""
     from training.chat.stop_tokens import end_of_turn_ids
 
@@ -109,7 +115,7 @@ def check_end_of_turn_trained(model: nn.Module, tokenizer: Any, model_name: str)
     if bad:
         names = ", ".join(repr(tokenizer.convert_ids_to_tokens(t)) for t in bad)
         raise InputError(
-            f"--model: {model_name}'s embedding of {names}, which ends every answer of its chat "
+            f"--model: {model_name}'s embedding or output row of {names}, which ends every answer of its "
             f"template, is untrained (all values <= {UNTRAINED_MAX:g}, as base releases ship their chat "
             "tokens): LoRA trains no embedding, so the model would never learn to stop; LoRA-tune the "
             "instruct release of this model, or fine-tune it fully (no --lora-rank)"

@@ -58,6 +58,33 @@ SHAPES: dict[str, dict[str, Any]] = {
 }
 
 
+def narrowed(name: str, *, layers: int = 2, hidden: int = 128, heads: int = 4) -> dict[str, Any]:
+    """A catalogue entry's config with fewer, narrower layers (tests and bench/families.py): its own
+    model type, vocabulary, soft-caps, norms, positions and tying; `layers` layers of width `hidden`
+    with `heads` heads of hidden / heads, grouped-query attention kept where the model has it, Gemma's
+    query scale and sliding window at that size, Gemma 3's sliding and full layers both present."""
+    fields = dict(SHAPES[name])
+    head_dim = hidden // heads
+    grouped = fields.get("num_key_value_heads", fields["num_attention_heads"]) < fields["num_attention_heads"]
+    fields.update(
+        num_hidden_layers=layers,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_attention_heads=heads,
+        num_key_value_heads=heads // 2 if grouped else heads,
+        head_dim=head_dim,
+    )
+    if "query_pre_attn_scalar" in fields:
+        fields["query_pre_attn_scalar"] = head_dim
+    if fields["model_type"].startswith("gemma"):
+        fields["sliding_window"] = 32  # shorter than the test blocks: the sliding layers' mask matters
+    if fields["model_type"] == "gemma3_text":
+        fields["layer_types"] = ["sliding_attention", "full_attention"][:layers] + ["full_attention"] * (
+            layers - 2
+        )
+    return fields
+
+
 def catalogue_name_of(model_id: str) -> str | None:
     """The catalogue entry whose published model (or its instruction-tuned twin) is `model_id`, a
     Hugging Face id; None when the catalogue does not know it."""

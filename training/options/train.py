@@ -161,7 +161,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--steps", type=pos_int, default=100)
     g.add_argument("--lr", type=pos_float, default=1e-4)
     g.add_argument("--warmup-steps", type=non_negative_int, help="default: 10%% of --steps")
-    g.add_argument("--weight-decay", type=float, default=0.1)
+    g.add_argument(
+        "--weight-decay",
+        type=float,
+        default=0.0,
+        help="AdamW's decoupled weight decay on weight matrices and embeddings, never on biases or norm "
+        "gains (default 0.0, as transformers' Trainer, TRL and axolotl)",
+    )
     g.add_argument("--grad-clip", type=float, default=1.0, help="max grad norm; 0 = off")
     g.add_argument("--seed", type=non_negative_int, default=0)
     options_metrics.add_arguments(p.add_argument_group("metrics and network"))
@@ -235,9 +241,13 @@ def parse_args(argv: list[str]) -> TrainOptions:
         d["data_format"] = "text"
     options_data.check_eval(d)
     options_model.check_lora(d)
-    if d["skip_guard_eval"] and d["data_format"] == "chat":
+    from training.data.shards import FORMAT as UNFLAGGED  # text prepared before documents had flags
+
+    unflagged = manifest is not None and manifest["format"] == UNFLAGGED
+    if d["skip_guard_eval"] and d["data"] != "random" and not unflagged:
         raise OptionError(
-            "--skip-guard-eval: not with chat data (packed conversations give blocks different "
+            f"--skip-guard-eval: not with {d['data_format']} data (packed "
+            f"{'conversations' if d['data_format'] == 'chat' else 'documents'} give blocks different "
             "attention masks, which only the guards tell apart); drop it or use --no-skip-guard-eval"
         )
     chat_to_prepare = d["prepared_data"] is not None and d["data_format"] == "chat"

@@ -186,15 +186,16 @@ def train_loop(config: dict[str, Any]) -> None:
             if tr.step and tr.step % GC_EVERY == 0:
                 gc.collect(1)
             metrics = tr.train_step()
+            improved = False
             if tr.eval_blocks is not None and (tr.step % eval_every == 0 or tr.step == opts.steps):
-                eval_into(tr, early, metrics)
+                improved = eval_into(tr, early, metrics)
             emf.publish(opts, tr.rank, metrics)
             for written in profiler.after_step(tr.step):
                 say(f"[train] profile: wrote {written}")
             metrics = _shown(tr, metrics, first)
             if tr.rank == 0 and (tr.step % opts.log_every == 0 or tr.step == opts.steps):
                 say(progress.line(metrics, opts.steps, tr.history[-tr.steps_here :]))
-            checkpointed = report(tr, metrics, first)
+            checkpointed = report(tr, metrics, first, improved)
             first = False
             if tr.stopped_early:
                 break

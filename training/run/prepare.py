@@ -104,8 +104,10 @@ def fingerprint(inputs: list[dict[str, Any]], tokenizer: dict[str, Any], setting
     key = {"format": shards.FORMAT, "inputs": inputs, "tokenizer": tokenizer,
            "seq_len": settings.seq_len, "text_field": settings.text_field,
            "segment_bytes": settings.segment_bytes}  # fmt: skip
-    if settings.data_format == "chat":  # text data keeps the fingerprints it had
+    if settings.data_format == "chat":
         key.update(format=shards.CHAT_FORMAT, text_field=None, too_long=settings.too_long)
+    else:  # documents with their BOS and flags: data prepared as FORMAT is prepared again
+        key.update(format=shards.TEXT_FORMAT)
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode("utf-8")).hexdigest()
 
 
@@ -202,31 +204,59 @@ def _encode(tok: Any, texts: list[str]) -> list[np.ndarray]:
 _TOKENIZERS: dict[tuple[str, str], Any] = {}
 
 
+def bos_id(tok: Any) -> int | None:
+    """The BOS id the tokenizer puts in front of a text (Gemma, Llama 3, Mistral: their models are
+    trained with it, Gemma's "requires" it), None where it adds none (Qwen, the byte tokenizer). By
+    what the tokenizer does (`add_special_tokens`), not by whether it names a BOS: Qwen2's names none,
+    and others name one they never add."""
+    bos = getattr(tok, "bos_token_id", None)
+    if bos is None or isinstance(tok, ByteTokenizer):
+        return None
+    ids = tok("a", add_special_tokens=True)["input_ids"]
+    return int(bos) if ids and ids[0] == bos else None
+
+
+def document_parts(ids: np.ndarray, bos: int | None, eos: int) -> tuple[np.ndarray, np.ndarray]:
+    """One document's tokens (BOS, its ids, EOS) and flags: FLAG_START on its first token, which is
+    predicted from nothing of its own, FLAG_TARGET on the rest (training/data/shards.py TEXT_FORMAT)."""
+    head = [] if bos is None else [bos]
+    tokens = np.concatenate([np.asarray(head, dtype=shards.DTYPE), ids.astype(shards.DTYPE, copy=False),
+                             np.asarray([eos], dtype=shards.DTYPE)])  # fmt: skip
+    flags = np.full(len(tokens), shards.FLAG_TARGET, dtype=np.uint8)
+    flags[0] = shards.FLAG_START
+    return tokens, flags
+
+
 def write_segment(seg: Segment, settings: Settings, out: str) -> dict[str, Any]:
-    """Tokenize one segment and write its shard; returns the counts for the manifest."""
+    """Tokenize one segment and write its shard and flags; returns the counts for the manifest."""
     key = (settings.shape, settings.model)
     tok = _TOKENIZERS.get(key) or _TOKENIZERS.setdefault(key, load_tokenizer(*key))
-    eos = np.array([tok.eos_token_id], dtype=shards.DTYPE)
+    eos, bos = int(tok.eos_token_id), bos_id(tok)
     seq = settings.seq_len
     fs, path = shards.filesystem(out)
+    _, flags_path = shards.filesystem(out + shards.FLAGS_SUFFIX)
     carry = np.zeros(0, dtype=shards.DTYPE)
+    carry_flags = np.zeros(0, dtype=np.uint8)
     docs = blocks = 0
     top = 0  # the largest token id written: the manifest's bound for the vocabulary check
     skipped = corpus.Skipped()
-    with fs.open_output_stream(path) as sink:
+    with fs.open_output_stream(path) as sink, fs.open_output_stream(flags_path) as flag_sink:
         for texts in _segment_texts(seg, settings.text_field, skipped):
             _strict(skipped, settings)
-            parts = [carry]
+            parts, flag_parts = [carry], [carry_flags]
             for ids in _encode(tok, texts):
-                parts += [ids.astype(shards.DTYPE, copy=False), eos]
+                tokens, flags = document_parts(ids, bos, eos)
+                parts.append(tokens)
+                flag_parts.append(flags)
             docs += len(texts)
-            stream = np.concatenate(parts)
+            stream, flag_stream = np.concatenate(parts), np.concatenate(flag_parts)
             full = len(stream) // seq * seq
             if full:
                 sink.write(stream[:full].tobytes())
+                flag_sink.write(flag_stream[:full].tobytes())
                 blocks += full // seq
                 top = max(top, int(stream[:full].max()))
-            carry = stream[full:]
+            carry, carry_flags = stream[full:], flag_stream[full:]
     _strict(skipped, settings)
     return {"index": seg.index, "blocks": blocks, "documents": docs, "dropped_tokens": len(carry),
             "skipped": json.dumps(skipped.to_dict()),
@@ -360,7 +390,7 @@ def prepare(  # noqa: PLR0915 (one step after another: check, plan, run, tally, 
         if n_blocks == 0:
             raise OptionError(f"--data: {data} holds fewer than --seq-len {seq_len} tokens per segment")
         manifest: dict[str, Any] = {
-            "format": shards.CHAT_FORMAT if chat else shards.FORMAT,
+            "format": shards.CHAT_FORMAT if chat else shards.TEXT_FORMAT,
             "dtype": "uint32",
             "byte_order": "little",
             "seq_len": seq_len,

@@ -24,6 +24,7 @@ from training.model.build import (
     build_model,
     check_float8_device,
     host_layout,
+    liger_patch,
     make_mesh,
 )
 from training.model.lora import apply_lora, check_end_of_turn_trained
@@ -33,6 +34,7 @@ from training.network.probe import host_key
 from training.options.train import TrainOptions
 from training.reporting.progress import say
 from training.reporting.timing import StepTimer
+from training.run.optimizer import build_optimizer
 from training.run.step import Step
 from training.sizing.flops import count_params, flops_per_token, lora_flops_per_token, peak_tflops
 from training.sizing.loss_chunks import chunk_mem_const, default_chunk_tokens
@@ -186,12 +188,8 @@ class Trainer(Step, Reporting):
             reshard_after_forward=self.reshard_after_forward,
         )
         self.model.train()
-        self.optimizer = torch.optim.AdamW(
-            [p for p in self.model.parameters() if p.requires_grad],  # LoRA: the adapters alone
-            lr=opts.lr,
-            betas=(0.9, 0.95),
-            weight_decay=opts.weight_decay,
-            fused=True if self.on_gpu else None,
+        self.optimizer = build_optimizer(
+            self.model, lr=opts.lr, weight_decay=opts.weight_decay, fused=self.on_gpu
         )
         micro = self.micro
         self.global_batch = opts.global_batch_size or micro * self.world
@@ -280,6 +278,12 @@ class Trainer(Step, Reporting):
         # plain eager PyTorch on CPU, where neither pays off.
         self.compile = self.on_gpu if opts.compile is None else opts.compile
         self.liger = (self.on_gpu and _liger_installed()) if opts.liger is None else opts.liger
+        model_type = str(getattr(model.config, "model_type", ""))
+        if self.liger and opts.liger is None and liger_patch(model_type) is None:
+            # By default only: an explicit --liger for such a model is refused before Ray starts.
+            self.liger = False
+            if self.rank == 0:
+                say(f"[train] Liger has no patch for {model_type!r}: transformers' loss and layers")
         self.liger_layers = self.liger and (
             not self.compile if opts.liger_layers is None else opts.liger_layers
         )

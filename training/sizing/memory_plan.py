@@ -151,6 +151,16 @@ def saved_per_token(dims: Dims, *, compile: bool, liger_layers: bool) -> int:
     return base + extras + stats
 
 
+def eager_attention_per_token(dims: Dims, seq_len: int) -> int:
+    """bf16 elements per token a layer with eager attention (a soft-capped model: Gemma 2) saves
+    besides `saved_per_token`: each head's row of attention probabilities over the block, kept for the
+    product with V (bf16, 1) and for softmax's backward (its fp32 output, 2), where SDPA keeps only a
+    log-sum-exp per head (transformers models/gemma2/modeling_gemma2.py eager_attention_forward:
+    `softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)`). Counted from the code,
+    not measured; compiled layers may recompute part of it, so it is an upper bound there."""
+    return 3 * dims.heads * seq_len if dims.attn_softcap else 0
+
+
 def lora_saved_per_token(dims: Dims, lora: LoraSpec) -> int:
     """bf16 elements LoRA's adapters add to what a decoder layer saves, per token: each adapter's
     low-rank intermediate A x (r, for B's weight gradient); with dropout, each target's dropped-out
@@ -280,6 +290,7 @@ def plan(
         f"2 B x (root {n_root / 1e6:.0f} M + {held} layers x {(n_layer + n_adapter_layer) / 1e6:.1f} M)",
     )
     per_token = saved_per_token(dims, compile=compile, liger_layers=liger_layers)
+    per_token += eager_attention_per_token(dims, seq_len)
     if lora is not None:
         per_token += lora_saved_per_token(dims, lora)
     if activation_checkpointing:

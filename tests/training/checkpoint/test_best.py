@@ -87,3 +87,60 @@ def test_a_run_without_an_eval_set_keeps_and_exports_the_newest() -> None:
     last = object()
     assert best_checkpoint.choose([(object(), {"step": 3, "loss": 1.0})], last) == (last, {"chosen": "last"})
     assert math.isnan(best_checkpoint.scored({"step": 3})[best_checkpoint.SCORE])
+
+
+def test_unevaluated_and_nan_checkpoints_are_never_the_best() -> None:
+    nan = math.nan
+    a, b, c, last = object(), object(), object(), object()
+    kept = [(a, {"step": 5, best_checkpoint.SCORE: nan}), (b, {"step": 10, best_checkpoint.SCORE: 2.5}),
+            (c, {"step": 15, best_checkpoint.SCORE: float("inf")})]  # fmt: skip
+    assert best_checkpoint.choose(kept, last) == (b, {"chosen": "lowest held-out loss", "eval_loss": 2.5})
+    only_nan = [(a, {"step": 5, best_checkpoint.SCORE: nan})]
+    assert best_checkpoint.choose(only_nan, last) == (last, {"chosen": "last"})
+
+
+def test_a_nan_evaluation_never_blocks_a_later_best() -> None:
+    from training.methods.evaluate import EarlyStop
+
+    stop = EarlyStop(3, [])
+    stop.observe(math.nan)
+    assert not stop.improved and stop.best is None
+    stop.observe(3.0)
+    assert stop.improved and stop.best == 3.0
+    stop.observe(math.nan)
+    assert not stop.improved and stop.best == 3.0
+
+
+@pytest.mark.parametrize(("eval_every", "checkpoint_every"), [(3, 5), (2, 4)])
+def test_the_lowest_held_out_loss_is_exported_whatever_the_intervals(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, eval_every: int, checkpoint_every: int
+) -> None:
+    """The loop's decisions (training/checkpoint/reporter.py eval_into, report) over a run whose
+    lowest held-out loss falls on an evaluated step that is no checkpoint step (3 of every 5; 2 of
+    every 4), through Ray's own CheckpointManager to the driver's choice."""
+    import ray.train
+
+    from training.checkpoint import reporter
+    from training.methods.evaluate import EarlyStop
+
+    steps, lowest = 10, eval_every
+    saved: list[dict[str, Any]] = []
+    monkeypatch.setattr(ray.train, "report", lambda metrics, **_: None)
+    opts = SimpleNamespace(checkpoint_every=checkpoint_every, steps=steps, report_every=1)
+    tr: Any = SimpleNamespace(opts=opts, step=0, stopped_early=False, rank=1, history=[])
+    tr.save_and_report = lambda metrics: saved.append(best_checkpoint.scored(metrics))
+    losses = {s: (1.0 if s == lowest else 2.0 + s / 10) for s in range(1, steps + 1)}
+    tr.run_eval = lambda: {"eval_loss": losses[tr.step]}
+    early = EarlyStop(0, [])
+    for step in range(1, steps + 1):
+        tr.step = step
+        metrics: dict[str, Any] = {"step": step, "loss": 1.0}
+        tr.history.append(dict(metrics))
+        improved = step % eval_every == 0 and reporter.eval_into(tr, early, metrics)
+        reporter.report(tr, metrics, step == 1, improved)
+    assert lowest % checkpoint_every != 0 and lowest in [m["step"] for m in saved]
+    manager = _manager_after(tmp_path, best_checkpoint.checkpoint_config(_opts(keep_checkpoints=1)), saved)
+    best = [(r.checkpoint, r.metrics) for r in manager.best_checkpoint_results]
+    chosen, why = best_checkpoint.choose(best, manager.latest_checkpoint_result.checkpoint)
+    assert Path(chosen.path).name == f"checkpoint_{lowest:04d}"
+    assert why == {"chosen": "lowest held-out loss", "eval_loss": 1.0}

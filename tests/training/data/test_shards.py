@@ -159,12 +159,13 @@ def test_prepared_shards_without_their_manifest_are_told_so(tmp_path: Path, uri:
 
 
 def test_a_manifest_of_a_newer_format_names_it_and_what_this_version_reads(tmp_path: Path) -> None:
-    shards.write_manifest(str(tmp_path), {"format": "raytrain-token-shards/3", "blocks": 0, "shards": []})
+    shards.write_manifest(str(tmp_path), {"format": "raytrain-token-shards/4", "blocks": 0, "shards": []})
     with pytest.raises(shards.ShardError) as err:
         shards.read_manifest(str(tmp_path))
     assert str(err.value) == (
         f"{tmp_path / 'manifest.json'}: written by a newer version of the data preparation (format "
-        "raytrain-token-shards/3); this version reads raytrain-token-shards/1 and raytrain-token-shards/2: "
+        "raytrain-token-shards/4); this version reads raytrain-token-shards/1 and raytrain-token-shards/2 "
+        "and raytrain-token-shards/3: "
         "run the job with the code that prepared it, or prepare the data again with this one"
     )
     shards.write_manifest(str(tmp_path), {"format": "raytrain-token-shards/1", "blocks": 0, "shards": [],

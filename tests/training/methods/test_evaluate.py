@@ -139,3 +139,33 @@ def test_eval_options_are_checked(tmp_path: Path) -> None:
         parse_args([*base, "--data", data, "--early-stop-patience", "2"])
     opts = parse_args([*base, "--data", data, "--eval-data", data, "--eval-every", "5"])
     assert opts.eval_prepared is None and opts.eval_every == 5  # already prepared
+
+
+@pytest.mark.parametrize("name", ["gemma-2-2b", "gemma-3-4b", "qwen3-4b", "llama-3.2-3b"])
+def test_held_out_loss_is_the_models_own_loss_soft_cap_included(
+    name: str, tmp_path: Path, single_rank_group: None
+) -> None:
+    # Gemma 2 caps its final logits (final_logit_softcapping 30): scored from the head uncapped,
+    # the held-out loss was another number than the model's. Large weights make the cap bite.
+    from training.methods.evaluate import evaluate
+    from training.model.build import build_model
+    from training.model.shapes import narrowed
+
+    model = build_model("random", narrowed(name), "", seed=0)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(40.0)
+    _, tokens, flags = _data(tmp_path)
+    data = write_chat_blocks(tmp_path / "big-vocab", tokens * 97 % 5000, flags)
+    blocks = shards.TokenBlocks(data)
+    got = evaluate(model, blocks, rank=0, world=1, micro=4, device=torch.device("cpu"))
+    ids = torch.from_numpy(blocks.take(list(range(N_BLOCKS))).astype("int64"))
+    labels, positions = labels_and_positions(ids, torch.from_numpy(blocks.take_flags(list(range(N_BLOCKS)))))
+    model.eval()
+    with torch.no_grad():
+        own = model(input_ids=ids, labels=labels, position_ids=positions, use_cache=False).loss
+    assert got["eval_loss"] == pytest.approx(float(own), abs=1e-3)
+    if getattr(model.config, "final_logit_softcapping", None):  # the cap bites in this case
+        model.config.final_logit_softcapping = None
+        with torch.no_grad():
+            uncapped = model(input_ids=ids, labels=labels, position_ids=positions, use_cache=False).loss
+        assert float(uncapped) > got["eval_loss"] + 1.0

@@ -47,7 +47,9 @@ def test_an_untrained_end_of_turn_row_is_refused_naming_model_and_token(base: tu
         check_end_of_turn_trained(model, tok, folder)
     text = str(err.value)
     assert "\n" not in text
-    assert text.startswith(f"--model: {folder}'s embedding of {tok.convert_ids_to_tokens(ends[0])!r}")
+    assert text.startswith(
+        f"--model: {folder}'s embedding or output row of {tok.convert_ids_to_tokens(ends[0])!r}"
+    )
     assert "instruct release" in text and "no --lora-rank" in text
 
 
@@ -99,6 +101,49 @@ def test_the_guard_checks_the_templates_end_of_turn_not_the_eos(tmp_path: Any) -
     AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path)
     eot, eos = tok.convert_tokens_to_ids(["<|eot_id|>", "<|end_of_text|>"])
     assert eot >= tok.vocab_size and eos != eot
-    with pytest.raises(InputError, match=r"embedding of '<\|eot_id\|>'"):
+    with pytest.raises(InputError, match=r"embedding or output row of '<\|eot_id\|>'"):
         check_end_of_turn_trained(_with_zero_rows(str(tmp_path), [eot]), tok, str(tmp_path))
     check_end_of_turn_trained(_with_zero_rows(str(tmp_path), [eos]), tok, str(tmp_path))  # EOS: not checked
+
+
+@pytest.fixture(scope="module")
+def untied_llama() -> tuple[Any, Any]:
+    """Llama 3.1 8B's shape (untied: an lm_head of its own), narrowed, with a tokenizer that has the
+    release's ids: base EOS <|end_of_text|> 128001, end of turn <|eot_id|> 128009."""
+    from bench import family_tokenizers
+    from training.model.shapes import narrowed
+
+    fields = narrowed("llama-3.1-8b")
+    assert fields["tie_word_embeddings"] is False
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(shape_config(fields))
+    return model, family_tokenizers.build("llama-3.1-8b", fields["vocab_size"])
+
+
+def test_an_untied_models_untrained_output_row_is_refused(untied_llama: tuple[Any, Any]) -> None:
+    model, tok = untied_llama
+    eot = tok.convert_tokens_to_ids("<|eot_id|>")
+    assert end_of_turn_tokens(tok) == [eot] and tok.eos_token_id != eot
+    saved = model.lm_head.weight[eot].detach().clone()
+    with torch.no_grad():
+        model.lm_head.weight[eot] = 0  # the embedding row stays trained: only the head cannot emit it
+    try:
+        assert untrained_tokens(model, [eot]) == [eot]
+        with pytest.raises(InputError, match=r"embedding or output row of '<\|eot_id\|>'"):
+            check_end_of_turn_trained(model, tok, "meta-llama/Llama-3.1-8B")
+    finally:
+        with torch.no_grad():
+            model.lm_head.weight[eot] = saved
+
+
+def test_the_guard_reads_the_end_of_turn_token_not_the_eos(untied_llama: tuple[Any, Any]) -> None:
+    model, tok = untied_llama
+    eos, eot = tok.eos_token_id, tok.convert_tokens_to_ids("<|eot_id|>")
+    with torch.no_grad():
+        model.get_input_embeddings().weight[eos] = 0
+        model.lm_head.weight[eos] = 0
+    check_end_of_turn_trained(model, tok, "meta-llama/Llama-3.1-8B")  # the EOS ends no answer here
+    with torch.no_grad():
+        model.get_input_embeddings().weight[eot] = 0
+    with pytest.raises(InputError, match="<\\|eot_id\\|>"):
+        check_end_of_turn_trained(model, tok, "meta-llama/Llama-3.1-8B")
