@@ -22,7 +22,7 @@ from training.sizing.checkpoint_time import (
 )
 
 
-def interruptions(settings: Settings, step_s: float, per_hour_usd: float) -> dict[str, Any]:
+def interruptions(settings: Settings, step_s: float, per_hour_usd: float | None) -> dict[str, Any]:
     job = settings.job
     ct = checkpoint_time(settings)
     grace = stop_grace_seconds(settings)
@@ -68,11 +68,16 @@ def interruptions(settings: Settings, step_s: float, per_hour_usd: float) -> dic
             "lost_s_each": lost_s,
             "expected_hours": spot_h,
             "on_demand_hours": od_h,
-            "expected_cost_usd": spot_h * per_hour_usd,
-            "on_demand_cost_usd": od_h * per_hour_usd,
+            # No price where the region has none (raytrain plan still shows the hours).
+            "expected_cost_usd": None if per_hour_usd is None else spot_h * per_hour_usd,
+            "on_demand_cost_usd": None if per_hour_usd is None else od_h * per_hour_usd,
             "checkpoint_every_for_spot": interval_steps(stall_s, step_s, rate, job.steps),
         },
     }
+
+
+def _usd(value: float | None) -> str:
+    return "no price here" if value is None else f"${value:.2f}"
 
 
 def lines(result: dict[str, Any], spot: bool) -> list[str]:
@@ -81,9 +86,9 @@ def lines(result: dict[str, Any], spot: bool) -> list[str]:
         f"checkpoint: {result['checkpoint_gb']:.1f} GB, written in ~{result['save_s']:.0f} s and uploaded in "
         f"~{result['upload_s']:.0f} s; worker pods' grace period {result['grace_s']} s "
         f"(a checkpoint on notice needs ~{result['notice_needs_s']:.0f} s)",
-        f"{'Spot' if spot else 'on Spot'}: ~{s['expected_hours']:.2f} h, ${s['expected_cost_usd']:.2f} at "
+        f"{'Spot' if spot else 'on Spot'}: ~{s['expected_hours']:.2f} h, {_usd(s['expected_cost_usd'])} at "
         f"{s['interruptions_per_hour']} interruptions/h (each ~{s['lost_s_each'] / 60:.0f} min lost) "
-        f"against ~{s['on_demand_hours']:.2f} h, ${s['on_demand_cost_usd']:.2f} uninterrupted at the "
+        f"against ~{s['on_demand_hours']:.2f} h, {_usd(s['on_demand_cost_usd'])} uninterrupted at the "
         f"same rate; checkpoint interval for that rate: {s['checkpoint_every_for_spot']} steps",
     ]
     return out + [f"[warning] {w}" for w in result["warnings"]]

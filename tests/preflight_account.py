@@ -40,7 +40,12 @@ DIGEST_A = "sha256:" + "a" * 64
 DIGEST_B = "sha256:" + "b" * 64
 TODAY = dt.date(2026, 12, 3)
 # dev's access-entry principals (config/environments/dev.yaml).
-DEV_PRINCIPALS = ("arn:aws:iam::111122223333:role/Admin", "arn:aws:iam::111122223333:role/MLEngineer")
+# dev.yaml's admin and its two teams' submitters.
+DEV_PRINCIPALS = (
+    "arn:aws:iam::111122223333:role/Admin",
+    "arn:aws:iam::111122223333:role/MLEngineer",
+    "arn:aws:iam::111122223333:role/AppliedML",
+)
 
 
 # --- a public registry ------------------------------------------------------------------------

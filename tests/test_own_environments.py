@@ -187,6 +187,8 @@ def registry() -> Any:
 def test_preflight_of_each_against_its_own_region(own_environments, name, registry: Registry, monkeypatch):
     set_credentials(monkeypatch)
     settings = load_settings(name, own_environments)
+    # moto answers as the environment's own account (its IAM ARNs carry it: principals.py compares them).
+    monkeypatch.setenv("MOTO_ACCOUNT_ID", settings.account)
     with mock_aws():
         account = Account(settings.region)
         # Every principal its access entries name exists in the account (raytrain/preflight/principals.py).
@@ -226,16 +228,17 @@ def rayjob_schema() -> dict[str, Any]:
 
 @pytest.mark.parametrize("name", OWN_ENVIRONMENTS)
 def test_job_submit_dry_run_of_each(own_environments, name, rayjob_schema, tmp_path, capsys):
+    settings = load_settings(name, own_environments)
+    team = settings.team_list[0].name  # the copies keep dev's and prod's teams: name one (docs/teams.md)
     argv = ["job", "submit", "--env", name, "--config-dir", str(own_environments), "--dry-run",
-            "--kubeconfig", str(tmp_path / "absent"),
+            "--kubeconfig", str(tmp_path / "absent"), "--team", team,
             "--set", "job.steps=20", "--set", "job.checkpoint_every=10"]  # fmt: skip
     code = cli.main(argv)
     out, err = capsys.readouterr()
     assert code == 0, err
     rayjob = json.loads(out)
     jsonschema.validate(rayjob, rayjob_schema)
-    settings = load_settings(name, own_environments)
-    assert rayjob["metadata"]["namespace"] == settings.workload.namespace
+    assert rayjob["metadata"]["namespace"] == settings.for_team(team).workload.namespace
     assert "rendered offline" in err and len(err.strip().splitlines()) == 1
 
 
@@ -243,7 +246,7 @@ def test_a_refused_data_location_suggests_a_prefix_for_a_file_grant(own_environm
     """team-prod (prod's copy) grants its training data as one file: another data set needs a
     deploy, and the refusal says how a prefix avoids that."""
     argv = ["job", "submit", "--env", "team-prod", "--config-dir", str(own_environments), "--dry-run",
-            "--kubeconfig", str(tmp_path / "absent"),
+            "--kubeconfig", str(tmp_path / "absent"), "--team", "llm",
             "--set", "job.data=s3://ray-train-prod-data-111122223333/sft/v2/train.jsonl"]  # fmt: skip
     code = cli.main(argv)
     out, err = capsys.readouterr()

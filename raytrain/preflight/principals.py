@@ -31,9 +31,12 @@ def _principals(settings: Settings) -> list[tuple[str, str, str]]:
     return [
         (arn, "cluster.admin_principal_arns", f"{prefix}-Cluster") for arn in cluster.admin_principal_arns
     ] + [
-        (arn, "cluster.job_submitter_principals", f"{prefix}-Workload")
-        for arn in cluster.job_submitter_principals
-    ]
+        # A file without `teams:` has one implicit team: cluster.job_submitter_principals.
+        (arn, "cluster.job_submitter_principals" if team.implicit else f"teams.{team.name}.submitters",
+         f"{prefix}-Workload")
+        for team in settings.team_list
+        for arn in team.submitters
+    ]  # fmt: skip
 
 
 def _lookup(iam: Any, kind: str, name: str) -> str | None:

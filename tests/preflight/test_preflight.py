@@ -109,9 +109,9 @@ def test_access_entry_principals_must_exist(account: Account, registry: Registry
     its own line; the existing ones are ok."""
     account.principals("arn:aws:iam::111122223333:user/team/alice")
     replace = {
-        "    - arn:aws:iam::111122223333:role/MLEngineer": (
-            "    - arn:aws:iam::111122223333:role/MLEngineer\n    - arn:aws:iam::111122223333:role/Missing\n"
-            "    - arn:aws:iam::111122223333:user/alice\n    - arn:aws:iam::444455556666:role/Partner"
+        "submitters: [arn:aws:iam::111122223333:role/MLEngineer]": (
+            "submitters: [arn:aws:iam::111122223333:role/MLEngineer, arn:aws:iam::111122223333:role/Missing,"
+            " arn:aws:iam::111122223333:user/alice, arn:aws:iam::444455556666:role/Partner]"
         )
     }
     from raytrain.preflight import principals
@@ -123,13 +123,10 @@ def test_access_entry_principals_must_exist(account: Account, registry: Registry
     assert lines["arn:aws:iam::111122223333:role/MLEngineer"].status.value == "ok"
     missing = lines["arn:aws:iam::111122223333:role/Missing"]
     assert missing.status.value == "problem" and "does not exist" in missing.detail
-    assert (
-        "RayTrain-dev-Workload would fail" in missing.detail
-        and "cluster.job_submitter_principals" in missing.fix
-    )
+    assert "RayTrain-dev-Workload would fail" in missing.detail and "teams.research.submitters" in missing.fix
     path = lines["arn:aws:iam::111122223333:user/alice"]
     assert path.status.value == "problem" and path.fix == (
-        "set cluster.job_submitter_principals to arn:aws:iam::111122223333:user/team/alice"
+        "set teams.research.submitters to arn:aws:iam::111122223333:user/team/alice"
     )
     other = lines["arn:aws:iam::444455556666:role/Partner"]
     assert other.status.value == "warn" and "account 444455556666" in other.detail

@@ -54,8 +54,8 @@ def test_the_permission_list_covers_every_call(account: Account, registry: Regis
     account.ecr_stub.add_client_error("describe_images", "RepositoryNotFoundException")
     # A user among the principals too (iam:GetUser).
     account.principals("arn:aws:iam::111122223333:user/alice")
-    submitters = "    - arn:aws:iam::111122223333:role/MLEngineer"
-    env = env_dir(tmp_path, {submitters: f"{submitters}\n    - arn:aws:iam::111122223333:user/alice"},
+    submitters = "submitters: [arn:aws:iam::111122223333:role/MLEngineer"
+    env = env_dir(tmp_path, {submitters: f"{submitters}, arn:aws:iam::111122223333:user/alice"},
                   append=f'\nworkload:\n  image_digest: "{DIGEST_A}"\n')  # fmt: skip
     _, lines = account.run(env, registry)
     assert "is 64 vCPUs; max_size 2 x g6.12xlarge needs 96" in check_line(lines, "gpu vcpu quota")
