@@ -223,6 +223,38 @@ def resolve_data(opts: TrainOptions, vocab_size: int) -> str | None:
     return location
 
 
+def resolve_inputs(opts: TrainOptions, vocab_size: int, workers: int) -> tuple[TrainOptions, Any, Any]:
+    """The prepared training and eval data, and the options with --epochs become steps."""
+    data = resolve_data(opts, vocab_size)
+    eval_data = resolve_eval_data(opts, data)
+    if opts.epochs is not None:
+        opts = epochs_to_steps(opts, data, workers)
+    return opts, data, eval_data
+
+
+def epochs_to_steps(opts: TrainOptions, data: str | None, workers: int) -> TrainOptions:
+    """--epochs as a step count: the prepared data's training sequences (less --eval-fraction's
+    held-out blocks) over the global batch."""
+    from training.data import shards
+    from training.methods.evaluate import held_out_split
+    from training.options.schedule import with_epochs
+
+    assert data is not None  # --epochs needs --data (options/schedule.py)
+    blocks = int(shards.read_manifest(data)["blocks"])
+    try:
+        sequences = held_out_split(blocks, opts.eval_fraction) if opts.eval_fraction else blocks
+    except ValueError as exc:
+        raise OptionError(str(exc)) from None
+    global_batch = opts.global_batch_size or (opts.micro_batch_size or 1) * workers
+    opts = with_epochs(opts, sequences=sequences, global_batch=global_batch)
+    print(
+        f"[train] {opts.epochs:g} epochs of {sequences} sequences at {global_batch} a step: "
+        f"{opts.steps} steps, {opts.warmup_steps} of warm-up",
+        flush=True,
+    )
+    return opts
+
+
 def exportable(opts: TrainOptions) -> bool:
     """A servable folder needs a Hugging Face tokenizer: --model's, which the run used unless it
     trained --shape tiny on random ids or byte-tokenized text."""
@@ -289,12 +321,14 @@ def run(opts: TrainOptions) -> dict[str, Any]:
 
     t0 = time.time()
     cfg = check_model(opts)
-    record = run_state.begin(opts)  # a new run, or one to continue: refused before Ray starts
+    # A new run, or one to continue: refused before Ray starts (with --epochs, once the data says
+    # how many steps the run has).
+    record = run_state.begin(opts) if opts.epochs is None else None
     init_ray(opts)
     logs = quiet.driver(prepares=opts.data != "random")  # library chatter to a log file
     workers, use_gpu = resolve_workers(opts)
-    data = resolve_data(opts, int(cfg.vocab_size))
-    eval_data = resolve_eval_data(opts, data)
+    opts, data, eval_data = resolve_inputs(opts, int(cfg.vocab_size), workers)
+    record = record or run_state.begin(opts)
     verdict: Any = ray.remote(num_cpus=0)(_GateVerdict).remote()
     trainer = TorchTrainer(
         quiet.train_worker,  # training/run/loop.py's train_loop
