@@ -103,8 +103,9 @@ def training_args(
         "--global-batch-size", str(job.global_batch_size),
         # `auto` as synthesis resolved it for the node group's GPU: the change set shows the number.
         "--micro-batch-size", str(job.micro_batch(settings.gpu_nodes.instance)),
-        "--steps", str(job.steps),
+        *(["--steps", str(job.steps)] if job.epochs is None else ["--epochs", repr(job.epochs)]),
         "--lr", repr(job.lr),
+        *_schedule_args(job),
         "--seed", str(job.seed),
         "--sharding", job.sharding.value,
         # `auto` stays auto: the job resolves it per run ("any" on one node, where no inter-node
@@ -138,6 +139,19 @@ def training_args(
         # Step metrics as CloudWatch EMF lines (training/reporting/emf.py), dimension ClusterName.
         args += ["--metrics-cluster", settings.cluster.name]
     return args
+
+
+def _schedule_args(job: Any) -> list[str]:
+    """Warm-up, schedule, weight decay and clipping, only where the job sets them: unset, the
+    training command's own defaults apply (written there once)."""
+    flags = {
+        "--warmup-steps": job.warmup_steps,
+        "--warmup-ratio": job.warmup_ratio,
+        "--lr-schedule": job.lr_schedule,
+        "--weight-decay": job.weight_decay,
+        "--grad-clip": job.grad_clip,
+    }
+    return [part for flag, value in flags.items() if value is not None for part in (flag, str(value))]
 
 
 def _eval_args(job: Any) -> list[str]:

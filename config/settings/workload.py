@@ -16,6 +16,7 @@ from config.models import ModelError, ModelPlan, resolve
 from config.names import KUBERAY_NAMESPACE, RAY_NAMESPACE
 from config.settings.base import SEMVER_RE, FieldError, SettingsModel
 from config.settings.lora import LoraSettings
+from config.settings.schedule import check_length_and_warmup, check_lr_schedule
 from training.common.uri import LocationError
 from training.common.uri import parse as parse_location
 from training.model.lora_spec import LoraSpec
@@ -328,7 +329,19 @@ class JobSettings(SettingsModel):
     # micro_batch; the RayJob carries the number chosen).
     micro_batch_size: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"
     steps: int = Field(default=200, ge=1)
+    # Instead of steps: passes over the training data (may be fractional); the job turns them into
+    # steps once the data is prepared (its training sequences x epochs / global_batch_size).
+    epochs: float | None = Field(default=None, gt=0)
     lr: float = Field(default=3e-4, gt=0, lt=1)
+    # Linear warm-up from 0 to lr, in steps or as a share of the steps (one of them; unset: 10 % of
+    # the steps); then lr_schedule: cosine or linear decay to 0.1 x lr at the last step, or constant.
+    # Unset values here are the training command's defaults (`python -m training --help`).
+    warmup_steps: int | None = Field(default=None, ge=0)
+    warmup_ratio: float | None = Field(default=None, ge=0, lt=1)
+    lr_schedule: str | None = None
+    # AdamW's decoupled weight decay, and the largest gradient norm (0: no clipping).
+    weight_decay: float | None = Field(default=None, ge=0)
+    grad_clip: float | None = Field(default=None, ge=0)
     seed: int = Field(default=0, ge=0)
     checkpoint_every: int = Field(default=50, ge=1)
     # At least 2: a preemption while writing the newest checkpoint leaves the previous one.
@@ -373,6 +386,8 @@ class JobSettings(SettingsModel):
     # retry recovers is a lost head pod, and the retry resumes the run (--job-id). Default 0: a
     # failure ends the job; resubmit with job.resume once its cause is fixed (docs/jobs.md).
     backoff_limit: int = Field(default=0, ge=0, le=10)
+
+    _lr_schedule = field_validator("lr_schedule")(check_lr_schedule)
 
     @field_validator("run_name")
     @classmethod
@@ -516,7 +531,8 @@ class JobSettings(SettingsModel):
                 ("micro_batch_size",),
                 f"{self.micro_batch_size} is larger than global_batch_size ({self.global_batch_size})",
             )
-        if self.checkpoint_every > self.steps:
+        check_length_and_warmup(self)
+        if self.epochs is None and self.checkpoint_every > self.steps:
             raise FieldError(
                 ("checkpoint_every",),
                 f"{self.checkpoint_every} is more than steps ({self.steps}): the run would never checkpoint",
