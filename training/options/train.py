@@ -108,6 +108,7 @@ class TrainOptions:
     max_skipped_fraction: float = 0.0  # of the raw --data records, when the driver prepares it
     data_format: str = "text"  # "text" or "chat" (training/methods/sft.py), resolved from "auto"
     too_long: str = "drop"  # chat: a conversation longer than --seq-len is dropped or truncated
+    max_dropped_fraction: float = 0.1  # chat: the share dropped as too long before preparation stops
     eval_data: str | None = None  # held-out set: prepared data, or jsonl/parquet prepared first
     eval_prepared: str | None = None  # where raw --eval-data is prepared
     eval_fraction: float | None = None  # or: the last fraction of the training data's blocks

@@ -188,8 +188,8 @@ def resolve_data(opts: TrainOptions, vocab_size: int) -> str | None:
         assert opts.prepared_data is not None  # set by parse_args for raw data
         prepare(opts.data, opts.prepared_data, seq_len=opts.seq_len, text_field=opts.text_field,
                 shape=opts.shape, model=opts.model, max_skipped_fraction=opts.max_skipped_fraction,
-                log=lambda line: print(line, flush=True),
-                data_format=opts.data_format, too_long=opts.too_long)  # fmt: skip
+                log=lambda line: print(line, flush=True), data_format=opts.data_format,
+                too_long=opts.too_long, max_dropped_fraction=opts.max_dropped_fraction)  # fmt: skip
         location = shards.join(opts.prepared_data, shards.MANIFEST)
     try:
         manifest = shards.read_manifest(location)
@@ -297,7 +297,8 @@ def resolve_eval_data(opts: TrainOptions, train: str | None) -> str | None:
         assert opts.eval_prepared is not None  # set by parse_args for raw eval data
         prepare(opts.eval_data, opts.eval_prepared, seq_len=opts.seq_len, text_field=opts.text_field,
                 shape=opts.shape, model=opts.model, log=lambda line: print(line, flush=True),
-                data_format=opts.data_format, too_long=opts.too_long)  # fmt: skip
+                data_format=opts.data_format, too_long=opts.too_long,
+                max_dropped_fraction=opts.max_dropped_fraction)  # fmt: skip
         location = shards.join(opts.eval_prepared, shards.MANIFEST)
     try:
         evals, trains = shards.read_manifest(location), shards.read_manifest(train)
