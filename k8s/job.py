@@ -53,9 +53,21 @@ def prepare_args(settings: Settings, *, checkpoint_uri: str) -> list[str]:
     out = prepared_data_uri(settings, checkpoint_uri=checkpoint_uri)
     if out is None:
         raise ValueError("job.prepare_data: needs text data: data is 'random'")
+    return ["--data", job.data, "--out", out, *_data_flags(job), "--address", "auto"]
+
+
+def check_args(settings: Settings, *, data: str | None = None) -> list[str]:
+    """Arguments of `python -m training.prepare --check` (`raytrain data check`): the job's data (or
+    `data`) read, rendered and refused exactly as its preparation would, nothing written."""
+    return ["--check", "--data", data or settings.job.data, *_data_flags(settings.job)]
+
+
+def _data_flags(job: Any) -> list[str]:
+    """How the job's data becomes tokens: the preparation's flags beside --data and --out."""
+    dropped = (
+        [] if job.max_dropped_fraction is None else ["--max-dropped-fraction", repr(job.max_dropped_fraction)]
+    )
     return [
-        "--data", job.data,
-        "--out", out,
         "--model", job.model,
         *(["--shape", job.shape] if job.shape else []),
         "--seq-len", str(job.seq_len),
@@ -63,7 +75,7 @@ def prepare_args(settings: Settings, *, checkpoint_uri: str) -> list[str]:
         "--max-skipped-fraction", repr(job.max_skipped_fraction),
         "--data-format", job.data_format.value,
         "--too-long", job.too_long.value,
-        "--address", "auto",
+        *dropped,
     ]  # fmt: skip
 
 
@@ -125,6 +137,8 @@ def training_args(
         args += ["--text-field", job.text_field, "--prepared-data", prepared,
                  "--max-skipped-fraction", repr(job.max_skipped_fraction)]  # fmt: skip
         args += ["--data-format", job.data_format.value, "--too-long", job.too_long.value]
+        if job.max_dropped_fraction is not None:
+            args += ["--max-dropped-fraction", repr(job.max_dropped_fraction)]
     args += _eval_args(job)
     args.append("--export" if job.export else "--no-export")
     if job.lora_spec is not None:

@@ -15,8 +15,8 @@ from config.memory import micro_batch as planned_micro_batch
 from config.models import ModelError, ModelPlan, resolve
 from config.names import KUBERAY_NAMESPACE, RAY_NAMESPACE
 from config.settings.base import SEMVER_RE, FieldError, SettingsModel
+from config.settings.job_rules import check_data_reach, check_length_and_warmup, check_lr_schedule
 from config.settings.lora import LoraSettings
-from config.settings.schedule import check_length_and_warmup, check_lr_schedule
 from training.common.uri import LocationError
 from training.common.uri import parse as parse_location
 from training.model.lora_spec import LoraSpec
@@ -300,6 +300,9 @@ class JobSettings(SettingsModel):
     data_format: DataFormat = DataFormat.AUTO
     # Chat data: a conversation longer than seq_len is dropped or truncated (counted either way).
     too_long: TooLong = TooLong.DROP
+    # Chat data: the share of conversations dropped as too long above which preparation stops
+    # (unset: the training command's default, 0.1; 1: never). `raytrain data check` shows the share.
+    max_dropped_fraction: float | None = Field(default=None, ge=0, le=1)
     # Held-out set like `data` (s3://, or an absolute path; read only, like data), or the last
     # eval_fraction of data's blocks; evaluated every eval_every steps (0: each checkpoint) and at
     # the end: loss, perplexity and token accuracy on the target tokens.
@@ -532,6 +535,7 @@ class JobSettings(SettingsModel):
                 f"{self.micro_batch_size} is larger than global_batch_size ({self.global_batch_size})",
             )
         check_length_and_warmup(self)
+        check_data_reach(self)
         if self.epochs is None and self.checkpoint_every > self.steps:
             raise FieldError(
                 ("checkpoint_every",),

@@ -1,5 +1,6 @@
-"""The job's length and learning-rate schedule settings, checked by the training command's own rules
-(training/options/schedule.py): steps or epochs, warmup_steps or warmup_ratio, one schedule name."""
+"""Rules of the job settings kept out of workload.py: the length and learning-rate schedule, checked by
+the training command's own rules (training/options/schedule.py: steps or epochs, warmup_steps or
+warmup_ratio, one schedule name), and where the job's data may lie."""
 
 from __future__ import annotations
 
@@ -14,6 +15,24 @@ def check_lr_schedule(value: str | None) -> str | None:
     if value is not None and value not in SCHEDULES:
         raise ValueError(f"{value!r} is not a schedule; use one of {', '.join(SCHEDULES)}")
     return value
+
+
+def check_data_reach(job: Any) -> None:
+    """Data at a path inside the container is on each pod's own disk. A job of several GPU nodes
+    prepares and reads its data on all of them (the preparation's Ray Data tasks run on any worker,
+    training/run/prepare.py refuses a local path on a cluster of several nodes), so that path would
+    have to be in the image on every node: refused, naming S3 as the way."""
+    if job.nodes < 2:
+        return
+    for field in ("data", "eval_data"):
+        value = getattr(job, field)
+        if value and value.startswith("/"):
+            raise FieldError(
+                (field,),
+                f"{value!r} is a path inside the container, on each of the job's {job.nodes} nodes' own "
+                "disk, which the preparation and the workers do not share: upload it "
+                "(`aws s3 cp --recursive DIR s3://BUCKET/PREFIX/`) and set an s3:// URI",
+            )
 
 
 def check_length_and_warmup(job: Any) -> None:
