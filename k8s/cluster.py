@@ -33,6 +33,7 @@ from k8s.pods import (
     pod_security,
     resources,
 )
+from training.common.hub_token import HF_TOKEN_SECRET_ENV
 from training.network.probe import GATE_LOG_ENV
 
 # Node labels and the GPU taint are the node groups' own (one definition for EKS and the pods).
@@ -72,13 +73,20 @@ def worker_env(settings: Settings) -> dict[str, str]:
     env |= settings.workload.worker_env
     env["RAYTRAIN_EXPECT_TRANSPORT"] = settings.job.transport(settings.gpu_nodes.efa).value
     env |= aws_region_env(settings.region)
-    return env
+    return env | token_env(settings)
 
 
 def head_env(settings: Settings) -> dict[str, str]:
     """The head's environment: no GPU, and the region for the job driver's AWS calls."""
     # The head shares system nodes with no GPU; "void" keeps CUDA from probing for one.
-    return {"NVIDIA_VISIBLE_DEVICES": "void", **aws_region_env(settings.region)}
+    return {"NVIDIA_VISIBLE_DEVICES": "void", **aws_region_env(settings.region), **token_env(settings)}
+
+
+def token_env(settings: Settings) -> dict[str, str]:
+    """Where a gated model's token is (job.hf_token_secret's ARN, not the token): head and workers
+    both, as the head's driver prepares data and exports (training/common/hub_token.py)."""
+    arn = settings.job.hf_token_secret
+    return {HF_TOKEN_SECRET_ENV: arn} if arn else {}
 
 
 def _head_group(types: SpecTypes, settings: Settings, service_account_name: str) -> Any:

@@ -32,6 +32,8 @@ from raytrain.aws import CapacityApi
 from raytrain.preflight import command
 from raytrain.preflight.permissions import CallRecorder
 from raytrain.preflight.registry import RegistryClient
+from tests.hub_stub import Hub
+from tests.hub_stub import serve as serve_hub
 
 REGION = "us-west-2"
 RAY_REPO = "deep-learning-containers/ray"
@@ -137,7 +139,12 @@ def preflight_args(config_dir: Path) -> argparse.Namespace:
 class Account:
     """One account: moto EC2, stubbed CloudFormation, EKS, ECR and Service Quotas."""
 
-    def __init__(self) -> None:
+    def __init__(self, hub: Hub | None = None) -> None:
+        # The Hugging Face hub's auth-check (tests/hub_stub.py), every model public; without one
+        # the model-access check asks nothing it could reach (offline: a warning).
+        self.hub = hub
+        if hub is not None:
+            hub.open = True
         self.recorder = CallRecorder()
         watch = self.recorder.watch
         self.ec2 = watch(boto3.client("ec2", region_name=REGION))
@@ -178,6 +185,8 @@ class Account:
             ecr=self.ecr,
             cloudformation=self.cloudformation,
             capacity=CapacityApi(REGION, self.ec2, self.quotas),
+            secrets=lambda service, region: self.recorder.watch(boto3.client(service, region_name=region)),
+            hub=self.hub.api() if self.hub is not None else None,
         )
 
     # Stubbed answers, in the order the checks ask.
@@ -256,8 +265,8 @@ class Account:
 
 def fake_account() -> Iterator[Account]:
     """The `account` fixture's body (after `aws_credentials`)."""
-    with mock_aws():
-        yield Account()
+    with mock_aws(), serve_hub() as hub:
+        yield Account(hub)
 
 
 def set_credentials(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,7 +7,20 @@ from __future__ import annotations
 from typing import Any
 
 from config.settings.base import FieldError
+from training.common.hub_token import SECRET_ARN_RE
 from training.options.schedule import SCHEDULES
+
+
+def check_token_secret(value: str | None) -> str | None:
+    """A field validator of job.hf_token_secret: a Secrets Manager secret's or an SSM parameter's ARN."""
+    if value is not None and not SECRET_ARN_RE.match(value):
+        raise ValueError(
+            f"{value!r} is not a secret's ARN: the full ARN of a Secrets Manager secret "
+            "(arn:aws:secretsmanager:REGION:ACCOUNT:secret:NAME-AbCdEf, `aws secretsmanager "
+            "describe-secret --secret-id NAME` prints it) or of an SSM SecureString parameter "
+            "(arn:aws:ssm:REGION:ACCOUNT:parameter/NAME)"
+        )
+    return value
 
 
 def check_lr_schedule(value: str | None) -> str | None:
@@ -15,6 +28,23 @@ def check_lr_schedule(value: str | None) -> str | None:
     if value is not None and value not in SCHEDULES:
         raise ValueError(f"{value!r} is not a schedule; use one of {', '.join(SCHEDULES)}")
     return value
+
+
+def check(job: Any) -> None:
+    """Every rule of this module on a JobSettings (which imports it); FieldError naming the field."""
+    check_length_and_warmup(job)
+    check_data_reach(job)
+    check_token_use(job)
+
+
+def check_token_use(job: Any) -> None:
+    """A token only for a model the job fetches from the hub."""
+    if job.hf_token_secret and not job.model_from_hub:
+        raise FieldError(
+            ("hf_token_secret",),
+            f"is set but job.model ({job.model}) is not a Hugging Face id: nothing would use the "
+            "token; drop it",
+        )
 
 
 def check_data_reach(job: Any) -> None:

@@ -14,8 +14,8 @@ from config.image import load as load_image
 from config.memory import micro_batch as planned_micro_batch
 from config.models import ModelError, ModelPlan, resolve
 from config.names import KUBERAY_NAMESPACE, RAY_NAMESPACE
+from config.settings import job_rules
 from config.settings.base import SEMVER_RE, FieldError, SettingsModel
-from config.settings.job_rules import check_data_reach, check_length_and_warmup, check_lr_schedule
 from config.settings.lora import LoraSettings
 from training.common.uri import LocationError
 from training.common.uri import parse as parse_location
@@ -53,6 +53,9 @@ _MANAGED_ENV = {
     "NVIDIA_VISIBLE_DEVICES": "by the NVIDIA device plugin",
     "AWS_REGION": "from the environment's region",
     "AWS_DEFAULT_REGION": "from the environment's region",
+    "HF_TOKEN": "from job.hf_token_secret, read in the pod (a token here would be in the template)",
+    "HUGGING_FACE_HUB_TOKEN": "from job.hf_token_secret, read in the pod",
+    "RAYTRAIN_HF_TOKEN_SECRET": "from job.hf_token_secret",
 }
 
 
@@ -271,6 +274,10 @@ class JobSettings(SettingsModel):
     # Hugging Face id, s3:// prefix or absolute path: weights (pretrained) and tokenizer. Its
     # architecture sizes the job at synthesis (config/models.py; docs/models.md).
     model: str = "Qwen/Qwen2.5-1.5B"
+    # Gated or private hub models: the ARN of a Secrets Manager secret (or SSM SecureString) holding
+    # a Hugging Face token. Only the ARN reaches the pods; each process reads the token at start
+    # (training/common/hub_token.py), the pods' role may read that ARN only (docs/models.md).
+    hf_token_secret: str | None = None
     init: ModelInit = ModelInit.PRETRAINED
     # A name of the model catalogue (training/model/configs/: qwen2.5-7b, llama-3.1-8b, ...) or a
     # test shape (tiny, small): the architecture `init: random` builds, or, for a hub model the
@@ -390,7 +397,8 @@ class JobSettings(SettingsModel):
     # failure ends the job; resubmit with job.resume once its cause is fixed (docs/jobs.md).
     backoff_limit: int = Field(default=0, ge=0, le=10)
 
-    _lr_schedule = field_validator("lr_schedule")(check_lr_schedule)
+    _lr_schedule = field_validator("lr_schedule")(job_rules.check_lr_schedule)
+    _hf_token_secret = field_validator("hf_token_secret")(job_rules.check_token_secret)
 
     @field_validator("run_name")
     @classmethod
@@ -534,8 +542,7 @@ class JobSettings(SettingsModel):
                 ("micro_batch_size",),
                 f"{self.micro_batch_size} is larger than global_batch_size ({self.global_batch_size})",
             )
-        check_length_and_warmup(self)
-        check_data_reach(self)
+        job_rules.check(self)
         if self.epochs is None and self.checkpoint_every > self.steps:
             raise FieldError(
                 ("checkpoint_every",),

@@ -25,6 +25,9 @@ IAM_ACTIONS: tuple[str, ...] = (
     "eks:DescribeClusterVersions",
     "servicequotas:GetAWSDefaultServiceQuota",
     "servicequotas:GetServiceQuota",
+    # Only with job.hf_token_secret: the gated model's token, on that secret or parameter.
+    "secretsmanager:GetSecretValue",
+    "ssm:GetParameter",
 )
 NO_PERMISSION_NEEDED = frozenset({"sts:GetCallerIdentity"})
 
