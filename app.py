@@ -53,11 +53,11 @@ def main() -> int:
         return 1
     try:
         settings = load_settings(env_name)
+        app = new_app(settings)
+        build_app(app, settings)
     except SettingsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    app = new_app(settings)
-    build_app(app, settings)
     app.synth()
     return 0
 

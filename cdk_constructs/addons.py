@@ -26,6 +26,7 @@ from config.names import (
     NVIDIA_DEVICE_PLUGIN_CHART,
     PART_OF,
     PART_OF_LABEL,
+    QUEUED_NAMESPACE_LABEL,
     SYSTEM_NODE_LABELS,
 )
 from config.registries import ImageSource
@@ -106,16 +107,19 @@ KUBERAY_FEATURE_GATES = {"RayJobDeletionPolicy": True}
 
 
 def kuberay_operator_values(
-    ray_namespace: str, images: ImageSource | None = None, version: str | None = None
+    ray_namespaces: str | list[str], images: ImageSource | None = None, version: str | None = None
 ) -> dict[str, Any]:
+    """`ray_namespaces`: the Ray namespace, or every team's (config/settings/teams.py)."""
+    watched = [ray_namespaces] if isinstance(ray_namespaces, str) else list(ray_namespaces)
     image = {} if version is None else _image(images, chart_image_repository(KUBERAY_CHART, version))
     return {
         **image,
         "nodeSelector": dict(SYSTEM_NODE_LABELS),
-        # Namespaced RBAC and a watch on the Ray namespace only: the operator cannot touch pods
-        # elsewhere in the cluster.
+        # Namespaced RBAC and a watch on the Ray namespaces only (one per team): the operator cannot
+        # touch pods elsewhere in the cluster. With singleNamespaceInstall the chart makes a Role
+        # and RoleBinding in each watched namespace (templates/multiple_namespaces_role*.yaml).
         "singleNamespaceInstall": True,
-        "watchNamespace": [ray_namespace],
+        "watchNamespace": watched,
         # The chart turns this list into `--feature-gates=NAME=BOOL,...` (templates/_helpers.tpl,
         # "kuberay.featureGates"). Helm replaces a list value whole, so the gates not named here
         # take the operator's built-in defaults, which in 1.7.0 are the chart's own list
@@ -194,8 +198,8 @@ def _device_plugin(
 
 
 class KubeRayOperator(Construct):
-    """KubeRay operator on the system nodes, watching only the Ray namespace (created here first:
-    the chart binds its namespaced Role there)."""
+    """KubeRay operator on the system nodes, watching only the Ray namespaces, one per team
+    (created here first: the chart binds its namespaced Roles there)."""
 
     def __init__(
         self,
@@ -204,9 +208,11 @@ class KubeRayOperator(Construct):
         *,
         cluster: eks.ICluster,
         version: str,
-        ray_namespace: str,
+        ray_namespaces: list[str],
         images: ImageSource | None = None,
+        queued: bool = True,
     ) -> None:
+        """`queued`: the namespaces' RayJobs go through Kueue (own-cluster jobs; cdk_constructs/kueue.py)."""
         super().__init__(scope, construct_id)
         self.namespace = eks.KubernetesManifest(
             self,
@@ -223,9 +229,11 @@ class KubeRayOperator(Construct):
                             # Ray pods need IPC_LOCK and run as root in the DLC image.
                             "pod-security.kubernetes.io/enforce": "privileged",
                             "pod-security.kubernetes.io/warn": "baseline",
+                            **({QUEUED_NAMESPACE_LABEL: "true"} if queued else {}),
                         },
                     },
                 }
+                for ray_namespace in ray_namespaces
             ],
             overwrite=True,
         )
@@ -239,7 +247,7 @@ class KubeRayOperator(Construct):
             version=version,
             namespace=KUBERAY_NAMESPACE,
             create_namespace=True,
-            values=kuberay_operator_values(ray_namespace, images, version),
+            values=kuberay_operator_values(ray_namespaces, images, version),
             # `--wait` (Helm 4: the 'watcher' strategy): the deploy stops here until the operator
             # is ready, so the Workload stack's RayJob finds its CRDs and controller. No rollback
             # flag (`--atomic` is deprecated in Helm 4): when the release fails, CloudFormation's

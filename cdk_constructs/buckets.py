@@ -42,18 +42,7 @@ def kms_bucket_with_access_logs(
     key = kms.Key(
         scope, key_id, description=key_description, enable_key_rotation=True, removal_policy=removal_policy
     )
-    access_logs = s3.Bucket(
-        scope,
-        logs_id,
-        encryption=s3.BucketEncryption.S3_MANAGED,  # log delivery cannot write SSE-KMS objects
-        block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
-        enforce_ssl=True,
-        # Log delivery is granted by bucket policy (cdk.json flag), so ACLs stay off.
-        object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
-        lifecycle_rules=[s3.LifecycleRule(expiration=cdk.Duration.days(365))],
-        removal_policy=removal_policy,
-        auto_delete_objects=destroy,
-    )
+    access_logs = access_log_bucket(scope, logs_id, removal_policy=removal_policy)
     bucket = s3.Bucket(
         scope,
         bucket_id,
@@ -70,6 +59,24 @@ def kms_bucket_with_access_logs(
         removal_policy=removal_policy,
         auto_delete_objects=destroy,
     )
+    return LoggedBucket(key=key, access_logs=access_logs, bucket=bucket)
+
+
+def access_log_bucket(scope: Construct, construct_id: str, *, removal_policy: cdk.RemovalPolicy) -> s3.Bucket:
+    """A bucket that receives S3 server access logs: SSE-S3 (log delivery cannot write SSE-KMS
+    objects), no public access, TLS only, logs kept a year."""
+    access_logs = s3.Bucket(
+        scope,
+        construct_id,
+        encryption=s3.BucketEncryption.S3_MANAGED,  # log delivery cannot write SSE-KMS objects
+        block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+        enforce_ssl=True,
+        # Log delivery is granted by bucket policy (cdk.json flag), so ACLs stay off.
+        object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+        lifecycle_rules=[s3.LifecycleRule(expiration=cdk.Duration.days(365))],
+        removal_policy=removal_policy,
+        auto_delete_objects=removal_policy == cdk.RemovalPolicy.DESTROY,
+    )
     checkov.skip(
         access_logs,
         "CKV_AWS_18",
@@ -81,4 +88,4 @@ def kms_bucket_with_access_logs(
         "written only by S3 log delivery, never overwritten, expired after 365 days: versions would "
         "hold nothing that is not already there",
     )
-    return LoggedBucket(key=key, access_logs=access_logs, bucket=bucket)
+    return access_logs

@@ -29,6 +29,8 @@ SUCCESS = "SUCCESS"
 FAILED = "FAILED"
 # Leaves room in the 4096-byte body for the IDs (a stack ARN, a 1 KB physical ID at most).
 REASON_LIMIT = 1000
+# The PUT's own time limit: a handler keeps this much (and some) of its run time for the answer.
+RESPONSE_TIMEOUT_SECONDS = 30
 
 Send = Callable[[dict[str, Any], str, str, str], None]
 
@@ -51,7 +53,7 @@ def send_response(event: dict[str, Any], status: str, reason: str, physical_id: 
     request = urllib.request.Request(  # noqa: S310 (https checked above)
         url, data=body, method="PUT", headers={"Content-Type": ""}
     )
-    with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310 (https checked)
+    with urllib.request.urlopen(request, timeout=RESPONSE_TIMEOUT_SECONDS) as response:  # noqa: S310 (https checked)
         LOG.info("CloudFormation response: %s", response.status)
 
 

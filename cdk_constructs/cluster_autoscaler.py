@@ -112,6 +112,12 @@ def chart_values(
             "scale-down-delay-after-add": SCALE_DOWN_DELAY_AFTER_ADD,
             # Pick the group that wastes least when several could take a pod (system vs GPU).
             "expander": "least-waste",
+            # Kueue's admission check asks for a job's GPU nodes with a ProvisioningRequest of
+            # class best-effort-atomic-scale-up (k8s/kueue.py says why that class); the autoscaler
+            # handles those only with this flag (config/flags/flags.go, cluster-autoscaler-1.35.2:
+            # "enable-provisioning-requests", default false). The chart's ClusterRole already
+            # grants provisioningrequests and their status (templates/clusterrole.yaml, 9.59.0).
+            "enable-provisioning-requests": True,
         },
         "resources": {
             "requests": {"cpu": "100m", "memory": "300Mi"},

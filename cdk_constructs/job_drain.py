@@ -1,5 +1,6 @@
-"""Custom resource that, when the Workload stack is deleted, deletes the RayJobs `raytrain job
-submit` created (foreground) and waits until they are gone: before the stack's manifests (the jobs
+"""Custom resource that, when the Workload stack is deleted (or its failed creation rolls back),
+deletes the RayJobs `raytrain job submit` created (foreground) and waits until they are gone:
+before the stack's manifests (the jobs
 anchor, the Roles) go, and so before the Cluster stack (the KubeRay operator) goes. Why the anchor
 alone does not hold the destroy: `job_drain_handler/handler.py`.
 
@@ -7,12 +8,15 @@ Where it runs: the function sits where CDK's kubectl provider sits (the cluster'
 the cluster security group, which the control plane admits), with the same layers (kubectl,
 AWS CLI). Its role has an EKS access entry of type STANDARD in the drainer's Kubernetes group, which
 a Role in the Ray namespace binds to listing and deleting RayJobs (k8s/rbac.py), and
-eks:DescribeCluster on this cluster (aws eks update-kubeconfig). The resource depends on the
+eks:DescribeCluster on this cluster (aws eks update-kubeconfig), and cloudformation:DescribeStacks
+on its own stack, whose status tells a stack delete from a replacement, a removal or an update's
+rollback (job_drain_handler/handler.py), which leave the jobs alone. The resource depends on the
 manifest and on the access entry, so CloudFormation deletes it (runs the handler) first.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +29,10 @@ from constructs import Construct
 
 from cdk_constructs import handler_function as fn
 from cdk_constructs.nag import acknowledge, managed_policy_finding
+from config.names import JOB_DRAIN_RESOURCE_TYPE
 
 HANDLER_DIR = Path(__file__).resolve().parent / "job_drain_handler"
-RESOURCE_TYPE = "Custom::RayJobDrain"
+RESOURCE_TYPE = JOB_DRAIN_RESOURCE_TYPE
 HANDLER_TIMEOUT = cdk.Duration.minutes(15)
 
 DRAIN_CHECKOV_REASONS = {
@@ -54,7 +59,9 @@ class SubmittedJobDrain(Construct):
         kubectl_layer: lambda_.ILayerVersion,
         vpc: ec2.IVpc,
         security_group: ec2.ISecurityGroup,
+        other_namespaces: Sequence[str] = (),
     ) -> None:
+        """`namespace` and `other_namespaces`: one drain each (every team's namespace), by one function."""
         super().__init__(scope, construct_id)
         self.function_name = f"{cluster_name}-job-drain"[:64]
         log_group = fn.log_group_arn(self, self.function_name)
@@ -72,6 +79,8 @@ class SubmittedJobDrain(Construct):
             statements=[
                 fn.write_logs(log_group),
                 iam.PolicyStatement(actions=["eks:DescribeCluster"], resources=[cluster_arn]),
+                # Its own stack only (Ref AWS::StackId: the ARN DescribeStacks is authorised on).
+                iam.PolicyStatement(actions=["cloudformation:DescribeStacks"], resources=[cdk.Aws.STACK_ID]),
             ],
         )
         policy.attach_to_role(self.role)
@@ -97,14 +106,19 @@ class SubmittedJobDrain(Construct):
             environment={"AWS_STS_REGIONAL_ENDPOINTS": "regional"},
         )
         self.function.node.add_dependency(policy)
-        self.resource = fn.handler_resource(
-            self,
-            self.function,
-            resource_type=RESOURCE_TYPE,
-            properties={"ClusterName": cluster_name, "Namespace": namespace, "Selector": selector},
-            timeout=HANDLER_TIMEOUT,
-        )
+        self.resources = [
+            fn.handler_resource(
+                self if i == 0 else Construct(self, f"Namespace-{ns}"),
+                self.function,
+                resource_type=RESOURCE_TYPE,
+                properties={"ClusterName": cluster_name, "Namespace": ns, "Selector": selector},
+                timeout=HANDLER_TIMEOUT,
+            )
+            for i, ns in enumerate([namespace, *other_namespaces])
+        ]
+        self.resource = self.resources[0]
 
     def after(self, *dependencies: Any) -> None:
         """Deleted before these (CloudFormation deletes a resource before what it depends on)."""
-        self.resource.node.add_dependency(*dependencies)
+        for resource in self.resources:
+            resource.node.add_dependency(*dependencies)

@@ -14,29 +14,29 @@ from constructs import Construct
 
 from config.catalogue import Instance
 from config.names import (
+    ACCELERATOR_LABEL,
     GPU_NODE_LABELS,
     GPU_NODE_ROLE,
     GPU_TAINT_KEY,
     GPU_TAINT_VALUE,
     SYSTEM_NODE_LABELS,
     SYSTEM_NODE_ROLE,
+    accelerator_label_value,
 )
 
 # Root volume IOPS and throughput: config/provisioned.py (the cost estimate counts them too).
 from config.provisioned import ROOT_IOPS, ROOT_THROUGHPUT_MIBPS
 from config.settings import CapacityType, GpuNodeSettings, SystemNodeSettings
 
-# Label the autoscaler reads to know a node is a GPU node whose GPUs are not advertised yet (the
-# device plugin starts after the node is Ready): without it, it sees a Ready node that cannot take
-# the pending pod and starts another ("Special note on GPU instances", AWS README).
-ACCELERATOR_LABEL = "k8s.amazonaws.com/accelerator"
+# The accelerator label and every label of a GPU node: config/names.py (Kueue's ResourceFlavor,
+# k8s/kueue.py, must name exactly the labels the node group sets).
 
 
 def accelerator_label(instance: Instance) -> dict[str, str]:
     """`k8s.amazonaws.com/accelerator` of a GPU type (e.g. nvidia-l4): a node group label, so the
     kubelet registers the node with it, before the device plugin advertises any GPU."""
     assert instance.gpu_model is not None, instance.name
-    return {ACCELERATOR_LABEL: f"nvidia-{instance.gpu_model.lower()}"}
+    return {ACCELERATOR_LABEL: accelerator_label_value(instance.gpu_model)}
 
 
 def gpu_node_labels(instance: Instance) -> dict[str, str]:

@@ -35,6 +35,9 @@ EVICTION_HARD_MEMORY_MIB = 100
 #   L40S: 44.42 GiB (stepfun-ai/Step-Video-T2V#8, 8 x L40S)
 #   A100 40 GB: 39.50 GiB (TianheWu/CoSeR#10)
 #   H100 80 GB: 79.18-79.25 GiB reported with different drivers; the lowest is used
+#   H200 141 GB: 139.72-139.81 GiB in torch OOM messages from 8 x H200 hosts; the lowest is used
+#   B200 180 GB: 178.35 GiB (torch OOM messages from 8 x B200 hosts; cudaDeviceProp's
+#         totalGlobalMem printed as "Total Global Memory: 178.35" in pytorch/ao#4002)
 #   A10G: no report found; taken as the L4's (the same 24 GB of GDDR6 with ECC), an assumption
 GPU_MEMORY_CUDA_GIB: dict[str, float] = {
     "L4": 21.96,
@@ -42,6 +45,8 @@ GPU_MEMORY_CUDA_GIB: dict[str, float] = {
     "L40S": 44.42,
     "A100": 39.50,
     "H100": 79.18,
+    "H200": 139.72,
+    "B200": 178.35,
 }
 
 # GPUs with FP8 tensor cores (compute capability >= 8.9: Ada and Hopper), which float8 training
@@ -70,8 +75,9 @@ class Instance:
     network_gbps: float = 0.0
     # How the GPUs of one node reach each other, and its bandwidth per direction in GB/s (the step-time
     # model's intra-node link, training/sizing/step_time.py). PCIe Gen4 x16: 32 GB/s per direction (L4, L40S,
-    # A10G data sheets: "PCIe Gen4 x16, 64 GB/s" bidirectional); NVLink: H100 SXM 900 GB/s and A100
-    # 600 GB/s bidirectional per GPU (H100 / A100 data sheets), so 450 / 300 per direction.
+    # A10G data sheets: "PCIe Gen4 x16, 64 GB/s" bidirectional); NVLink: H100 SXM and H200 900 GB/s,
+    # A100 600 GB/s and B200 (fifth-generation NVLink) 1.8 TB/s bidirectional per GPU (NVIDIA's H100,
+    # H200, A100 and HGX B200 data sheets), so 450 / 300 / 900 per direction.
     gpu_link: str = "PCIe"
     gpu_link_gbytes: float = 32.0
     max_pods: int = 110
@@ -218,6 +224,20 @@ _TYPES = [
         ipv4_per_eni=30,
     ),
     Instance(
+        "g6e.24xlarge",
+        vcpus=96,
+        memory_gib=768,
+        gpus=4,
+        gpu_model="L40S",
+        gpu_memory_gib=48,
+        efa_interfaces=2,
+        network_cards=2,
+        network_gbps=200,
+        max_pods=250,
+        enis=10,
+        ipv4_per_eni=50,
+    ),
+    Instance(
         "g6e.48xlarge",
         vcpus=192,
         memory_gib=1536,
@@ -276,6 +296,61 @@ _TYPES = [
         network_gbps=3200,
         max_pods=100,
         enis=2,
+        ipv4_per_eni=50,
+    ),
+    # H200 and B200 (p5e, p5en, p6-b200): EC2 accelerated-computing specifications (8 x H200 141 GB,
+    # 8 x B200 180 GB HBM3e, 192 vCPUs, 2 TiB, 3,200 Gbps of EFA: 32 cards on p5e, 16 EFAv3 cards on
+    # p5en, 8 x 400 Gbps EFAv4 cards on p6-b200); tests/test_catalogue_ec2.py checks each against
+    # DescribeInstanceTypes. Every secondary card takes an EFA-only interface (its InterfaceTypes).
+    Instance(
+        "p5e.48xlarge",
+        vcpus=192,
+        memory_gib=2048,
+        gpus=8,
+        gpu_model="H200",
+        gpu_memory_gib=141,
+        gpu_link="NVLink",
+        gpu_link_gbytes=450.0,
+        efa_interfaces=32,
+        network_cards=32,
+        efa_only=True,
+        network_gbps=3200,
+        max_pods=100,
+        enis=2,
+        ipv4_per_eni=50,
+    ),
+    Instance(
+        "p5en.48xlarge",
+        vcpus=192,
+        memory_gib=2048,
+        gpus=8,
+        gpu_model="H200",
+        gpu_memory_gib=141,
+        gpu_link="NVLink",
+        gpu_link_gbytes=450.0,
+        efa_interfaces=16,
+        network_cards=16,
+        efa_only=True,
+        network_gbps=3200,
+        max_pods=198,
+        enis=4,
+        ipv4_per_eni=50,
+    ),
+    Instance(
+        "p6-b200.48xlarge",
+        vcpus=192,
+        memory_gib=2048,
+        gpus=8,
+        gpu_model="B200",
+        gpu_memory_gib=180,
+        gpu_link="NVLink",
+        gpu_link_gbytes=900.0,
+        efa_interfaces=8,
+        network_cards=8,
+        efa_only=True,
+        network_gbps=3200,
+        max_pods=198,
+        enis=4,
         ipv4_per_eni=50,
     ),
 ]

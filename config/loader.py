@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import os
 import typing
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,9 @@ from config.settings import KUBECTL_LAYERS, FieldError, JobSettings, Settings
 
 CONFIG_DIR = Path(__file__).resolve().parent
 ENVIRONMENTS_DIR = CONFIG_DIR / "environments"
+# Another folder of environment files for every command that takes no --config-dir (make synth,
+# npx cdk, raytrain): a checkout's own environments kept apart, or the test suite's examples.
+CONFIG_DIR_VARIABLE = "RAYTRAIN_CONFIG_DIR"
 # Files in environments/ that are documentation, not deployable environments.
 NOT_ENVIRONMENTS = {"example"}
 
@@ -24,24 +28,33 @@ class SettingsError(Exception):
     """Bad settings. `str()` is the whole message a user needs; no traceback is shown."""
 
 
-def environment_file(name: str, directory: Path = ENVIRONMENTS_DIR) -> Path:
-    return directory / f"{name}.yaml"
+def environments_dir(directory: Path | None = None) -> Path:
+    """`directory` when given (--config-dir), else $RAYTRAIN_CONFIG_DIR, else config/environments."""
+    if directory is not None:
+        return Path(directory)
+    return Path(os.environ.get(CONFIG_DIR_VARIABLE) or ENVIRONMENTS_DIR)
 
 
-def environment_names(directory: Path = ENVIRONMENTS_DIR) -> list[str]:
+def environment_file(name: str, directory: Path | None = None) -> Path:
+    return environments_dir(directory) / f"{name}.yaml"
+
+
+def environment_names(directory: Path | None = None) -> list[str]:
     """Deployable environments, in file-name order."""
-    return sorted(p.stem for p in directory.glob("*.yaml") if p.stem not in NOT_ENVIRONMENTS)
+    folder = environments_dir(directory)
+    return sorted(p.stem for p in folder.glob("*.yaml") if p.stem not in NOT_ENVIRONMENTS)
 
 
 def load_settings(
     name: str,
-    directory: Path = ENVIRONMENTS_DIR,
+    directory: Path | None = None,
     *,
     check_memory: bool = True,
     overrides: list[str] | None = None,
 ) -> Settings:
     """`overrides`: `job.FIELD=VALUE` items (`raytrain job submit --set`), applied on top of the
     file and validated with it by the same model, memory plan included."""
+    directory = environments_dir(directory)
     path, text = _read(name, directory)
     settings = parse_settings(text, name=name, source=path, check_memory=check_memory, overrides=overrides)
     _check_cluster_name_unique(settings, path, directory)
@@ -49,11 +62,12 @@ def load_settings(
 
 
 def load_with_overrides(
-    name: str, overrides: list[str], directory: Path = ENVIRONMENTS_DIR
+    name: str, overrides: list[str], directory: Path | None = None
 ) -> tuple[Settings, Settings | None]:
     """The environment with `job.FIELD=VALUE` overrides (as `load_settings`), and from the same
     read of the file the file alone, as deployed: None when the file alone is refused (e.g. a
     memory check the overrides fix). Without overrides both are the same object."""
+    directory = environments_dir(directory)
     path, text = _read(name, directory)
     settings = parse_settings(text, name=name, source=path, overrides=overrides)
     _check_cluster_name_unique(settings, path, directory)
@@ -79,10 +93,13 @@ def _read(name: str, directory: Path) -> tuple[Path, str]:
 
 
 def _check_cluster_name_unique(settings: Settings, path: Path, directory: Path) -> None:
-    """EKS cluster names are unique per account and region: two files naming the same cluster there
-    would deploy over each other (and their stacks would fight over it). Files that do not parse are
-    left to their own synthesis to report."""
+    """What one file must not share with another of the folder. EKS cluster names are unique per
+    account and region: two files naming the same cluster there would deploy over each other (and
+    their stacks would fight over it). One file hosts the pipeline, which deploys the others
+    (`pipeline.environments`): two would each deploy the stacks they list, racing each other. Files
+    that do not parse are left to their own synthesis to report."""
     mine = (settings.account, settings.region, settings.cluster.name)
+    hosts_pipeline = settings.pipeline is not None and settings.pipeline.enabled
     for other in environment_names(directory):
         if other == settings.name:
             continue
@@ -97,6 +114,12 @@ def _check_cluster_name_unique(settings: Settings, path: Path, directory: Path) 
                 f"{_show(path)}: cluster.name: {settings.cluster.name!r} is also env={other!r}'s cluster "
                 f"in account {settings.account} {settings.region} ({_show(other_path)}); EKS cluster "
                 "names are unique per account and region: give each environment its own"
+            )
+        if hosts_pipeline and theirs.pipeline is not None and theirs.pipeline.enabled:
+            raise SettingsError(
+                f"{_show(path)}: pipeline.enabled: env={other!r} enables a pipeline too "
+                f"({_show(other_path)}); one environment hosts the pipeline and deploys the others "
+                "(pipeline.environments): set pipeline.enabled: false in all but one"
             )
 
 

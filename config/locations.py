@@ -22,8 +22,19 @@ def checkpoint_bucket_name(settings: Settings) -> str:
     return f"{settings.cluster.name}-ckpt-{settings.account}-{settings.region}".lower()
 
 
+def checkpoint_prefix(settings: Settings) -> str:
+    """The checkpoint prefix of the settings' team (Settings.active_team): `checkpoints` for the
+    implicit team, as before teams; `checkpoints-<team>` for a named one, which only that team's
+    Ray pods may read and write (stacks/workload_stack.py). One level, not checkpoints/<team>:
+    pyarrow's create_dir (Ray Train's storage path) writes a directory marker for every missing
+    parent, and a marker `checkpoints/` would be outside a grant on `checkpoints/<team>/*`
+    (tests/test_workload_iam.py, through moto's IAM evaluator)."""
+    team = settings.active_team
+    return CHECKPOINT_PREFIX if team.implicit else f"{CHECKPOINT_PREFIX}-{team.name}"
+
+
 def checkpoint_uri(settings: Settings) -> str:
-    return f"s3://{checkpoint_bucket_name(settings)}/{CHECKPOINT_PREFIX}"
+    return f"s3://{checkpoint_bucket_name(settings)}/{checkpoint_prefix(settings)}"
 
 
 def code_key(sha256: str) -> str:

@@ -17,7 +17,9 @@ checks that the model it loads has these dimensions (`--planned-dims`, training/
 
 from __future__ import annotations
 
+import difflib
 import json
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -31,11 +33,14 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 class ModelError(ValueError):
     """The job's model cannot be sized: `field` is the setting to change (under job)."""
 
-    def __init__(self, field: str, message: str, *, unknown: bool = False) -> None:
+    def __init__(
+        self, field: str, message: str, *, unknown: bool = False, close: list[str] | None = None
+    ) -> None:
         super().__init__(message)
         self.field = field
         self.message = message
         self.unknown = unknown  # a hub id the catalogue does not know: its size is not known here
+        self.close = close or []  # catalogue ids it may have meant
 
 
 @dataclass(frozen=True)
@@ -102,12 +107,50 @@ def resolve(model: str, init: str, shape: str | None, config_json: str | None) -
             f"{model!r} is not in the model catalogue; did you mean {cased!r}? (Hugging Face ids as "
             "published, with their capitals)",
         )
+    close = close_ids(model)
+    mean = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
     raise ModelError(
         "model",
-        f"{model!r} is not in the model catalogue (training/model/configs/), so its size is unknown: "
-        "set job.config_json to a local copy of its config.json, or job.shape to the catalogue "
-        f"entry with its architecture ({', '.join(CATALOGUE)})",
+        f"{model!r} is not in the model catalogue (training/model/configs/), so its size is unknown"
+        f"{mean} Otherwise set job.config_json to a local copy of its config.json ({fetch_config(model)}), "
+        f"or job.shape to the catalogue entry with its architecture ({', '.join(CATALOGUE)})"
+        if close
+        else f"{model!r} is not in the model catalogue (training/model/configs/), so its size is unknown: "
+        f"set job.config_json to a local copy of its config.json ({fetch_config(model)}), or job.shape to "
+        f"the catalogue entry with its architecture ({', '.join(CATALOGUE)})",
         unknown=True,
+        close=close,
+    )
+
+
+# Suffixes a release's variants add to one base name (Meta's -hf, Google's -it, "-Instruct"...):
+# an id the catalogue lacks is most often a variant that does not exist under that name (Qwen3's
+# chat models are the hybrid-thinking releases themselves, Qwen/Qwen3-8B, with no "-Instruct").
+_VARIANT_SUFFIX = re.compile(r"(?:-(?:instruct|chat|it|base|hf))+$", re.IGNORECASE)
+
+
+def close_ids(model: str) -> list[str]:
+    """Catalogue ids `model` may have meant: the same base name with other variant suffixes, else
+    near spellings (difflib's ratio >= 0.9, case ignored)."""
+    known = [str(i) for entry in CATALOGUE.values() for i in entry["hf_ids"]]
+
+    def base(model_id: str) -> str:
+        return _VARIANT_SUFFIX.sub("", model_id.lower())
+
+    same = [i for i in known if base(i) == base(model)]
+    if same:
+        return same[:2]
+    by_lower = {i.lower(): i for i in known}
+    return [by_lower[m] for m in difflib.get_close_matches(model.lower(), list(by_lower), n=1, cutoff=0.9)]
+
+
+def fetch_config(model: str) -> str:
+    """How to bring a hub model's config.json (huggingface_hub's CLI; a gated model needs a token
+    with access)."""
+    slug = re.sub(r"[^a-z0-9.-]+", "-", model.lower().split("/")[-1]).strip("-") or "my-model"
+    return (
+        f"`hf download {model} config.json --local-dir config/models/{slug}`, then "
+        f"job.config_json: config/models/{slug}"
     )
 
 

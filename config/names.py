@@ -24,6 +24,18 @@ SYSTEM_NODE_LABELS = {NODE_ROLE_LABEL: SYSTEM_NODE_ROLE}
 GPU_TAINT_KEY = "nvidia.com/gpu"
 GPU_TAINT_VALUE = "present"
 
+# Label the autoscaler reads to know a node is a GPU node whose GPUs are not advertised yet (the
+# device plugin starts after the node is Ready): without it, it sees a Ready node that cannot take
+# the pending pod and starts another ("Special note on GPU instances", AWS README). A node group
+# label (cdk_constructs/node_groups.py), so every GPU node has it from the start.
+ACCELERATOR_LABEL = "k8s.amazonaws.com/accelerator"
+
+
+def accelerator_label_value(gpu_model: str) -> str:
+    """The accelerator label's value for a GPU model (e.g. nvidia-l4)."""
+    return f"nvidia-{gpu_model.lower()}"
+
+
 # Extended resources the device plugins advertise.
 GPU_RESOURCE = "nvidia.com/gpu"
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
@@ -79,6 +91,9 @@ SERVICE_ACCOUNT = "ray-train"
 # `app.kubernetes.io/part-of` of everything this app creates in Kubernetes.
 PART_OF_LABEL = "app.kubernetes.io/part-of"
 PART_OF = "ray-train"
+# Label of the team namespaces whose RayJobs Kueue manages even without a queue label (they stay
+# suspended until given a queue): the namespaces of own-cluster jobs (cdk_constructs/kueue.py).
+QUEUED_NAMESPACE_LABEL = "ray-train/queued"
 # The standing RayCluster's name (job.cluster: standing).
 STANDING_CLUSTER_NAME = "ray-train"
 # Labels of every RayJob: its checkpoint run name, and who applied it (the Workload stack's
@@ -92,12 +107,22 @@ DEPLOYED_JOB_PREFIX = "rj-"
 # A ConfigMap of the Workload stack that owns every submitted RayJob (ownerReferences), so that
 # deleting the stack deletes them while the KubeRay operator still runs (k8s/chart.py).
 JOBS_ANCHOR = "ray-train-jobs"
+# The Workload stack's custom resource that drains the submitted RayJobs on stack delete
+# (cdk_constructs/job_drain.py); `raytrain review` guards it and the manifest holding JOBS_ANCHOR.
+JOB_DRAIN_RESOURCE_TYPE = "Custom::RayJobDrain"
 # Kubernetes groups that EKS access entries of type STANDARD map IAM principals to (EKS API
 # reference, CreateAccessEntry kubernetesGroups: a name may not start with `system:`); Roles in
 # the Ray namespace are bound to them (k8s/rbac.py). Submitters run `raytrain job`; the drainer is
 # the Workload stack's function that deletes submitted jobs on destroy and waits for them.
 JOB_SUBMITTER_GROUP = "ray-train:job-submitters"
 JOB_DRAINER_GROUP = "ray-train:job-drainer"
+
+
+def team_submitter_group(team: str, *, implicit: bool = False) -> str:
+    """The Kubernetes group of a team's submitters; the implicit team (no `teams:` section) keeps
+    the group every submitter was in before teams existed."""
+    return JOB_SUBMITTER_GROUP if implicit else f"ray-train:{team}:job-submitters"
+
 
 # --- The pipeline's in-VPC verification -----------------------------------------------------------
 

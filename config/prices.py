@@ -7,6 +7,11 @@ Sources and dates:
 - us-east-1 EC2 rates: `InitialOnDemandPricesAWS["us-east-1"]` in aws/karpenter-provider-aws
   pkg/providers/pricing/zz_generated.pricing_aws.go at commit 6fc13b5236fd (2026-07-20), a file
   Karpenter generates from the AWS Price List API ("generated at 2026-07-20T13:44:30Z").
+- p5en.48xlarge, p6-b200.48xlarge and g6e.24xlarge (added later): the same generated file at commit
+  031e72b6099630e960dacb88b48a7e9bb780945f ("generated at 2026-01-19T13:23:24Z for us-east-1"),
+  whose other rates here agree with the 2026-07-20 file's; p5en's $63.296 in us-east-1, us-east-2
+  and us-west-2 also in dstack's offer listing (dstackai/dstack#4110, 2026-08). p5e.48xlarge has no
+  rate there (UNPRICED).
 - us-east-2 and us-west-2 EC2 rates: US East (Ohio) and US West (Oregon) are priced like
   US East (N. Virginia) for these types on aws.amazon.com/ec2/pricing/on-demand; the generated
   file above covers us-east-1 only, so these reuse its numbers. That could not be re-checked
@@ -58,6 +63,16 @@ _EC2_ON_DEMAND_US = {
     "g5.48xlarge": 16.288,
     "p4d.24xlarge": 21.957642,
     "p5.48xlarge": 55.04,
+    "p5en.48xlarge": 63.296,
+    "p6-b200.48xlarge": 113.9328,
+    "g6e.24xlarge": 15.06559,
+}
+
+# Catalogue types without a pinned On-Demand rate, and why: `raytrain cost --live` (and `plan
+# --live`) ask the AWS Price List API for the region's; a Capacity Block is paid upfront anyway.
+UNPRICED: dict[str, str] = {
+    "p5e.48xlarge": "the pinned source (Karpenter's us-east-1 table) has no p5e.48xlarge rate: it is "
+    "offered in few regions, and mostly through Capacity Blocks for ML",
 }
 
 
@@ -107,6 +122,8 @@ def instance_per_hour(prices: RegionPrices, instance_type: str) -> float:
     try:
         return prices.ec2_per_hour[instance_type]
     except KeyError:
+        why = f": {UNPRICED[instance_type]}" if instance_type in UNPRICED else ""
         raise PriceError(
-            f"no pinned On-Demand price for {instance_type} in {prices.region} (config/prices.py)"
+            f"no pinned On-Demand price for {instance_type} in {prices.region} (config/prices.py){why}; "
+            "with AWS credentials, --live reads it from the AWS Price List API"
         ) from None

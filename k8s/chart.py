@@ -13,6 +13,7 @@ from typing import Any
 
 import cdk8s
 import cdk8s_plus_27 as kplus
+from constructs import Construct
 
 from config.names import (
     DEPLOYED,
@@ -39,6 +40,7 @@ from k8s.job import (
     rayjob_name,
     training_args,
 )
+from k8s.kueue import PRIORITY_LABEL, QUEUE_LABEL
 from k8s.network_policy import network_policies
 from k8s.rbac import job_roles
 
@@ -72,8 +74,37 @@ def build_workload_chart(
     (e.g. before the KubeRay operator, whose namespaced RBAC needs it first). `include_jobs=False`
     leaves the RayJobs out (job.deploy false: jobs come from `raytrain job submit`).
     """
-    ns = settings.workload.namespace
     chart = _chart(scope, "workload")
+    deploy = settings.deploy_team
+    for team in settings.team_list:
+        # The implicit team's objects keep their construct ids (and so everything as before teams).
+        where = chart if team.implicit else Construct(chart, f"team-{team.name}")
+        _team_objects(
+            where,
+            settings.for_team(team.name),
+            code_uri=code_uri,
+            code_hash=code_hash,
+            checkpoint_uri=checkpoint_uri,
+            service_account_name=service_account_name,
+            include_namespace=include_namespace,
+            include_jobs=include_jobs and team.name == deploy.name,
+        )
+    return chart
+
+
+def _team_objects(
+    chart: Construct,
+    settings: Settings,
+    *,
+    code_uri: str,
+    code_hash: str,
+    checkpoint_uri: str,
+    service_account_name: str,
+    include_namespace: bool,
+    include_jobs: bool,
+) -> None:
+    """One team's objects in its namespace (`settings` is the team's view, Settings.for_team)."""
+    ns = settings.workload.namespace
     if include_namespace:
         # No Pod Security Admission label: the EFA workers need IPC_LOCK, which the baseline
         # level forbids; the pods' own security contexts carry the restrictions instead.
@@ -116,6 +147,7 @@ def build_workload_chart(
                     RUN_NAME_LABEL: settings.job.run_name,
                     STEP_LABEL: "prepare-data",
                     ORIGIN_LABEL: DEPLOYED,
+                    **queue_labels(settings),
                 },
             ),
             spec=prepare_job_spec(
@@ -126,7 +158,16 @@ def build_workload_chart(
             ),
         )
     network_policies(chart, settings)
-    return chart
+
+
+def queue_labels(settings: Settings, priority: str | None = None) -> dict[str, str]:
+    """The Kueue labels of a RayJob of the settings' team (Settings.active_team): its LocalQueue, and
+    its WorkloadPriorityClass (`priority`, else the team's default). None for a job on the standing
+    cluster, which Kueue does not manage (a clusterSelector job is skipped, rayjob_webhook.go)."""
+    if settings.job.cluster is not ClusterMode.OWN:
+        return {}
+    team = settings.active_team
+    return {QUEUE_LABEL: team.queue, PRIORITY_LABEL: priority or team.default_priority}
 
 
 def _chart(scope: cdk8s.App, chart_id: str) -> cdk8s.Chart:
@@ -142,7 +183,7 @@ class JobOwner:
     name: str = JOBS_ANCHOR
 
 
-def jobs_anchor(chart: cdk8s.Chart, settings: Settings) -> kplus.ConfigMap:
+def jobs_anchor(chart: Construct, settings: Settings) -> kplus.ConfigMap:
     """The owner of every submitted RayJob, applied with the Workload stack's service account.
 
     Deleting an owner deletes its dependents (Kubernetes garbage collection), so no submitted
@@ -171,7 +212,7 @@ def jobs_anchor(chart: cdk8s.Chart, settings: Settings) -> kplus.ConfigMap:
 
 
 def add_rayjob(
-    chart: cdk8s.Chart,
+    chart: Construct,
     settings: Settings,
     *,
     name: str,
@@ -180,6 +221,7 @@ def add_rayjob(
     checkpoint_uri: str,
     service_account_name: str = SERVICE_ACCOUNT,
     owner: JobOwner | None = None,
+    priority: str | None = None,
 ) -> rj.RayJob:
     """The training RayJob, the one way it is built: the Workload stack's chart (origin deployed)
     and `raytrain job submit` (origin submitted, owned by the jobs anchor) both call this."""
@@ -203,7 +245,7 @@ def add_rayjob(
         metadata=cdk8s.ApiObjectMetadata(
             name=name,
             namespace=settings.workload.namespace,
-            labels={RUN_NAME_LABEL: run, ORIGIN_LABEL: origin},
+            labels={RUN_NAME_LABEL: run, ORIGIN_LABEL: origin, **queue_labels(settings, priority)},
             owner_references=owners,
         ),
         spec=job_spec(
@@ -225,8 +267,10 @@ def submitted_rayjob(
     checkpoint_uri: str,
     owner: JobOwner,
     service_account_name: str = SERVICE_ACCOUNT,
+    priority: str | None = None,
 ) -> dict[str, Any]:
-    """The RayJob `raytrain job submit` creates, as the object the Kubernetes API takes."""
+    """The RayJob `raytrain job submit` creates, as the object the Kubernetes API takes: in the
+    namespace and queue of the settings' team (Settings.for_team)."""
     chart = _chart(cdk8s.App(), "submitted")
     add_rayjob(
         chart,
@@ -237,6 +281,7 @@ def submitted_rayjob(
         checkpoint_uri=checkpoint_uri,
         service_account_name=service_account_name,
         owner=owner,
+        priority=priority,
     )
     (obj,) = chart.to_json()
     return dict(obj)
@@ -253,13 +298,14 @@ def render_manifests(
     include_namespace: bool = True,
 ) -> list[Path]:
     """Write the chart as YAML for review: one file per object, `<Kind>.<name>.k8s.yaml`, under
-    `out_dir` (stale `*.k8s.yaml` files there are removed first). Returns the files, sorted."""
+    `out_dir` (stale `*.k8s.yaml` files there are removed first); with several teams, whose
+    namespaces hold objects of the same names, `<Kind>.<namespace>.<name>.k8s.yaml` for the
+    namespaced ones. Returns the files, sorted."""
     out_dir.mkdir(parents=True, exist_ok=True)
     for old in out_dir.glob("*.k8s.yaml"):
         old.unlink()
-    app = cdk8s.App(outdir=str(out_dir), yaml_output_type=cdk8s.YamlOutputType.FILE_PER_RESOURCE)
-    build_workload_chart(
-        app,
+    chart = build_workload_chart(
+        cdk8s.App(),
         settings,
         code_uri=code_uri,
         code_hash=code_hash,
@@ -267,5 +313,9 @@ def render_manifests(
         service_account_name=service_account_name,
         include_namespace=include_namespace,
     )
-    app.synth()
+    several = len(settings.team_list) > 1
+    for obj in chart.to_json():
+        meta = obj["metadata"]
+        where = f"{meta['namespace']}." if several and meta.get("namespace") else ""
+        (out_dir / f"{obj['kind']}.{where}{meta['name']}.k8s.yaml").write_text(cdk8s.Yaml.stringify(obj))
     return sorted(out_dir.glob("*.k8s.yaml"))

@@ -269,47 +269,18 @@ def prepare_job_spec(
     )
 
 
-# KubeRay 1.7 deletion rules (RayJob spec.deletionStrategy.deletionRules; feature gate
-# RayJobDeletionPolicy, on in cdk_constructs/addons.py). Each rule fires `ttlSeconds` after the job's
-# end time when its condition matches the RayJob's final status (rayjob_controller.go
-# handleDeletionRules, isDeletionRuleMatched). DeleteWorkers sets `suspend` on every worker group,
-# and the RayCluster controller then deletes that group's pods (raycluster_controller.go); the head
-# pod, its dashboard and logs stay until DeleteCluster. No DeleteSelf: the RayJob itself (and the
-# submitter's driver log) stays until CloudFormation replaces or deletes it.
-#
-# Conditions: jobStatus SUCCEEDED, and jobDeploymentStatus Failed. The latter covers an application
-# failure (jobStatus FAILED always ends in deployment status Failed, reason AppFailed) and the
-# failures where the Ray job never reached a terminal status: activeDeadlineSeconds or
-# preRunningDeadlineSeconds exceeded, submission failed (KubeRay #4233 and #4262; rules keyed on
-# jobStatus alone leak the cluster then, #5184). A failed attempt that KubeRay retries
-# (backoffLimit) is never seen here: it goes to Retrying, which deletes the cluster itself.
-# A job stopped from Ray (`ray job stop`) ends STOPPED with deployment status Complete, which no
-# rule can name in 1.7 (the CRD's enums: jobStatus SUCCEEDED|FAILED, jobDeploymentStatus Failed):
-# delete that RayJob to release its cluster (docs/gpu-fleet.md).
-#
-# KubeRay's validation (utils/validation.go, validateDeletionConfiguration and
-# validateDeletionRules, v1.7.0): rules exclude shutdownAfterJobFinishes, ttlSecondsAfterFinished > 0
-# and the legacy onSuccess/onFailure; DeleteWorkers needs Ray autoscaling off (it is: k8s/cluster.py);
-# one rule per (condition, policy); per condition, the DeleteWorkers TTL <= the DeleteCluster TTL.
-_TERMINAL_CONDITIONS: tuple[dict[str, Any], ...] = (
-    {"job_status": rj.RayJobSpecDeletionStrategyDeletionRulesConditionJobStatus.SUCCEEDED},
-    {"job_deployment_status": rj.RayJobSpecDeletionStrategyDeletionRulesConditionJobDeploymentStatus.FAILED},
-)
-
-
-def deletion_strategy(head_seconds: int) -> rj.RayJobSpecDeletionStrategy:
-    """Rules for a job's own cluster: its GPU workers go as soon as the job ends, successful or not;
-    the head stays `head_seconds` more for inspection (logs, dashboard), then the cluster goes."""
-    policy = rj.RayJobSpecDeletionStrategyDeletionRulesPolicy
-    rules = [
-        rj.RayJobSpecDeletionStrategyDeletionRules(
-            condition=rj.RayJobSpecDeletionStrategyDeletionRulesCondition(**condition, ttl_seconds=ttl),
-            policy=action,
-        )
-        for condition in _TERMINAL_CONDITIONS
-        for action, ttl in ((policy.DELETE_WORKERS, 0), (policy.DELETE_CLUSTER, head_seconds))
-    ]
-    return rj.RayJobSpecDeletionStrategy(deletion_rules=rules)
+# A job's own cluster under Kueue (k8s/kueue.py: every own-cluster RayJob is queued). Kueue admits
+# such a RayJob only with shutdownAfterJobFinishes: true ("a kueue managed job should delete the
+# cluster after finishing", kueue v0.19.2 pkg/controller/jobs/rayjob/rayjob_webhook.go), and KubeRay
+# refuses that beside deletion rules (utils/validation.go validateDeletionConfiguration, v1.7.0), so
+# the earlier rules (workers at once, the head after an inspection time) give way to it. Kueue gives
+# the job's quota back when it ends (rayjob_controller.go Finished: deployment status Complete or
+# Failed), so its cluster goes then too, GPU workers and head: ttlSecondsAfterFinished 0, or the
+# next admitted job would find the nodes still taken. The driver log stays: KubeRay deletes the
+# RayCluster only, "so that users can still access the driver logs" (rayjob_controller.go
+# handleShutdownAfterJobFinishes), and the RayJob stays until deleted. A job stopped from Ray
+# (`ray job stop`) ends Complete and is cleaned up the same way.
+QUEUED_TTL_SECONDS = 0
 
 
 def _spec(settings: Settings, entry: str, *, code_uri: str, service_account_name: str) -> rj.RayJobSpec:
@@ -320,11 +291,12 @@ def _spec(settings: Settings, entry: str, *, code_uri: str, service_account_name
         runtime_env_yaml=runtime_env_yaml(code_uri),
         submission_mode="K8sJobMode",  # a Kubernetes Job runs `ray job submit` and follows it
         submitter_pod_template=_submitter(settings),
-        # Own cluster: deletion rules release the GPU workers when the job ends and the head after
-        # the inspection time (deletion_strategy). KubeRay refuses shutdownAfterJobFinishes and
-        # ttlSecondsAfterFinished beside deletion rules, so neither is set.
-        # Standing cluster: selected by name and left running; no deletion at all.
-        deletion_strategy=deletion_strategy(job.ttl_seconds_after_finished) if own else None,
+        # Own cluster: queued by Kueue, created suspended (Kueue unsuspends it on admission and
+        # suspends it again on preemption or eviction), deleted when the job ends (above).
+        # Standing cluster: selected by name and left running; not managed by Kueue.
+        shutdown_after_job_finishes=True if own else None,
+        ttl_seconds_after_finished=QUEUED_TTL_SECONDS if own else None,
+        suspend=True if own else None,
         cluster_selector=None if own else {"ray.io/cluster": STANDING_CLUSTER_NAME},
         ray_cluster_spec=ray_cluster_spec(
             settings, service_account_name=service_account_name, types=RAYJOB_CLUSTER_TYPES

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import ipaddress
 
-import cdk8s
 from cdk8s_plus_27 import k8s as kube
+from constructs import Construct
 
 from config.names import KUBERAY_NAMESPACE, PART_OF, PART_OF_LABEL
 from config.settings import Settings
@@ -31,7 +31,7 @@ def _tcp(*ports: int) -> list[kube.NetworkPolicyPort]:
     return [kube.NetworkPolicyPort(port=kube.IntOrString.from_number(p), protocol="TCP") for p in ports]
 
 
-def network_policies(chart: cdk8s.Chart, settings: Settings) -> None:
+def network_policies(chart: Construct, settings: Settings) -> None:
     """Default-deny for the Ray namespace, then what the Ray pods, the job submitter and the KubeRay
     operator need."""
     ns = settings.workload.namespace

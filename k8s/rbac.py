@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import cdk8s
 from cdk8s_plus_27 import k8s as kube
+from constructs import Construct
 
-from config.names import JOB_DRAINER_GROUP, JOB_SUBMITTER_GROUP, JOBS_ANCHOR
+from config.names import JOB_DRAINER_GROUP, JOBS_ANCHOR
 from config.settings import Settings
 
 RBAC_GROUP = "rbac.authorization.k8s.io"
@@ -63,13 +63,17 @@ SUBMITTER_RULES = (
     # account tokens are not created as Secrets since Kubernetes 1.24, and the Ray service account
     # mounts none (k8s/chart.py).
     Rule("", "secrets", ("get",)),
+    # queue: the team's LocalQueue (quota in use) and Kueue's Workloads of its jobs (position, why
+    # pending); both namespaced, so a team sees only its own (k8s/kueue.py).
+    Rule("kueue.x-k8s.io", "localqueues", ("get",)),
+    Rule("kueue.x-k8s.io", "workloads", ("list",)),
 )
 
 # The drainer (cdk_constructs/job_drain.py): delete the submitted RayJobs and watch them go.
 DRAINER_RULES = (Rule("ray.io", "rayjobs", ("list", "delete")),)
 
 
-def _role(chart: cdk8s.Chart, ns: str, name: str, group: str, rules: tuple[Rule, ...]) -> None:
+def _role(chart: Construct, ns: str, name: str, group: str, rules: tuple[Rule, ...]) -> None:
     kube.KubeRole(
         chart,
         f"role-{name}",
@@ -85,8 +89,10 @@ def _role(chart: cdk8s.Chart, ns: str, name: str, group: str, rules: tuple[Rule,
     )
 
 
-def job_roles(chart: cdk8s.Chart, settings: Settings) -> None:
-    """The submitters' and the drainer's Roles in the Ray namespace, bound to their groups."""
+def job_roles(chart: Construct, settings: Settings) -> None:
+    """The submitters' and the drainer's Roles in the namespace of the settings' team
+    (Settings.for_team), the submitters' bound to that team's group only: a team's submitters can
+    do nothing in another team's namespace (no binding there names their group)."""
     ns = settings.workload.namespace
-    _role(chart, ns, SUBMITTER_ROLE, JOB_SUBMITTER_GROUP, SUBMITTER_RULES)
+    _role(chart, ns, SUBMITTER_ROLE, settings.active_team.submitter_group, SUBMITTER_RULES)
     _role(chart, ns, DRAINER_ROLE, JOB_DRAINER_GROUP, DRAINER_RULES)

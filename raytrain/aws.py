@@ -144,15 +144,19 @@ class CapacityApi:
             offered.update(o["Location"] for o in page if o["InstanceType"] == instance_type)
         return offered
 
-    def quota_value(self, quota_code: str) -> float:
+    def quota_value(self, quota_code: str, service_code: str = "ec2") -> float:
         """The applied quota, or AWS's default when the account has never had it changed."""
         try:
-            resp = self.quotas.get_service_quota(ServiceCode="ec2", QuotaCode=quota_code)
+            resp = self.quotas.get_service_quota(ServiceCode=service_code, QuotaCode=quota_code)
         except bce.ClientError as exc:
             if error_code(exc) != "NoSuchResourceException":
                 raise
-            resp = self.quotas.get_aws_default_service_quota(ServiceCode="ec2", QuotaCode=quota_code)
+            resp = self.quotas.get_aws_default_service_quota(ServiceCode=service_code, QuotaCode=quota_code)
         return float(resp["Quota"]["Value"])
+
+    def count(self, call: str, key: str, **params: Any) -> int:
+        """How many items an EC2 Describe call lists (every page)."""
+        return sum(len(page) for page in self._pages(getattr(self.ec2, call), key, **params))
 
     def on_demand_instance_types(self) -> list[str]:
         """Types of the pending/running On-Demand instances, one entry per instance."""

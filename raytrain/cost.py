@@ -4,8 +4,10 @@ Idle: what runs between jobs (EKS control plane, system nodes and their root vol
 gateways, interface endpoints, and the GPU group at its minimum size, zero unless the settings say
 otherwise). Running: idle plus the GPU nodes of one job (`job.nodes`) and their root volumes.
 After a job: its GPU workers are deleted when it ends (k8s/job.py), and the Cluster Autoscaler
-removes the empty nodes within minutes; those minutes are billed once per job. The Ray head stays
-`job.ttl_seconds_after_finished` for inspection on a system node, which idle already counts.
+removes the empty nodes within minutes; those minutes are billed once per job. A queued job's
+whole cluster, head included, goes when it ends (Kueue: k8s/job.py); a head kept for inspection
+would run on a system node, which idle already counts. Which team's queue the job lands in, and
+what it may borrow, is printed beside (docs/teams.md).
 Prices come from the pinned, dated table in config/prices.py (no network needed); with --live, or
 for a region the table lacks, the instance rates come from the AWS Price List API and a Spot group's
 from the current Spot price (raytrain/pricing.py; needs AWS credentials). Spot nodes without --live
@@ -146,6 +148,12 @@ def register(subparsers: Any) -> None:
         description=(__doc__ or "").split("\n\n", 1)[0],
     )
     parser.add_argument("--env", required=True, help="environment name (config/environments/NAME.yaml)")
+    parser.add_argument(
+        "--config-dir",
+        type=Path,
+        default=None,
+        help="folder of the environment files (default: $RAYTRAIN_CONFIG_DIR, else config/environments)",
+    )
     parser.add_argument("--summary", type=Path, help="a run's summary.json: also print $ per billion tokens")
     parser.add_argument("--json", action="store_true", help="print the estimate as JSON")
     parser.add_argument(
@@ -176,6 +184,29 @@ def live_clients(profile: str | None, region: str) -> tuple[Any, Any]:
 
 def _prices(args: argparse.Namespace, settings: Settings) -> tuple[RegionPrices | None, float | None]:
     """(prices, Spot $/h): None, None for the pinned table."""
+    return region_prices(settings, live=getattr(args, "live", False), profile=getattr(args, "profile", None))
+
+
+def optional_prices(
+    settings: Settings, *, live: bool, profile: str | None
+) -> tuple[RegionPrices | None, float | None, str | None]:
+    """For commands whose cost is one part among others (`raytrain plan`): the prices --live asks
+    AWS for, else the pinned table's (None, None); with why AWS could not price them, instead of
+    failing (the pinned table is used then, where it has the region)."""
+    if not live:
+        return None, None, None
+    try:
+        prices, spot = region_prices(settings, live=True, profile=profile)
+    except PriceError as exc:
+        return None, None, f"--live: {exc}"
+    return prices, spot, None
+
+
+def region_prices(
+    settings: Settings, *, live: bool, profile: str | None
+) -> tuple[RegionPrices | None, float | None]:
+    """(prices, Spot $/h) from the AWS Price List API and Spot price history when `live` or when the
+    pinned table lacks the region; (None, None) for the pinned table. PriceError says why not."""
     import datetime as dt
 
     import botocore.exceptions as bce
@@ -184,11 +215,10 @@ def _prices(args: argparse.Namespace, settings: Settings) -> tuple[RegionPrices 
     from raytrain.aws import credential_problem, permission_problem
     from raytrain.pricing import live_prices, spot_rate
 
-    live = getattr(args, "live", False)
     if not live and settings.region in PRICES:
         return None, None
     try:
-        pricing, ec2 = live_clients(getattr(args, "profile", None), settings.region)
+        pricing, ec2 = live_clients(profile, settings.region)
     except PriceError:
         if not live:  # a region the table lacks, and no credentials to ask AWS: say both
             prices_for(settings.region)
@@ -217,7 +247,7 @@ def run(args: argparse.Namespace) -> int:
 
     console = Console(width=None if sys.stdout.isatty() else 120)
     try:
-        settings = load_settings(args.env)
+        settings = load_settings(args.env, getattr(args, "config_dir", None))
         prices, spot = _prices(args, settings)
         result = estimate(settings, prices, spot_per_hour=spot)
         tokens = None
@@ -255,9 +285,18 @@ def run(args: argparse.Namespace) -> int:
     if result.job_nodes > result.gpu_min_nodes:
         console.print(
             f"after each job: its GPU nodes until the autoscaler removes them (at most "
-            f"{result.after_job_minutes} min) = [bold]${result.after_job:.2f} per job[/]; the Ray head "
-            f"stays {settings.job.ttl_seconds_after_finished} s on a system node, counted in idle"
+            f"{result.after_job_minutes} min) = [bold]${result.after_job:.2f} per job[/]"
         )
+    team = settings.deploy_team
+    borrow = (
+        "any idle node" if team.borrowing_limit_nodes is None else f"{team.borrowing_limit_nodes} node(s)"
+    )
+    console.print(
+        f"queue: the job lands in team {team.name}'s queue (quota {team.gpu_nodes} of "
+        f"{settings.gpu_nodes.max_size} GPU nodes, may borrow {borrow}); "
+        f"{len(settings.team_list)} team(s) share the GPU group",
+        highlight=False,
+    )
     for note in result.notes:
         console.print(f"note: {note}", markup=False, highlight=False)
     _print_image_pull(console, pull)

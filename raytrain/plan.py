@@ -4,7 +4,11 @@ Prints one rank's peak GPU memory, term by term (training/sizing/memory_plan.py:
 weights and AdamW state, gradients, FSDP's unsharded gradients when accumulating, gathered bf16
 parameters, activations, the loss, allocator slack, CUDA context, NCCL), against the memory of one
 GPU of the node group's instance type, then the largest micro-batch per sequence length for that
-GPU. Offline: it reads only the settings and the catalogue.
+GPU, then the step-time model's prediction and what the job costs. Offline: it reads only the
+settings, the catalogue and the pinned prices (config/prices.py); `--live` asks the AWS Price List
+API for the instance rates, as `raytrain cost --live` does. Where no price is known (a region the
+pinned table lacks, without --live) the fit and the speed are shown and the cost says why it is
+missing.
 
 Exit status: 0 the job fits, 1 it does not (synthesis refuses it too), 2 the settings are unusable.
 """
@@ -21,7 +25,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from config.loader import ENVIRONMENTS_DIR, SettingsError, load_settings
+from config.loader import SettingsError, load_settings
 from config.memory import (
     accumulation,
     capacity_bytes,
@@ -29,7 +33,10 @@ from config.memory import (
     job_memory,
     largest_micro_batch_for,
 )
+from config.prices import PriceError, RegionPrices
 from config.settings import Settings
+from config.settings.teams import queue_summary
+from raytrain.cost import estimate, optional_prices
 from raytrain.plan_compare import EXIT_DOES_NOT_FIT, EXIT_FITS, EXIT_UNUSABLE
 from raytrain.plan_compare import run as compare
 from raytrain.prediction import predict
@@ -50,8 +57,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--config-dir",
         type=Path,
-        default=ENVIRONMENTS_DIR,
-        help="directory of the environment files (default: config/environments)",
+        default=None,
+        help="folder of the environment files (default: $RAYTRAIN_CONFIG_DIR, else config/environments)",
     )
     parser.add_argument(
         "--json", action="store_true", help="print the memory plan and the predicted step as JSON"
@@ -64,23 +71,47 @@ def register(subparsers: Any) -> None:
         "Face ids, or local config.json files or folders holding one), full fine-tune and LoRA, HSDP and "
         "full sharding, side by side; exits 0 when a row fits, 1 when none does, 2 when all are refused",
     )
+    parser.add_argument(
+        "--live",
+        action="store_true",
+        help="price the job with instance rates from the AWS Price List API (needs credentials), as "
+        "raytrain cost --live does; without it, the pinned prices (a region they lack shows no cost)",
+    )
+    parser.add_argument("--profile", help="AWS profile for --live (default: the usual credential chain)")
     parser.set_defaults(func=run)
 
 
-def speed(settings: Settings) -> dict[str, Any]:
+def speed(
+    settings: Settings,
+    prices: RegionPrices | None = None,
+    spot: float | None = None,
+    price_problem: str | None = None,
+) -> dict[str, Any]:
     """Predicted step, job time and cost, and what each alternative would change (unmeasured on
-    this hardware unless BENCHMARKS.md says so)."""
-    from raytrain.cost import estimate
-
+    this hardware unless BENCHMARKS.md says so). The cost fields are None where no price is known
+    (`cost_notes` says why); `price_problem`: why --live could not ask AWS."""
     job = settings.job
     base = predict(settings)
-    est = estimate(settings)
-    per_hour = est.running_with(job.nodes)
+    notes = [price_problem] if price_problem else []
+    per_hour: float | None
+    try:
+        est = estimate(settings, prices, spot_per_hour=spot)
+    except PriceError as exc:
+        per_hour = None
+        notes.append(f"not priced: {exc}")
+    else:
+        per_hour = est.running_with(job.nodes)
+        notes.extend(est.notes)
     world = settings.num_workers
     options = base.inputs
     alternatives = {
         "accumulate 2x more": dict(accum=options["accum"] * 2),
-        "float8 on" if not options["float8"] else "float8 off": dict(float8=not options["float8"]),
+        # Not for LoRA: its frozen bf16 base is not converted, and the job refuses job.float8 with it.
+        **(
+            {"float8 on" if not options["float8"] else "float8 off": dict(float8=not options["float8"])}
+            if job.lora is None
+            else {}
+        ),
         **(
             {
                 f"Liger loss in {LOSS_CHUNK_TOKENS:,}-token chunks (--loss-chunk-tokens {LOSS_CHUNK_TOKENS}; "
@@ -103,21 +134,24 @@ def speed(settings: Settings) -> dict[str, Any]:
         moves.append(
             {"change": name, "tokens_per_s": alt.tokens_per_s, "vs_now": alt.tokens_per_s / base.tokens_per_s}
         )
+    hours = job.steps * base.step_s / 3600
     return {
         "predicted": base.as_dict(),
-        "job_hours": job.steps * base.step_s / 3600,
-        "job_cost_usd": job.steps * base.step_s / 3600 * per_hour,
+        "job_hours": hours,
+        "job_cost_usd": None if per_hour is None else hours * per_hour,
         "running_per_hour_usd": per_hour,
-        "usd_per_billion_tokens": per_hour / (base.tokens_per_s * 3600) * 1e9,
-        # How the GPU nodes are priced (Spot at its ceiling, a Capacity Block left out: config/costs.py).
-        "cost_notes": list(est.notes),
+        "usd_per_billion_tokens": None if per_hour is None else per_hour / (base.tokens_per_s * 3600) * 1e9,
+        # How the GPU nodes are priced (Spot at its ceiling, a Capacity Block left out: config/costs.py),
+        # or why they are not.
+        "cost_notes": notes,
         "moves": sorted(moves, key=lambda m: -m["vs_now"]),
         "checked": "the step is the GPU's work and the host's overlapped (the longer of the two, a "
         "little more when they are close), plus the exposed communication; the job time is "
         f"{job.steps} steps of it (no start-up, image pull, evaluation or idle nodes); "
         "'accumulate 2x more' doubles the global batch (a training choice, not a free speed-up). "
         "The model is checked against H200 runs and the AWS sample's 2 x g6.12xlarge figures "
-        "(tests/test_step_time.py); no L4 step of this job has been measured",
+        f"(tests/test_step_time.py); no {settings.gpu_nodes.instance.gpu_model} step of this job on "
+        f"{settings.gpu_nodes.instance_type} has been measured",
     }
 
 
@@ -166,12 +200,16 @@ def _larger_micro_batch(settings: Settings, options: dict[str, Any]) -> dict[str
 
 def speed_table(result: dict[str, Any]) -> Table:
     p = result["predicted"]
+    cost = (
+        "cost not priced (below)"
+        if result["running_per_hour_usd"] is None
+        else f"${result['job_cost_usd']:.2f} at ${result['running_per_hour_usd']:.2f}/h; "
+        f"${result['usd_per_billion_tokens']:,.0f} per billion tokens"
+    )
     table = Table(
         title=(
             f"predicted step: {p['step_s']:.3f} s, {p['tokens_per_s']:,.0f} tokens/s, MFU {p['mfu']:.1%}; "
-            f"bottleneck: {p['bottleneck']}\njob: {result['job_hours']:.2f} h, ${result['job_cost_usd']:.2f} "
-            f"at ${result['running_per_hour_usd']:.2f}/h; "
-            f"${result['usd_per_billion_tokens']:,.0f} per billion tokens"
+            f"bottleneck: {p['bottleneck']}\njob: {result['job_hours']:.2f} h, {cost}"
         ),
         caption="\n".join([result["checked"], *(f"cost: {n}" for n in result.get("cost_notes", []))]),
     )
@@ -210,11 +248,18 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
         return EXIT_UNUSABLE
     need = job_memory(settings.job, gpu, settings.num_workers // gpu.gpus)
     have = capacity_bytes(gpu)
+    prices, spot, problem = optional_prices(
+        settings, live=getattr(args, "live", False), profile=getattr(args, "profile", None)
+    )
+    # A GPU the step-time model has no constants for (B200) still gets its memory plan: the fit is
+    # the catalogue's and the memory plan's, the speed the model's.
+    result: dict[str, Any] = {}
+    speed_problem = None
     try:
-        result = speed(settings)
+        result = speed(settings, prices, spot, problem)
     except (ValueError, LookupError) as exc:
-        console.print(f"[bold red]step-time model:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
-        return EXIT_UNUSABLE
+        speed_problem = f"not predicted: {exc}"
+        result = {"predicted": None, "speed_problem": speed_problem}
     if getattr(args, "json", False):
         import json
 
@@ -230,8 +275,19 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
                   "micro_batch_reason": auto_reason(settings)}  # fmt: skip
         print(json.dumps({"env": settings.name, "memory": memory, **result}, indent=2))
         return EXIT_FITS if need.fits(have) else EXIT_DOES_NOT_FIT
-    for table in (breakdown(settings), micro_batches(settings), speed_table(result)):
+    for table in (breakdown(settings), micro_batches(settings)):
         console.print(table)
+    if speed_problem:
+        console.print(f"speed: {escape(speed_problem)}", highlight=False, soft_wrap=True)
+    else:
+        console.print(speed_table(result))
+    # Which team's Kueue queue the job lands in (docs/teams.md); its own nodes against that queue
+    # are `raytrain job submit`'s to refuse.
+    console.print(
+        queue_summary(settings.deploy_team, settings.gpu_nodes.max_size, len(settings.team_list)),
+        highlight=False,
+        soft_wrap=True,
+    )
     headroom = (have - need.device_bytes) / GIB
     nodes = settings.num_workers // gpu.gpus
     if need.fits(have):

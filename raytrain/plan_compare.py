@@ -19,6 +19,7 @@ from rich.table import Table
 from config.loader import SettingsError, load_settings
 from config.memory import accumulation, capacity_bytes, job_memory
 from config.models import ModelError, resolve
+from config.prices import PriceError, RegionPrices
 from training.model.shapes import CATALOGUE
 from training.sizing.memory_plan import GIB
 
@@ -68,8 +69,10 @@ def _size(model: str, config: str | None = None) -> None:
         if not exc.unknown:
             raise ValueError(exc.message) from None
         # The catalogue's advice (job.config_json, job.shape) is the settings', not --compare's.
+        mean = f"; did you mean {' or '.join(map(repr, exc.close))}?" if exc.close else ""
+        lead = f"{model!r} is not in the model catalogue (training/model/configs/), so its size is unknown"
         raise ValueError(
-            f"{exc.message.split(': ', 1)[0]}; compare a local copy of its config.json "
+            f"{lead}{mean}{' Otherwise' if mean else ';'} compare a local copy of its config.json "
             "(--compare FILE, or a folder holding one)"
         ) from None
 
@@ -92,7 +95,15 @@ def model_id(name: str) -> str:
     return str(entry["hf_ids"][0])
 
 
-def rows(env: str, config_dir: Path, models: list[str]) -> list[dict[str, Any]]:
+def rows(
+    env: str,
+    config_dir: Path,
+    models: list[str],
+    prices: RegionPrices | None = None,
+    spot: float | None = None,
+) -> list[dict[str, Any]]:
+    """One row per model, method and sharding; `usd_per_billion_tokens` is None where no price is
+    known (`cost_problem` says why), the fit and the speed are there all the same."""
     from raytrain.cost import estimate
     from raytrain.prediction import predict
 
@@ -121,8 +132,20 @@ def rows(env: str, config_dir: Path, models: list[str]) -> list[dict[str, Any]]:
                 nodes = settings.num_workers // gpu.gpus
                 need = job_memory(job, gpu, nodes)
                 micro = job.micro_batch(gpu)
-                step = predict(settings)
-                per_hour = estimate(settings).running_with(job.nodes)
+                speed_problem = None
+                try:
+                    step = predict(settings)
+                    tokens_per_s: float | None = step.tokens_per_s
+                    mfu, bottleneck = step.mfu, step.bottleneck
+                except (ValueError, LookupError) as exc:  # a GPU the step-time model lacks (B200)
+                    tokens_per_s, mfu, bottleneck, speed_problem = None, None, "", str(exc)
+                try:
+                    per_hour: float | None = estimate(settings, prices, spot_per_hour=spot).running_with(
+                        job.nodes
+                    )
+                    problem = None
+                except PriceError as exc:
+                    per_hour, problem = None, str(exc)
                 out.append({
                     **row,
                     "params_b": job.model_plan.dims.params / 1e9,
@@ -130,10 +153,15 @@ def rows(env: str, config_dir: Path, models: list[str]) -> list[dict[str, Any]]:
                     "fits": need.fits(capacity_bytes(gpu)),
                     "micro_batch": micro,
                     "accum": accumulation(job.global_batch_size, micro, settings.num_workers),
-                    "tokens_per_s": step.tokens_per_s,
-                    "mfu": step.mfu,
-                    "bottleneck": step.bottleneck,
-                    "usd_per_billion_tokens": per_hour / (step.tokens_per_s * 3600) * 1e9,
+                    "tokens_per_s": tokens_per_s,
+                    "mfu": mfu,
+                    "bottleneck": bottleneck,
+                    "usd_per_billion_tokens": (
+                        None if per_hour is None or tokens_per_s is None
+                        else per_hour / (tokens_per_s * 3600) * 1e9
+                    ),
+                    **({"cost_problem": problem} if problem else {}),
+                    **({"speed_problem": speed_problem} if speed_problem else {}),
                 })  # fmt: skip
     return out
 
@@ -165,9 +193,11 @@ def table(env: str, settings_line: str, result: list[dict[str, Any]]) -> Table:
             f"{r['micro_batch']} x {r['accum']}",
             f"{r['gib_per_gpu']:.1f}",
             fits,
-            f"{r['tokens_per_s']:,.0f}" if r["fits"] else "-",
-            f"{r['mfu']:.1%}" if r["fits"] else "-",
-            f"{r['usd_per_billion_tokens']:,.0f}" if r["fits"] else "-",
+            f"{r['tokens_per_s']:,.0f}" if r["fits"] and r["tokens_per_s"] is not None else "-",
+            f"{r['mfu']:.1%}" if r["fits"] and r["mfu"] is not None else "-",
+            f"{r['usd_per_billion_tokens']:,.0f}"
+            if r["fits"] and r["usd_per_billion_tokens"] is not None
+            else "-",
             r["bottleneck"] if r["fits"] else "",
         )
     return t
@@ -186,9 +216,14 @@ def refusals(result: list[dict[str, Any]]) -> list[str]:
 def run(args: Any, console: Console) -> int:
     import json
 
+    from raytrain.cost import optional_prices
+
     try:
         base = load_settings(args.env, args.config_dir, check_memory=False)
-        result = rows(args.env, args.config_dir, args.compare)
+        prices, spot, live_problem = optional_prices(
+            base, live=getattr(args, "live", False), profile=getattr(args, "profile", None)
+        )
+        result = rows(args.env, args.config_dir, args.compare, prices, spot)
     except (SettingsError, ValueError) as exc:
         console.print(f"[bold red]settings:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         return 2
@@ -207,4 +242,10 @@ def run(args: Any, console: Console) -> int:
     console.print(table(args.env, line, result))
     for refused in refusals(result):
         console.print(f"[red]refused[/] {escape(refused)}", highlight=False, soft_wrap=True)
+    if live_problem:
+        console.print(f"cost: {escape(live_problem)}", highlight=False, soft_wrap=True)
+    for note in dict.fromkeys(r["speed_problem"] for r in result if r.get("speed_problem")):
+        console.print(f"speed: not predicted: {escape(note)}", highlight=False, soft_wrap=True)
+    for note in dict.fromkeys(r["cost_problem"] for r in result if r.get("cost_problem")):
+        console.print(f"cost: not priced: {escape(note)}", highlight=False, soft_wrap=True)
     return code

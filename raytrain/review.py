@@ -3,7 +3,9 @@
 Compares this working tree's synthesis of one environment with a previous one — a git ref (synthesized
 in a temporary worktree) or a saved cloud assembly folder (`cdk.out/<env>` or a copy) — and lists, per
 stack, the resources added, removed and modified. For the resources whose replacement would hurt (VPC,
-subnets, EKS cluster, node groups, launch templates, the checkpoint bucket, KMS keys) it says whether
+subnets, EKS cluster, node groups, launch templates, the checkpoint bucket, KMS keys, and the two
+that stand between a redeploy and the submitted jobs: the manifest holding the jobs anchor and the
+job drain) it says whether
 the change replaces them: a changed property that CloudFormation's resource schema lists in
 `createOnlyProperties` (the schemas cfn-lint ships), a referenced resource that is itself replaced, or
 a changed logical ID (CloudFormation creates the new ID and deletes the old).
@@ -29,6 +31,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from config.names import JOB_DRAIN_RESOURCE_TYPE, JOBS_ANCHOR
+
 ROOT = Path(__file__).resolve().parents[1]
 EXIT_OK, EXIT_REPLACES, EXIT_UNUSABLE = 0, 1, 2
 
@@ -42,6 +46,27 @@ CRITICAL_TYPES = {
     "AWS::KMS::Key",
 }
 CHECKPOINT_BUCKET_ID_PREFIX = "Checkpoints"
+MANIFEST_TYPE = "Custom::AWSCDK-EKS-KubernetesResource"  # aws_eks_v2.KubernetesManifest
+
+
+def holds_jobs_anchor(resource: dict[str, Any]) -> bool:
+    """A manifest resource that applies the jobs anchor ConfigMap (k8s/chart.py). Replaced (a new
+    logical ID) or removed, CloudFormation deletes the old one after the new exists and CDK's
+    kubectl handler runs `kubectl delete -f` on its manifest: the anchor goes, and the garbage
+    collector takes every submitted RayJob it owns."""
+    manifest = resource.get("Properties", {}).get("Manifest")
+    if resource.get("Type") != MANIFEST_TYPE or not isinstance(manifest, str):
+        return False
+    try:
+        objects = json.loads(manifest)
+    except ValueError:
+        return False
+    return any(
+        isinstance(o, dict)
+        and o.get("kind") == "ConfigMap"
+        and o.get("metadata", {}).get("name") == JOBS_ANCHOR
+        for o in (objects if isinstance(objects, list) else [objects])
+    )
 
 
 # A node group's ScalingConfig goes to EKS's UpdateNodegroupConfig. The template's DesiredSize is
@@ -64,7 +89,10 @@ def is_critical(logical_id: str, resource: dict[str, Any]) -> bool:
     kind = resource.get("Type", "")
     if kind == "AWS::S3::Bucket":
         return logical_id.startswith(CHECKPOINT_BUCKET_ID_PREFIX)
-    return kind in CRITICAL_TYPES
+    if kind == MANIFEST_TYPE:
+        return holds_jobs_anchor(resource)
+    # The drain: removed, a destroy no longer waits for the submitted jobs.
+    return kind in CRITICAL_TYPES or kind == JOB_DRAIN_RESOURCE_TYPE
 
 
 def critical_resources(template: dict[str, Any]) -> dict[str, str]:
@@ -210,7 +238,11 @@ def compare_templates(stack: str, old: dict[str, Any], new: dict[str, Any], regi
             Change(logical_id, resource["Type"], "added", is_critical(logical_id, resource))
         )
     removed = sorted(set(old_res) - set(new_res))
-    added_types = {new_res[i]["Type"]: i for i in sorted(set(new_res) - set(old_res))}
+    # Only a critical resource added can be a renamed critical one (a manifest of RayJobs is not
+    # the renamed jobs anchor's).
+    added_types = {
+        new_res[i]["Type"]: i for i in sorted(set(new_res) - set(old_res)) if is_critical(i, new_res[i])
+    }
     for logical_id in removed:
         resource = old_res[logical_id]
         change = Change(logical_id, resource["Type"], "removed", is_critical(logical_id, resource))

@@ -24,6 +24,8 @@ from cdk_constructs.dcgm_engine import SharedDcgmEngine
 from cdk_constructs.encrypted_logs import encrypted_log_group
 from cdk_constructs.image_cache import PullThroughCache
 from cdk_constructs.image_cache_warmer import ImageCacheWarmer
+from cdk_constructs.kueue import IMAGE as KUEUE_IMAGE
+from cdk_constructs.kueue import Kueue
 from cdk_constructs.node_groups import EfaGpuNodeGroup, SystemNodeGroup
 from cdk_constructs.observability import (
     METRICS_LOG_KIND,
@@ -34,7 +36,8 @@ from cdk_constructs.observability import (
 )
 from config.names import KUBERAY_CHART
 from config.registries import split_image, split_tag
-from config.settings import KUBECTL_LAYERS, EndpointAccess, Settings
+from config.settings import KUBECTL_LAYERS, ClusterMode, EndpointAccess, Settings
+from k8s.kueue import queue_objects
 from stacks.common import log_retention, removal_policy
 
 CONTROL_PLANE_LOG_TYPES = [
@@ -64,6 +67,16 @@ def control_plane_security_group_export(settings: Settings) -> str:
     manual deploy and the pipeline write the same Cluster stack (and neither removes the export
     the other's stack imports)."""
     return f"{settings.stack_prefix}-ControlPlaneSecurityGroupId"
+
+
+def cluster_security_group_export(settings: Settings) -> str:
+    """Export name of the security group EKS creates for the cluster (nodes and control plane): the
+    Workload stack's job drain runs in it to reach the API server. Named and always exported, so
+    the Cluster stack's exports do not depend on what the Workload stack happens to use: an
+    automatic export (CDK's `ExportsOutput…`) disappears from the Cluster stack as soon as its
+    last consumer does, and CloudFormation refuses that update while the deployed Workload stack
+    still imports it ("Export … cannot be deleted as it is in use")."""
+    return f"{settings.stack_prefix}-ClusterSecurityGroupId"
 
 
 class ClusterStack(cdk.Stack):
@@ -198,6 +211,7 @@ class ClusterStack(cdk.Stack):
                 settings.workload.image,
                 chart_image_repository(KUBERAY_CHART, settings.addons.kuberay_operator),
                 autoscaler_image,
+                KUEUE_IMAGE,
             ]
             if settings.gpu_nodes.efa:
                 pulled.append(EFA_PUBLIC_REPOSITORY)
@@ -223,8 +237,9 @@ class ClusterStack(cdk.Stack):
             "KubeRay",
             cluster=self.cluster_ref,
             version=settings.addons.kuberay_operator,
-            ray_namespace=settings.workload.namespace,
+            ray_namespaces=[team.namespace for team in settings.team_list],
             images=images,
+            queued=settings.job.cluster is ClusterMode.OWN,
         )
         # GPU nodes start when a RayJob's workers are pending and stop when they are gone.
         self.autoscaler = ClusterAutoscaler(
@@ -238,6 +253,7 @@ class ClusterStack(cdk.Stack):
             if images.upstream_of(autoscaler_image)
             else None,
         )
+        self._kueue(settings, coredns)
         # Teardown order: Helm releases go before the nodes they run on (a release deleted after
         # its nodes leaves finalizers and pods stuck), and both before the cluster.
         self.device_plugins.node.add_dependency(self.gpu_nodes.nodegroup, coredns)
@@ -253,7 +269,7 @@ class ClusterStack(cdk.Stack):
         system_nodegroup.node.add_dependency(self.autoscaler.association)
         if self.image_cache is not None:
             # Their pods pull through the cache: its rules and the nodes' grant exist first.
-            for release in (self.device_plugins, self.kuberay, self.autoscaler.chart):
+            for release in (self.device_plugins, self.kuberay, self.autoscaler.chart, self.kueue):
                 release.node.add_dependency(self.image_cache)
 
         self._observability(settings, pod_identity)
@@ -273,10 +289,42 @@ class ClusterStack(cdk.Stack):
         )
         cdk.CfnOutput(
             self,
+            "ClusterSecurityGroupId",
+            value=self.cluster.cluster_security_group_id,
+            export_name=cluster_security_group_export(settings),
+            description=(
+                "Security group EKS created for the cluster (the Workload stack's job drain runs in it)"
+            ),
+        )
+        # The automatic export the Workload stack imported before it used the named one: kept so
+        # that deploying this version updates the Cluster stack (first) while the deployed Workload
+        # stack still imports it (CDK's documented way to break a cross-stack reference,
+        # Stack.exportValue). Remove once every environment's Workload stack is on this version.
+        self.export_value(self.cluster.cluster_security_group_id)
+        cdk.CfnOutput(
+            self,
             "UpdateKubeconfig",
             value=(f"aws eks update-kubeconfig --region {settings.region} --name {cluster_settings.name}"),
             description="Configure kubectl for this cluster",
         )
+
+    def _kueue(self, settings: Settings, coredns: eks.Addon) -> None:
+        """Kueue, then the teams' queues (in the namespaces created with KubeRay), before the
+        Workload stack submits anything (it depends on this stack)."""
+        self.kueue = Kueue(
+            self,
+            "Kueue",
+            cluster=self.cluster_ref,
+            version=settings.addons.kueue,
+            images=settings.image_source,
+        )
+        self.kueue.node.add_dependency(self.system_nodes.nodegroup, coredns)
+        self.queues = eks.KubernetesManifest(
+            self, "KueueQueues", cluster=self.cluster_ref, manifest=queue_objects(settings), overwrite=True
+        )
+        self.queues.node.add_dependency(self.kueue.chart, self.kuberay.namespace)
+        # The autoscaler watches ProvisioningRequests (--enable-provisioning-requests): their CRD first.
+        self.autoscaler.chart.node.add_dependency(self.kueue.provisioning_crd)
 
     def _warm_ray_image(self, settings: Settings) -> None:
         """A digest-pinned Ray image is pulled through the cache by tag at deploy, and its digest
@@ -335,8 +383,13 @@ class ClusterStack(cdk.Stack):
                 metrics_log_group=container_insights_log_group(settings.cluster.name, METRICS_LOG_KIND),
             )
         self.dcgm_engine: SharedDcgmEngine | None = None
-        if self.node_monitoring is not None and self.container_insights is not None:
-            # Both add-ons bring a DCGM engine to GPU nodes: the exporter uses dcgm-server's.
+        if (
+            self.node_monitoring is not None
+            and self.container_insights is not None
+            and settings.observability.dcgm_engine == "shared"
+        ):
+            # Both add-ons bring a DCGM engine to GPU nodes: the exporter uses dcgm-server's
+            # (observability.dcgm_engine `exporter` leaves it its own).
             self.dcgm_engine = SharedDcgmEngine(
                 self,
                 "SharedDcgmEngine",

@@ -7,7 +7,7 @@ adds it on top (`stacks/app_builder.py`), and the pipeline's stages call `build_
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +31,17 @@ class EnvironmentStacks:
     workload: WorkloadStack
 
     pipeline: cdk.Stack | None = None
+    # CodePipeline's replication-bucket stacks, one per other region the pipeline deploys to.
+    pipeline_support: list[cdk.Stack] = field(default_factory=list)
 
     def all(self) -> list[cdk.Stack]:
-        return [self.network, self.cluster, self.workload, *([self.pipeline] if self.pipeline else [])]
+        return [
+            self.network,
+            self.cluster,
+            self.workload,
+            *([self.pipeline] if self.pipeline else []),
+            *self.pipeline_support,
+        ]
 
 
 def availability_zones_context(settings: Settings) -> dict[str, list[str]]:

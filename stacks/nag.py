@@ -100,26 +100,29 @@ def acknowledge_cluster_findings(cluster_stack: ClusterStack) -> None:
 
 def acknowledge_workload_findings(workload: WorkloadStack) -> None:
     bucket_arn = workload.get_logical_id(workload.bucket.node.default_child)  # type: ignore[arg-type]
-    acknowledge(
-        workload.role.node.find_child("DefaultPolicy"),
-        f"AwsSolutions-IAM5[Resource::<{bucket_arn}.Arn>/checkpoints/*]",
-        "Ray Train writes one file per rank and checkpoint under the run's prefix; the names are "
-        "not known in advance, so the object wildcard is limited to the checkpoints/ prefix.",
-    )
     code = (
         f"AwsSolutions-IAM5[Resource::<{bucket_arn}.Arn>/code/*]",
         "Submitted training code is one zip per content, code/<sha256>.zip, named at submit time; "
         "the wildcard is limited to the code/ prefix (read only for the Ray pods; add and read for "
         "submitters, who can neither delete nor list).",
     )
-    acknowledge(workload.role.node.find_child("DefaultPolicy"), *code)
     acknowledge(workload.submitter_policy, *code)
-    for location in workload.inputs:
-        for arn in location.object_arns(partition(workload.region)):
-            if arn.endswith("*"):
-                acknowledge(
-                    workload.role.node.find_child("DefaultPolicy"),
-                    f"AwsSolutions-IAM5[Resource::{arn}]",
-                    f"{location.setting} is a folder of files (text or token shards, or model "
-                    "files) read by name; read-only, limited to that prefix.",
-                )
+    for team, role in workload.roles.items():
+        policy = role.node.find_child("DefaultPolicy")
+        prefix = workload.checkpoint_prefixes[team]
+        acknowledge(
+            policy,
+            f"AwsSolutions-IAM5[Resource::<{bucket_arn}.Arn>/{prefix}/*]",
+            "Ray Train writes one file per rank and checkpoint under the run's prefix; the names are "
+            f"not known in advance, so the object wildcard is limited to the team's {prefix}/ prefix.",
+        )
+        acknowledge(policy, *code)
+        for location in workload.inputs:
+            for arn in location.object_arns(partition(workload.region)):
+                if arn.endswith("*"):
+                    acknowledge(
+                        policy,
+                        f"AwsSolutions-IAM5[Resource::{arn}]",
+                        f"{location.setting} is a folder of files (text or token shards, or model "
+                        "files) read by name; read-only, limited to that prefix.",
+                    )

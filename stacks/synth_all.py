@@ -22,24 +22,25 @@ from rich.panel import Panel
 from rich.table import Table
 
 from config.costs import estimate, job_nodes
-from config.loader import SettingsError, environment_names, load_settings
+from config.loader import SettingsError, environment_file, environment_names, load_settings
 from config.memory import job_memory
 from config.placeholders import placeholders
 from config.prices import PriceError
 from config.settings import Settings
 from k8s.chart import render_manifests
-from stacks.app_builder import build_app, new_app
+from stacks.app_builder import build_app, new_app, pipeline_environments
 from stacks.environment import EnvironmentStacks
 
 
-def synthesize(settings: Settings, out_dir: Path) -> EnvironmentStacks:
-    """Synthesize one environment into out_dir/<env> (atomically replaced)."""
+def synthesize(settings: Settings, out_dir: Path, directory: Path | None = None) -> EnvironmentStacks:
+    """Synthesize one environment into out_dir/<env> (atomically replaced); a pipeline's other
+    environments are read from `directory`."""
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / settings.name
     staging = Path(tempfile.mkdtemp(prefix=f".{settings.name}-", dir=out_dir))
     try:
         app = new_app(settings, outdir=str(staging))
-        stacks = build_app(app, settings)
+        stacks = build_app(app, settings, directory)
         app.synth()
         review = stacks.workload.review
         render_manifests(
@@ -95,7 +96,9 @@ class AssemblyReport:
         return cls(list(warnings), acknowledged, "; ".join(conclusions) or "no report", rayjob)
 
 
-def environment_panel(settings: Settings, stacks: EnvironmentStacks, out_dir: Path) -> Panel:
+def environment_panel(
+    settings: Settings, stacks: EnvironmentStacks, out_dir: Path, directory: Path | None = None
+) -> Panel:
     """One environment's block: fits 80 columns (rich wraps the values, never cuts them)."""
     assembly = out_dir / settings.name
     report = AssemblyReport.read(assembly)
@@ -138,12 +141,20 @@ def environment_panel(settings: Settings, stacks: EnvironmentStacks, out_dir: Pa
         grid.add_row(
             "[bold red]PLACEHOLDERS[/]",
             "[bold red]documentation values: replace them in "
-            f"config/environments/{settings.name}.yaml before a deploy[/]\n" + "\n".join(found),
+            f"{_shown(environment_file(settings.name, directory))} before a deploy[/]\n" + "\n".join(found),
         )
     border = "red" if found else "yellow" if report.warnings else "green"
     return Panel(
         grid, title=f"[bold]{settings.name}[/] → {assembly}/", title_align="left", border_style=border
     )
+
+
+def _shown(path: Path) -> str:
+    """A path as a user typed it: relative to the working folder where it lies under it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def training_cell(settings: Settings) -> str:
@@ -175,19 +186,28 @@ def cost_cell(settings: Settings) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m stacks.synth_all", description=__doc__)
-    parser.add_argument("envs", nargs="*", help="environments (default: every file in config/environments)")
+    parser.add_argument("envs", nargs="*", help="environments (default: every file in the config directory)")
+    parser.add_argument(
+        "--config-dir",
+        type=Path,
+        default=None,
+        help="folder of the environment files (default: $RAYTRAIN_CONFIG_DIR, else config/environments)",
+    )
     parser.add_argument("--out", default="cdk.out", type=Path, help="output folder (default: cdk.out)")
     args = parser.parse_args(argv)
     console = Console()
     if not console.is_terminal:
         console = Console(width=100)  # logs and CI: no terminal width to fit
 
-    names = args.envs or environment_names()
+    names = args.envs or environment_names(args.config_dir)
     settings_list: list[Settings] = []
     errors: list[str] = []
     for name in names:
         try:
-            settings_list.append(load_settings(name))
+            settings = load_settings(name, args.config_dir)
+            if settings.pipeline is not None and settings.pipeline.enabled:
+                pipeline_environments(settings, args.config_dir)  # the files it depends on, first
+            settings_list.append(settings)
         except SettingsError as exc:
             errors.append(str(exc))
     if errors:
@@ -198,12 +218,15 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for settings in settings_list:
         try:
-            results.append((settings, synthesize(settings, args.out)))
+            results.append((settings, synthesize(settings, args.out, args.config_dir)))
+        except SettingsError as exc:  # a file this one depends on (the pipeline's environments)
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
         except RuntimeError as exc:  # jsii surfaces validation (cdk-nag) failures this way
             print(f"error: synthesis of env={settings.name} failed: {exc}", file=sys.stderr)
             return 1
     for settings, stacks in results:
-        console.print(environment_panel(settings, stacks, args.out))
+        console.print(environment_panel(settings, stacks, args.out, args.config_dir))
     return 0
 
 

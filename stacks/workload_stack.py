@@ -13,6 +13,7 @@ from typing import Any
 
 import aws_cdk as cdk
 import cdk8s
+from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks as eks_l1
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
@@ -27,12 +28,12 @@ from config.locations import (
     CODE_PREFIX,
     S3Input,
     checkpoint_bucket_name,
+    checkpoint_prefix,
     s3_inputs,
 )
 from config.locations import checkpoint_uri as checkpoint_uri_of
 from config.names import (
     JOB_DRAINER_GROUP,
-    JOB_SUBMITTER_GROUP,
     ORIGIN_LABEL,
     PART_OF,
     PART_OF_LABEL,
@@ -40,9 +41,10 @@ from config.names import (
     SUBMITTED,
 )
 from config.settings import Settings
+from config.settings.teams import Team
 from k8s.chart import build_workload_chart
 from stacks import code_asset
-from stacks.cluster_stack import kubectl_layer
+from stacks.cluster_stack import cluster_security_group_export, kubectl_layer
 from stacks.common import partition, removal_policy
 
 TRAINING_DIR = Path(__file__).resolve().parents[1] / "training"
@@ -121,6 +123,15 @@ def namespaced_access_entry(
     return entry
 
 
+def _camel(name: str) -> str:
+    return "".join(part.capitalize() for part in name.split("-"))
+
+
+def _entry_id(team: Team, index: int) -> str:
+    # The implicit team's entries keep their logical IDs (JobSubmitter0, ...).
+    return f"JobSubmitter{index}" if team.implicit else f"JobSubmitter{_camel(team.name)}{index}"
+
+
 class WorkloadStack(cdk.Stack):
     def __init__(
         self,
@@ -152,119 +163,33 @@ class WorkloadStack(cdk.Stack):
         # The training package travels as a zip asset and becomes the job's Ray working_dir.
         self.code = s3_assets.Asset(self, "TrainingCode", path=str(stage_training_code()))
 
-        # EKS Pod Identity: the Ray service account gets this role, and nothing else does.
-        self.role = iam.Role(
-            self,
-            "RayPodRole",
-            assumed_by=iam.ServicePrincipal("pods.eks.amazonaws.com"),
-            description=f"Ray pods of {settings.cluster.name}: read code, read/write checkpoints",
-        )
-        assert self.role.assume_role_policy is not None
-        self.role.assume_role_policy.add_statements(
-            iam.PolicyStatement(
-                actions=["sts:TagSession"],
-                principals=[iam.ServicePrincipal("pods.eks.amazonaws.com")],
-            )
-        )
-        # Exact actions rather than grant_read_write's wildcards: this role is reachable from pods.
-        self.role.add_to_policy(
-            iam.PolicyStatement(
-                actions=["s3:GetObject"],
-                resources=[self.code.bucket.arn_for_objects(self.code.s3_object_key)],
-            )
-        )
-        self.role.add_to_policy(
-            iam.PolicyStatement(
-                actions=["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
-                resources=[self.bucket.arn_for_objects(f"{CHECKPOINT_PREFIX}/*")],
-            )
-        )
-        # Code that `raytrain job submit` uploads (code/<sha256>.zip): read only.
-        self.role.add_to_policy(
-            iam.PolicyStatement(
-                actions=["s3:GetObject"], resources=[self.bucket.arn_for_objects(f"{CODE_PREFIX}/*")]
-            )
-        )
-        self.role.add_to_policy(
-            iam.PolicyStatement(actions=["kms:Decrypt", "kms:GenerateDataKey"], resources=[self.key.key_arn])
-        )
+        # EKS Pod Identity: each team's Ray service account gets its team's role, nothing else does.
+        self.inputs = s3_inputs(settings)
+        self.roles = {team.name: self._pod_role(settings.for_team(team.name)) for team in settings.team_list}
+        # Each role's checkpoint prefix (stacks/nag.py names it in the acknowledgement).
+        self.checkpoint_prefixes = {
+            team.name: checkpoint_prefix(settings.for_team(team.name)) for team in settings.team_list
+        }
+        self.role = self.roles[settings.deploy_team.name]
         self.submitter_policy = self._submitter_policy(settings)
         self.submitter_entries = [
-            namespaced_access_entry(self, f"JobSubmitter{i}", cluster, arn, JOB_SUBMITTER_GROUP)
-            for i, arn in enumerate(settings.cluster.job_submitter_principals)
+            namespaced_access_entry(self, _entry_id(team, i), cluster, arn, team.submitter_group)
+            for team in settings.team_list
+            for i, arn in enumerate(team.submitters)
         ]
-        # No s3:prefix condition: pyarrow's S3 filesystem (Ray Train's storage, training/reporting/summary.py)
-        # sends HeadBucket when it creates a directory, and S3 authorises HeadBucket with
-        # s3:ListBucket (S3 API reference, HeadBucket "Permissions"); that request carries no prefix,
-        # so a prefix-conditioned grant denies it. The bucket holds only this job's checkpoints.
-        self.role.add_to_policy(
-            iam.PolicyStatement(actions=["s3:ListBucket"], resources=[self.bucket.bucket_arn])
-        )
-        # job.data / job.model in S3: read only. GetObject on the prefix (and the key itself), and
-        # s3:ListBucket on the bucket without a prefix condition: pyarrow's GetFileInfo on a folder
-        # HEADs the key first and lists only after a 404, and S3 answers a missing key with 404
-        # only to callers that have s3:ListBucket on the bucket, 403 otherwise (S3 API reference,
-        # HeadObject/GetObject "Permissions"); that request carries no s3:prefix, so a
-        # prefix-conditioned grant would not count. The role can list the bucket's key names,
-        # read nothing outside the prefix, and write nothing there (tests/test_workload_iam.py).
-        # A bucket encrypted with a customer-managed KMS key: job.input_kms_keys (below).
-        self.inputs = s3_inputs(settings)
-        arn_partition = partition(settings.region)
-        for location in self.inputs:
-            self.role.add_to_policy(
-                iam.PolicyStatement(actions=["s3:GetObject"], resources=location.object_arns(arn_partition))
+        self.associations = {
+            team.name: eks_l1.CfnPodIdentityAssociation(
+                self,
+                "RayPodIdentity" if team.implicit else f"RayPodIdentity{_camel(team.name)}",
+                cluster_name=cluster.cluster_name,
+                namespace=team.namespace,
+                service_account=SERVICE_ACCOUNT,
+                role_arn=self.roles[team.name].role_arn,
             )
-        for bucket in sorted({location.bucket for location in self.inputs}):
-            self.role.add_to_policy(
-                iam.PolicyStatement(
-                    actions=["s3:ListBucket"],
-                    resources=[f"arn:{arn_partition}:s3:::{bucket}"],
-                )
-            )
-        # SSE-KMS inputs: S3 calls kms:Decrypt as this role when it serves an object from a
-        # general purpose bucket (S3 User Guide, SSE-KMS). kms:ViaService (AWS KMS condition keys) limits the
-        # grant to those calls, from S3 in the key's region; the role cannot decrypt with the key
-        # directly. The key policy must let the role use the key too (settings comment).
-        for arn in settings.job.input_kms_keys:
-            self.role.add_to_policy(
-                iam.PolicyStatement(
-                    actions=["kms:Decrypt"],
-                    resources=[arn],
-                    conditions={"StringEquals": {"kms:ViaService": s3_via_service(arn)}},
-                )
-            )
-        # The code asset in a bootstrap bucket encrypted with a customer-managed key (settings
-        # bootstrap_kms_key): GetObject makes S3 call kms:Decrypt as this role, as for the inputs.
-        # The key policy `cdk bootstrap --bootstrap-customer-key` writes already lets every
-        # principal of the account decrypt through S3 (kms:CallerAccount and kms:ViaService in
-        # aws-cdk's bootstrap-template.yaml, FileAssetsBucketEncryptionKey); a key of your own
-        # (--bootstrap-kms-key-id) that only delegates to IAM needs this grant.
-        if settings.bootstrap_kms_key:
-            self.role.add_to_policy(
-                iam.PolicyStatement(
-                    actions=["kms:Decrypt"],
-                    resources=[settings.bootstrap_kms_key],
-                    conditions={
-                        "StringEquals": {"kms:ViaService": s3_via_service(settings.bootstrap_kms_key)}
-                    },
-                )
-            )
-        # A gated model's token (job.hf_token_secret): read on that secret or parameter only. A
-        # SecureString or secret under the AWS managed key needs no KMS grant of ours; a
-        # customer-managed key's policy must let this role decrypt (docs/models.md).
-        token = settings.job.hf_token_secret
-        if token:
-            action = "secretsmanager:GetSecretValue" if ":secretsmanager:" in token else "ssm:GetParameter"
-            self.role.add_to_policy(iam.PolicyStatement(actions=[action], resources=[token]))
-        namespace = settings.workload.namespace
-        self.association = eks_l1.CfnPodIdentityAssociation(
-            self,
-            "RayPodIdentity",
-            cluster_name=cluster.cluster_name,
-            namespace=namespace,
-            service_account=SERVICE_ACCOUNT,
-            role_arn=self.role.role_arn,
-        )
+            for team in settings.team_list
+        }
+        self.association = self.associations[settings.deploy_team.name]
+        namespace = settings.deploy_team.namespace
 
         code_uri = f"s3://{self.code.s3_bucket_name}/{self.code.s3_object_key}"
         # The bucket's literal name (it is named), not its token: shlex quotes a token's text
@@ -296,7 +221,7 @@ class WorkloadStack(cdk.Stack):
             overwrite=True,
         )
         # Pods start only once they can get credentials, and the bucket they write to exists.
-        self.manifest.node.add_dependency(self.association, self.bucket)
+        self.manifest.node.add_dependency(*self.associations.values(), self.bucket)
         # The RayJobs in a resource of their own whose logical ID carries their names (which carry
         # the hash of their spec and code). A change gives a new RayJob name, which the kubectl
         # handler would only `apply` (its --prune does not reach custom resources, and KubeRay
@@ -336,10 +261,18 @@ class WorkloadStack(cdk.Stack):
             cluster_name=settings.cluster.name,
             cluster_arn=cluster_arn(settings),
             namespace=namespace,
+            other_namespaces=[t.namespace for t in settings.team_list if t.namespace != namespace],
             selector=f"{PART_OF_LABEL}={PART_OF},{ORIGIN_LABEL}={SUBMITTED}",
             kubectl_layer=kubectl_layer(self, settings.cluster.kubernetes_version),
             vpc=cluster.vpc,
-            security_group=cluster.cluster_security_group,
+            # By its named export, not the cluster object's attribute: that would be an automatic
+            # export only this construct uses (stacks/cluster_stack.py, cluster_security_group_export).
+            security_group=ec2.SecurityGroup.from_security_group_id(
+                self,
+                "ClusterSecurityGroup",
+                cdk.Fn.import_value(cluster_security_group_export(settings)),
+                mutable=False,
+            ),
         )
         drainer_entry = namespaced_access_entry(
             self, "JobDrainerAccess", cluster, self.job_drain.role.role_arn, JOB_DRAINER_GROUP
@@ -366,8 +299,116 @@ class WorkloadStack(cdk.Stack):
                 f"s3://cdk-{qualifier}-assets-{settings.account}-{settings.region}/{self.code.asset_hash}.zip"
             ),
             code_hash=self.code.asset_hash,
-            checkpoint_uri=f"s3://{checkpoint_bucket_name(settings)}/{CHECKPOINT_PREFIX}",
+            checkpoint_uri=checkpoint_uri_of(settings),
         )
+
+    def _pod_role(self, settings: Settings) -> iam.Role:
+        """The Ray pods' role of the settings' team (Settings.for_team): the code, its own
+        checkpoint prefix, the job's inputs."""
+        # EKS Pod Identity: the Ray service account gets this role, and nothing else does.
+        team = settings.active_team
+        suffix = "" if team.implicit else _camel(team.name)
+        who = "" if team.implicit else f" (team {team.name})"
+        role = iam.Role(
+            self,
+            f"RayPodRole{suffix}",
+            assumed_by=iam.ServicePrincipal("pods.eks.amazonaws.com"),
+            description=f"Ray pods of {settings.cluster.name}{who}: read code, read/write its checkpoints",
+        )
+        assert role.assume_role_policy is not None
+        role.assume_role_policy.add_statements(
+            iam.PolicyStatement(
+                actions=["sts:TagSession"],
+                principals=[iam.ServicePrincipal("pods.eks.amazonaws.com")],
+            )
+        )
+        # Exact actions rather than grant_read_write's wildcards: this role is reachable from pods.
+        role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["s3:GetObject"],
+                resources=[self.code.bucket.arn_for_objects(self.code.s3_object_key)],
+            )
+        )
+        role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
+                # Only the team's own prefix (config/locations.py): another team's checkpoints,
+                # prepared data and summaries can be neither read nor written.
+                resources=[self.bucket.arn_for_objects(f"{checkpoint_prefix(settings)}/*")],
+            )
+        )
+        # Code that `raytrain job submit` uploads (code/<sha256>.zip): read only.
+        role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["s3:GetObject"], resources=[self.bucket.arn_for_objects(f"{CODE_PREFIX}/*")]
+            )
+        )
+        role.add_to_policy(
+            iam.PolicyStatement(actions=["kms:Decrypt", "kms:GenerateDataKey"], resources=[self.key.key_arn])
+        )
+        # No s3:prefix condition: pyarrow's S3 filesystem (Ray Train's storage,
+        # training/reporting/summary.py)
+        # sends HeadBucket when it creates a directory, and S3 authorises HeadBucket with
+        # s3:ListBucket (S3 API reference, HeadBucket "Permissions"); that request carries no prefix,
+        # so a prefix-conditioned grant denies it. The bucket holds only this job's checkpoints.
+        role.add_to_policy(iam.PolicyStatement(actions=["s3:ListBucket"], resources=[self.bucket.bucket_arn]))
+        # job.data / job.model in S3: read only. GetObject on the prefix (and the key itself), and
+        # s3:ListBucket on the bucket without a prefix condition: pyarrow's GetFileInfo on a folder
+        # HEADs the key first and lists only after a 404, and S3 answers a missing key with 404
+        # only to callers that have s3:ListBucket on the bucket, 403 otherwise (S3 API reference,
+        # HeadObject/GetObject "Permissions"); that request carries no s3:prefix, so a
+        # prefix-conditioned grant would not count. The role can list the bucket's key names,
+        # read nothing outside the prefix, and write nothing there (tests/test_workload_iam.py).
+        # A bucket encrypted with a customer-managed KMS key: job.input_kms_keys (below).
+        inputs = s3_inputs(settings)
+        arn_partition = partition(settings.region)
+        for location in inputs:
+            role.add_to_policy(
+                iam.PolicyStatement(actions=["s3:GetObject"], resources=location.object_arns(arn_partition))
+            )
+        for bucket in sorted({location.bucket for location in inputs}):
+            role.add_to_policy(
+                iam.PolicyStatement(
+                    actions=["s3:ListBucket"],
+                    resources=[f"arn:{arn_partition}:s3:::{bucket}"],
+                )
+            )
+        # SSE-KMS inputs: S3 calls kms:Decrypt as this role when it serves an object from a
+        # general purpose bucket (S3 User Guide, SSE-KMS). kms:ViaService (AWS KMS condition keys) limits the
+        # grant to those calls, from S3 in the key's region; the role cannot decrypt with the key
+        # directly. The key policy must let the role use the key too (settings comment).
+        for arn in settings.job.input_kms_keys:
+            role.add_to_policy(
+                iam.PolicyStatement(
+                    actions=["kms:Decrypt"],
+                    resources=[arn],
+                    conditions={"StringEquals": {"kms:ViaService": s3_via_service(arn)}},
+                )
+            )
+        # The code asset in a bootstrap bucket encrypted with a customer-managed key (settings
+        # bootstrap_kms_key): GetObject makes S3 call kms:Decrypt as this role, as for the inputs.
+        # The key policy `cdk bootstrap --bootstrap-customer-key` writes already lets every
+        # principal of the account decrypt through S3 (kms:CallerAccount and kms:ViaService in
+        # aws-cdk's bootstrap-template.yaml, FileAssetsBucketEncryptionKey); a key of your own
+        # (--bootstrap-kms-key-id) that only delegates to IAM needs this grant.
+        if settings.bootstrap_kms_key:
+            role.add_to_policy(
+                iam.PolicyStatement(
+                    actions=["kms:Decrypt"],
+                    resources=[settings.bootstrap_kms_key],
+                    conditions={
+                        "StringEquals": {"kms:ViaService": s3_via_service(settings.bootstrap_kms_key)}
+                    },
+                )
+            )
+        # A gated model's token (job.hf_token_secret): read on that secret or parameter only. A
+        # SecureString or secret under the AWS managed key needs no KMS grant of ours; a
+        # customer-managed key's policy must let this role decrypt (docs/models.md).
+        token = settings.job.hf_token_secret
+        if token:
+            action = "secretsmanager:GetSecretValue" if ":secretsmanager:" in token else "ssm:GetParameter"
+            role.add_to_policy(iam.PolicyStatement(actions=[action], resources=[token]))
+        return role
 
     def _submitter_policy(self, settings: Settings) -> iam.ManagedPolicy:
         """What `raytrain job` needs in AWS, for the principals that run it (their EKS access
@@ -379,7 +420,8 @@ class WorkloadStack(cdk.Stack):
         bucket's KMS key (SSE-KMS PutObject needs kms:GenerateDataKey, GetObject kms:Decrypt; S3
         User Guide, SSE-KMS). No delete, no list, nothing outside code/: a submitter cannot touch
         checkpoints or remove code a running job reads. An existing zip is never overwritten
-        (conditional write, If-None-Match; raytrain/job/code.py)."""
+        (conditional write, If-None-Match; raytrain/job/code.py). And ecr:DescribeImages on the Ray
+        image's cache repository (`_image_cache_read`)."""
         return iam.ManagedPolicy(
             self,
             "JobSubmitterPolicy",
@@ -394,5 +436,19 @@ class WorkloadStack(cdk.Stack):
                 iam.PolicyStatement(
                     actions=["kms:GenerateDataKey", "kms:Decrypt"], resources=[self.key.key_arn]
                 ),
+                *self._image_cache_read(settings),
             ],
         )
+
+    @staticmethod
+    def _image_cache_read(settings: Settings) -> list[iam.PolicyStatement]:
+        """ecr:DescribeImages on the Ray image's cache repository: `raytrain job submit` checks a
+        pinned digest is cached before it submits (raytrain/job/submit.py, check_image_cached).
+        DescribeImages is authorised on the repository (Service Authorization Reference, Amazon
+        ECR: resource type repository)."""
+        repository = settings.image_source.cache_repository(settings.workload.image)
+        if repository is None:
+            return []
+        region, account = settings.region, settings.account
+        arn = f"arn:{partition(region)}:ecr:{region}:{account}:repository/{repository}"
+        return [iam.PolicyStatement(actions=["ecr:DescribeImages"], resources=[arn])]

@@ -20,12 +20,12 @@ from botocore.exceptions import ClientError
 from botocore.validate import validate_parameters
 from moto import mock_aws
 
-from config.loader import ENVIRONMENTS_DIR
+from config.loader import environments_dir
 from raytrain import capacity
 from raytrain.aws import CapacityApi
 from raytrain.cli import build_parser
 
-ENV_FILE_LINES = ENVIRONMENTS_DIR / "dev.yaml"
+ENV_FILE_LINES = environments_dir() / "dev.yaml"
 
 
 def client_error(code: str, message: str, operation: str) -> ClientError:
@@ -182,7 +182,7 @@ def fake_account(monkeypatch: pytest.MonkeyPatch) -> Any:
 def copy_environments(tmp_path: Path) -> Path:
     """A copy of the real environment files: --write must never touch the repository's."""
     target = tmp_path / "environments"
-    shutil.copytree(ENVIRONMENTS_DIR, target)
+    shutil.copytree(environments_dir(), target)
     return target
 
 

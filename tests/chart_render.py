@@ -27,8 +27,13 @@ CODE_HASH = "0123abcd"
 
 
 def variant(base: str, **changes: dict[str, Any]) -> Settings:
-    """A validated copy of an environment with some sections changed (validators run again)."""
+    """A validated copy of an environment with some sections changed (validators run again).
+    `teams={}` drops the teams: their submitters become the implicit team's."""
     data = load_settings(base).model_dump(mode="json")
+    if changes.get("teams") == {}:
+        submitters = [arn for team in data.pop("teams").values() for arn in team["submitters"]]
+        data["cluster"]["job_submitter_principals"] = submitters
+        changes = {k: v for k, v in changes.items() if k != "teams"}
     for section, values in changes.items():
         data[section] = {**data.get(section, {}), **values} if isinstance(values, dict) else values
     return Settings.model_validate(data)
@@ -42,12 +47,20 @@ P5_NODES = {
 }
 VARIANTS["p5"] = lambda: variant("prod", gpu_nodes=P5_NODES)
 VARIANTS["g5-no-efa"] = lambda: variant("dev", gpu_nodes={"instance_type": "g5.12xlarge", "efa": False})
-VARIANTS["standing"] = lambda: variant("dev", job={"cluster": "standing", "ttl_seconds_after_finished": 0})
+# Kueue admits only own-cluster jobs, so teams need job.cluster: own; the standing cluster is the
+# implicit team's (no `teams:` section).
+VARIANTS["standing"] = lambda: variant(
+    "dev", teams={}, job={"cluster": "standing", "ttl_seconds_after_finished": 0}
+)
+VARIANTS["one-team"] = lambda: variant("dev", teams={})
 
 
 @cache
 def settings_of(name: str) -> Settings:
-    return VARIANTS[name]()
+    """The variant as its deployed job's team sees it (Settings.for_team): workload.namespace is
+    that team's namespace, where `objects` and `the` look."""
+    settings = VARIANTS[name]()
+    return settings.for_team(settings.deploy_team.name)
 
 
 def render(
@@ -70,7 +83,14 @@ def rendered(name: str) -> tuple[dict[str, Any], ...]:
 
 
 def objects(name: str, kind: str) -> list[dict[str, Any]]:
-    return [o for o in rendered(name) if o["kind"] == kind]
+    """The objects of a kind in the deployed job's team's namespace (every team gets its own set:
+    tests/test_chart.py test_every_team_gets_the_same_objects_in_its_namespace)."""
+    ns = settings_of(name).workload.namespace
+    return [
+        o
+        for o in rendered(name)
+        if o["kind"] == kind and (o["metadata"].get("namespace") or o["metadata"]["name"]) == ns
+    ]
 
 
 def the(name: str, kind: str) -> dict[str, Any]:

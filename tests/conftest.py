@@ -25,6 +25,32 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
 
 
+def _examples() -> Path | None:
+    """The suite's environment files: the shipped examples as shipped beside the checkout's own
+    files (tests/environment_copies.py). Every command the tests run without --config-dir reads
+    them (RAYTRAIN_CONFIG_DIR, config/loader.py), so a dev.yaml edited as README step 1 says, or
+    an environment of one's own, leaves the tests of dev and prod as they are. None in the image's
+    virtualenv (make test-image: tests/training only), which has no settings side (no ruamel)."""
+    import atexit
+    import importlib.util
+    import shutil
+    import tempfile
+
+    if importlib.util.find_spec("ruamel") is None:
+        return None
+
+    from config.loader import CONFIG_DIR_VARIABLE
+    from tests.environment_copies import write_examples
+
+    folder = Path(tempfile.mkdtemp(prefix="raytrain-examples-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    os.environ[CONFIG_DIR_VARIABLE] = str(write_examples(folder / "environments"))
+    return folder / "environments"
+
+
+EXAMPLES_DIR = _examples()
+
+
 # --- Which CI stage runs a test: every test runs once per CI run (Makefile, .ci/run) ---
 #
 # tests/training tests the package the RayJob runs, on the image's Python (3.13) and packages
@@ -153,3 +179,49 @@ def synthesized(tmp_path_factory) -> dict[str, Synthesized]:
         synthesize(settings, out)
         results[settings.name] = Synthesized(settings, out / settings.name)
     return results
+
+
+# --- a user's own environments (tests/environment_copies.py), synthesized once per session -------
+
+# Copies of the shipped files under new names, in a folder of their own (--config-dir): team-dev
+# outside the regions the pinned prices cover, team-prod hosting the pipeline in another region
+# (and account) than team-dev, which it deploys; team-h200 on p5en.48xlarge. Beside them a file that
+# does not parse: each environment's commands must not depend on it.
+OWN_ENVIRONMENTS = ("team-dev", "team-prod", "team-h200")
+
+
+@pytest.fixture(scope="session")
+def own_environments(tmp_path_factory) -> Path:
+    from tests.environment_copies import copy_environment
+
+    folder = tmp_path_factory.mktemp("own") / "environments"
+    copy_environment("dev", folder, "team-dev", region="eu-north-1", account="444455556666")
+    copy_environment(
+        "prod", folder, "team-prod", region="us-east-1", account="777788889999", rename={"dev": "team-dev"}
+    )
+    copy_environment(
+        "dev",
+        folder,
+        "team-h200",
+        region="us-east-2",
+        edit={"gpu_nodes.instance_type": "p5en.48xlarge", "gpu_nodes.placement_group": False},
+    )
+    (folder / "scratch.yaml").write_text("region: [us-east-1\n", encoding="utf-8")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def own_synthesized(own_environments, tmp_path_factory) -> dict[str, Synthesized]:
+    """`python -m stacks.synth_all ENV... --config-dir DIR` (what `make synth` runs) over them."""
+    import contextlib
+    import io
+
+    from config.loader import load_settings
+    from stacks import synth_all
+
+    out = tmp_path_factory.mktemp("own-cdk-out")
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+        code = synth_all.main([*OWN_ENVIRONMENTS, "--config-dir", str(own_environments), "--out", str(out)])
+    assert code == 0, printed.getvalue()
+    return {name: Synthesized(load_settings(name, own_environments), out / name) for name in OWN_ENVIRONMENTS}

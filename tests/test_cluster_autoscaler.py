@@ -282,9 +282,21 @@ def test_values_keys_exist_in_the_charts_values_file(env):
     values = ca.chart_values(
         cluster_name=s.cluster.name, region=s.region, kubernetes_version=s.cluster.kubernetes_version
     )
+    flags = {
+        line
+        for line in (Path(__file__).parent / "fixtures" / "cluster-autoscaler-flags.txt")
+        .read_text()
+        .splitlines()
+        if line and not line.startswith("#")
+    }
     for key_path in key_paths(values):
+        if key_path[0] == "extraArgs":
+            # Not chart values: the autoscaler's own flags, passed as --NAME=VALUE.
+            assert key_path[1] in flags, f"--{key_path[1]} is not a cluster-autoscaler flag"
+            continue
         assert declared(text, key_path), ".".join(key_path)
     assert not declared(text, ("autoDiscovery", "clusterNames"))
+    assert "enable-provisioning-requests" in flags and "enable-provisioning-request" not in flags
 
 
 # ---------------------------------------------------------------- the chart, rendered by helm
@@ -343,6 +355,8 @@ def test_rendered_deployment_runs_on_system_nodes_with_our_service_account(rende
     )
     assert f"--scale-down-unneeded-time={ca.SCALE_DOWN_UNNEEDED}" in args
     assert f"--scale-down-delay-after-add={ca.SCALE_DOWN_DELAY_AFTER_ADD}" in args
+    # Kueue's provisioning admission check (k8s/kueue.py) needs the autoscaler to handle requests.
+    assert "--enable-provisioning-requests=true" in args
     env = {e["name"]: e.get("value") for e in container.get("env", [])}
     assert env.get("AWS_REGION") == "us-west-2"
     assert container["securityContext"]["readOnlyRootFilesystem"] is True

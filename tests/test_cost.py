@@ -8,7 +8,7 @@ import pytest
 
 from config.catalogue import CATALOGUE
 from config.loader import environment_names, load_settings
-from config.prices import PRICES, PRICES_AS_OF, PriceError, prices_for
+from config.prices import PRICES, PRICES_AS_OF, UNPRICED, PriceError, prices_for
 from raytrain import cost
 from raytrain.cli import main
 
@@ -136,8 +136,19 @@ def test_bad_summary_is_named(summary, message):
 
 
 def test_every_catalogue_type_is_priced_in_every_region():
+    """Every type has a pinned rate or a stated reason for having none (UNPRICED), not both."""
     for region, prices in PRICES.items():
-        assert set(prices.ec2_per_hour) == set(CATALOGUE), region
+        assert set(prices.ec2_per_hour) | set(UNPRICED) == set(CATALOGUE), region
+        assert not set(prices.ec2_per_hour) & set(UNPRICED), region
+
+
+def test_an_unpriced_type_says_why_and_what_prices_it():
+    settings = load_settings("dev")
+    gpu = settings.gpu_nodes.model_copy(
+        update={"instance_type": "p5e.48xlarge", "placement_group": False, "max_size": 2}
+    )
+    with pytest.raises(PriceError, match=r"p5e\.48xlarge in us-west-2.*Capacity Blocks.*--live"):
+        cost.estimate(settings.model_copy(update={"gpu_nodes": gpu}))
 
 
 def test_unknown_region_says_what_is_covered():
@@ -147,7 +158,15 @@ def test_unknown_region_says_what_is_covered():
 
 @pytest.mark.parametrize("env", environment_names())
 def test_every_environment_is_priced(env):
-    est = cost.estimate(load_settings(env))
+    """Priced where the pinned table has the region and the types; elsewhere a PriceError says
+    what the table covers (raytrain cost --live asks AWS then)."""
+    settings = load_settings(env)
+    types = {settings.system_nodes.instance_type, settings.gpu_nodes.instance_type}
+    if settings.region not in PRICES or types & set(UNPRICED):
+        with pytest.raises(PriceError, match=r"no pinned (On-Demand )?prices? for"):
+            cost.estimate(settings)
+        return
+    est = cost.estimate(settings)
     assert 0 < est.idle_per_hour <= est.running_per_hour
 
 
@@ -174,7 +193,12 @@ def test_command_prints_table(capsys):
     assert "idle total" in out and "0.4244" in out
     assert "running total (2 GPU nodes)" in out and "9.6851" in out
     flat = " ".join(out.split())  # the console wraps long lines
-    assert "after each job" in flat and "$1.54 per job" in flat and "600 s on a system node" in flat
+    assert "after each job" in flat and "$1.54 per job" in flat
+    # dev's two example teams: the deployed job lands in the first one's queue.
+    assert (
+        "queue: the job lands in team research's queue (quota 1 of 2 GPU nodes, may borrow any idle node)"
+        in flat
+    )
     assert PRICES_AS_OF in out
 
 

@@ -122,6 +122,24 @@ def test_no_patch_without_both_engines(synthesized: dict[str, Any], tmp_path: Pa
     assert _resources(template, "AWS::EKS::Addon")  # the CloudWatch add-on is still there
 
 
+def test_the_exporters_own_engine_is_a_setting(tmp_path: Path) -> None:
+    """observability.dcgm_engine `exporter`: both add-ons, and the exporter left with its embedded
+    engine (no Service, no patch), so a crash of it cannot take auto-repair's engine down."""
+    from stacks.synth_all import synthesize
+    from tests.conftest import Synthesized
+
+    base = load_settings("prod")
+    assert base.observability.dcgm_engine == "shared"
+    variant = base.model_copy(
+        update={"observability": base.observability.model_copy(update={"dcgm_engine": "exporter"})}
+    )
+    synthesize(variant, tmp_path)
+    template = Synthesized(variant, tmp_path / variant.name).template("Cluster")
+    assert _engine_parts(template) == (None, None)
+    addons = {r["Properties"]["AddonName"] for r in _resources(template, "AWS::EKS::Addon").values()}
+    assert {"eks-node-monitoring-agent", "amazon-cloudwatch-observability"} <= addons
+
+
 @pytest.fixture(scope="module")
 def rendered(prod: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
     """prod's two add-on charts, rendered by the layer's Helm with the values EKS gets."""
@@ -245,6 +263,36 @@ def test_the_patch_reaches_the_exporter_container(
     assert remote_engine(operator_container(restored["spec"])) is None
 
 
+def test_the_exporter_dials_the_synthesized_service_which_reaches_the_engine(
+    prod: Any, rendered: dict[str, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    """Each pair checked against the other side's own value, not the function that made it: the
+    host and port the exporter container dials (the template's patch, applied by kubectl, turned
+    into the container by the operator's rule) name the template's Service and one of its ports;
+    that port's targetPort is a port of the rendered dcgm-server container."""
+    template = prod.template("Cluster")
+    service, patch = _engine_parts(template)
+    assert service is not None and patch is not None
+    cr = _one(
+        rendered["amazon-cloudwatch-observability"], "DcgmExporter", de.DCGM_EXPORTER_RESOURCE.split("/")[1]
+    )
+    kubectl = layer_kubectl(prod.settings.cluster.kubernetes_version, tmp_path)
+    dialled = remote_engine(
+        operator_container(
+            _kubectl_patch(kubectl, cr, patch["Properties"]["ApplyPatchJson"], tmp_path)["spec"]
+        )
+    )
+    assert dialled is not None
+    host, port = dialled.rsplit(":", 1)
+    name, namespace, *_ = host.split(".")
+    assert (name, namespace) == (service["metadata"]["name"], service["metadata"]["namespace"])
+    (service_port,) = [p for p in service["spec"]["ports"] if p["port"] == int(port)]
+    engine = _one(rendered[NODE_MONITORING_AGENT], "DaemonSet", DCGM_SERVER)
+    (container,) = engine["spec"]["template"]["spec"]["containers"]
+    assert service_port["targetPort"] in {p["containerPort"] for p in container["ports"]}
+    assert service_port.get("protocol", "TCP") == "TCP"
+
+
 def _crd() -> dict[str, Any]:
     settings = load_settings("prod")
     chart = chart_fixture("amazon-cloudwatch-observability", settings.addons.cloudwatch_observability_chart)
@@ -255,11 +303,35 @@ def _crd() -> dict[str, Any]:
     )
 
 
+def pairing_problem(client: tuple[int, int, int], engine: tuple[int, int, int]) -> str | None:
+    """Why the exporter's DCGM (a client) may not use this nv-hostengine, or None. Same
+    major.minor (NVIDIA pairs each exporter with one DCGM release and warns that other pairings may
+    fail: DCGM 4.7.1 against earlier versions does, per dcgm-exporter 4.9.0's notes), and the client
+    not newer than the engine: the go-dcgm fixes in v1.4801.1 are all for newer clients on older
+    engines (a 4.8 client on a 4.7.1 engine's diagnostics, a 4.8.0 client's device info from a
+    4.6.1 engine)."""
+    if client[:2] != engine[:2]:
+        return f"DCGM {client} and {engine} differ in major.minor"
+    if client > engine:
+        return f"the exporter's DCGM {client} is newer than the engine's {engine}"
+    return None
+
+
+@pytest.mark.parametrize(
+    ("client", "engine", "ok"),
+    [((4, 6, 0), (4, 6, 1), True), ((4, 6, 1), (4, 6, 1), True), ((4, 6, 2), (4, 6, 1), False),
+     ((4, 7, 0), (4, 6, 1), False), ((4, 5, 9), (4, 6, 1), False)],
+)  # fmt: skip
+def test_the_pairing_rule_at_its_boundaries(
+    client: tuple[int, int, int], engine: tuple[int, int, int], ok: bool
+) -> None:
+    assert (pairing_problem(client, engine) is None) is ok
+
+
 def test_exporter_and_engine_are_the_same_dcgm_release() -> None:
-    """NVIDIA pairs each exporter with a DCGM release and warns that other pairings may fail
-    (DCGM 4.7.1 against earlier versions does, per dcgm-exporter 4.9.0's notes): the exporter's
-    DCGM (its image tag, <dcgm>-<exporter>-<variant>) and dcgm-server's nv-hostengine (the agent
-    image's DCGM_VERSION) must share major.minor. An add-on bump that splits them fails here."""
+    """The exporter's DCGM (its image tag, <dcgm>-<exporter>-<variant>) and dcgm-server's
+    nv-hostengine (the agent image's DCGM_VERSION), each read from its own source, pass
+    `pairing_problem`. An add-on bump that splits them fails here."""
     settings = load_settings("prod")
     values = YAML(typ="safe", pure=True).load(
         chart_values_yaml(
@@ -274,4 +346,6 @@ def test_exporter_and_engine_are_the_same_dcgm_release() -> None:
     ).read_text()
     engine_dcgm = re.search(r"^ARG DCGM_VERSION=(\d+)\.(\d+)\.(\d+)-\d+$", dockerfile, re.MULTILINE)
     assert exporter_dcgm and engine_dcgm
-    assert exporter_dcgm.groups()[:2] == engine_dcgm.groups()[:2], (image["tag"], engine_dcgm.group(0))
+    client = tuple(int(x) for x in exporter_dcgm.groups())
+    engine = tuple(int(x) for x in engine_dcgm.groups())
+    assert pairing_problem(client, engine) is None, (image["tag"], engine_dcgm.group(0))  # type: ignore[arg-type]

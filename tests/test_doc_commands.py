@@ -302,7 +302,9 @@ def test_the_docs_show_commands_of_every_kind():
     texts = {c.text for c in ALL}
     assert "npx cdk bootstrap aws://ACCOUNT/REGION" in texts
     assert "npx cdk deploy -c env=<name> -o cdk.out/<name> --all" in texts
-    assert any(t.startswith("raytrain job submit --env dev --set job.steps=20") for t in texts)
+    assert any(
+        t.startswith("raytrain job submit --env dev --team research --set job.steps=20") for t in texts
+    )
     assert "make review ENV=dev" in texts
     assert {c.text.split()[0] for c in ALL} >= {"raytrain", "npx", "make", "aws", "kubectl", "python"}
 

@@ -230,3 +230,24 @@ def test_the_asset_hash_follows_the_shared_module(tmp_path: Path, monkeypatch: p
     first = asset_hash("A = 1\n")
     assert asset_hash("A = 2\n") != first  # same handler folder, another shared module
     assert asset_hash("A = 1\n") == first  # and reproducible
+
+
+def test_destroy_docs_name_every_named_functions_log_group(synthesized) -> None:
+    """Lambda makes /aws/lambda/<name> on a function's first run and CloudFormation never deletes
+    it: docs/deploy.md's list of what remains after destroy names each of our functions' groups."""
+    import re
+
+    from tests.conftest import ROOT
+
+    docs = (ROOT / "docs" / "deploy.md").read_text()
+    names = set()
+    for env in ("dev", "p5"):
+        cluster = synthesized[env].settings.cluster.name
+        for template in synthesized[env].templates().values():
+            for resource in template["Resources"].values():
+                name = resource.get("Properties", {}).get("FunctionName")
+                if resource["Type"] == "AWS::Lambda::Function" and isinstance(name, str):
+                    names.add(name.replace(cluster, "<cluster>"))
+    assert {"<cluster>-vpc-cleanup", "<cluster>-job-drain", "<cluster>-image-cache-warm"} <= names
+    listed = set(re.findall(r"`/aws/lambda/([^`]+)`", docs))
+    assert names <= listed, names - listed

@@ -112,7 +112,9 @@ def test_the_pods_role_may_read_that_secret_only(tmp_path: Path) -> None:
         for st in statements
         if "secretsmanager" in json.dumps(st["Action"]) or "ssm:" in json.dumps(st["Action"])
     ]
-    assert granted == [{"Action": "secretsmanager:GetSecretValue", "Effect": "Allow", "Resource": ARN}]
+    # One grant per team's Ray pods' role (each team's jobs may use the model), on that ARN only.
+    expected = {"Action": "secretsmanager:GetSecretValue", "Effect": "Allow", "Resource": ARN}
+    assert granted == [expected] * len(settings.team_list)
     assert "hf_" not in json.dumps(template).replace("hf_token", "")
 
 

@@ -162,9 +162,9 @@ DIGEST = "sha256:" + "0" * 64  # a well-formed value for the rule; no registry i
 def _env_data(**changes) -> dict:
     from ruamel.yaml import YAML
 
-    from config.loader import ENVIRONMENTS_DIR
+    from config.loader import environments_dir
 
-    data = YAML(typ="safe", pure=True).load((ENVIRONMENTS_DIR / "dev.yaml").read_text())
+    data = YAML(typ="safe", pure=True).load((environments_dir() / "dev.yaml").read_text())
     for key, value in changes.items():
         data[key] = value
     return data

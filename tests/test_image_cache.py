@@ -139,17 +139,19 @@ def test_rules_for_every_upstream_the_cluster_pulls_from(synthesized, env) -> No
 
 @pytest.mark.parametrize("env", ENVS)
 def test_add_ons_pull_through_the_cache_except_nvidia(synthesized, env) -> None:
-    """The EFA plugin (its ECR Public copy), KubeRay (quay.io) and the autoscaler (registry.k8s.io)
-    come from the environment's registry; the NVIDIA plugin stays on nvcr.io (not an upstream ECR
+    """The EFA plugin (its ECR Public copy), KubeRay (quay.io), the autoscaler and Kueue
+    (registry.k8s.io) come from the environment's registry; the NVIDIA plugin stays on nvcr.io (not
     supports); every release waits for the cache."""
     s = synthesized[env].settings
     t = synthesized[env].template("Cluster")
     charts = {r["Properties"]["Chart"]: r for r in _resources(t, "Custom::AWSCDK-EKS-HelmChart").values()}
     registry = f"{s.account}.dkr.ecr.{s.region}.amazonaws.com/{s.image_source.prefix}"
-    repos = {
-        name: json.loads(r["Properties"]["Values"]).get("image", {}).get("repository")
-        for name, r in charts.items()
-    }
+    values = {name: json.loads(r["Properties"]["Values"]) for name, r in charts.items()}
+    repos = {name: v.get("image", {}).get("repository") for name, v in values.items() if name != "kueue"}
+    # Kueue's chart nests its controller image (controllerManager.manager.image, values.yaml 0.19.2).
+    kueue_image = values["kueue"]["controllerManager"]["manager"]["image"]
+    assert kueue_image["repository"] == f"{registry}/k8s/kueue/kueue"
+    assert kueue_image["tag"] == f"v{s.addons.kueue}"
     kuberay = chart_image_repository("kuberay-operator", s.addons.kuberay_operator)
     autoscaler = chart_image_repository("cluster-autoscaler", s.addons.cluster_autoscaler)
     assert (kuberay, autoscaler) == (

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -37,6 +38,10 @@ class CacheRegistry(ThreadingHTTPServer):
         self.cached: set[str] = set()
         self.requests: list[tuple[str, str]] = []
         self.fail_first = 0  # answer 5xx to the first N tag pulls (an import in progress)
+        self.reset_first = 0  # drop the connection unanswered on the first N requests
+        self.slow_first = 0.0  # answer the first request only after this many seconds
+        self.digest_on_get = True  # Docker-Content-Digest on a GET (HEAD always has it)
+        self.digest_lag = 0  # a cached digest is still not found for the first N asks
 
     @property
     def url(self) -> str:
@@ -52,6 +57,13 @@ class _Handler(BaseHTTPRequestHandler):
     def _answer(self, send_body: bool) -> None:
         srv = self.server
         srv.requests.append((self.command, self.path))
+        if srv.reset_first:
+            srv.reset_first -= 1
+            self.close_connection = True  # no status line: the client reads a closed connection
+            return
+        if srv.slow_first:
+            delay, srv.slow_first = srv.slow_first, 0.0
+            time.sleep(delay)
         if self.headers.get("Authorization") != f"Basic {TOKEN}":
             self.send_response(401)
             self.end_headers()
@@ -61,6 +73,9 @@ class _Handler(BaseHTTPRequestHandler):
         if repository == REPO and reference.startswith("sha256:"):
             # By digest: only what is cached (aws/containers-roadmap#2837).
             digest = reference if reference in srv.cached else None
+            if digest and srv.digest_lag:
+                srv.digest_lag -= 1
+                digest = None
         elif repository == REPO and reference in srv.upstream:
             if srv.fail_first:
                 srv.fail_first -= 1
@@ -75,7 +90,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         body = b"{}"
         self.send_response(200)
-        self.send_header("Docker-Content-Digest", digest)
+        if not send_body or srv.digest_on_get:
+            self.send_header("Docker-Content-Digest", digest)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         if send_body:
@@ -153,6 +169,60 @@ def test_a_tag_that_never_answers_fails_after_the_retries(registry: CacheRegistr
     with pytest.raises(handler.WarmError, match="answered HTTP 404"):
         _warm(registry, sleeps=sleeps)
     assert len(sleeps) == handler.ATTEMPTS - 1
+
+
+def test_connection_errors_are_retried_on_both_pulls(registry: CacheRegistry) -> None:
+    """A reset connection on the tag pull and on the digest check: retried, the warm passes."""
+    registry.reset_first = 1
+    sleeps: list[float] = []
+    assert _warm(registry, sleeps=sleeps).endswith("is served")
+    registry.cached.clear()
+    registry.requests.clear()
+    # The tag pull goes through; the digest check's first connection is dropped.
+    original = handler.registry_get
+    calls: list[str] = []
+
+    def flaky(url: str, auth: str, *, method: str = "GET") -> handler.Answer:
+        calls.append(method)
+        if method == "HEAD" and calls.count("HEAD") == 1:
+            registry.reset_first = 1
+        return original(url, auth, method=method)
+
+    assert handler.warm(registry_url=registry.url, repository=REPO, tag=TAG, digest=PINNED,
+                        auth=f"Basic {TOKEN}", get=flaky,
+                        sleep=sleeps.append).endswith("is served")  # fmt: skip
+    assert calls == ["GET", "HEAD", "HEAD"]
+
+
+def test_a_socket_timeout_is_retried(registry: CacheRegistry, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(handler, "REQUEST_TIMEOUT", 0.3)
+    registry.slow_first = 1.5
+    sleeps: list[float] = []
+    assert _warm(registry, sleeps=sleeps).endswith("is served")
+    assert sleeps == [handler.BACKOFF_SECONDS]
+
+
+def test_connection_errors_to_the_end_fail_with_what_happened(registry: CacheRegistry) -> None:
+    registry.reset_first = handler.ATTEMPTS
+    with pytest.raises(handler.WarmError, match=r"answered no answer \(RemoteDisconnected"):
+        _warm(registry)
+
+
+def test_the_moved_digest_is_read_from_head_when_get_sends_none(registry: CacheRegistry) -> None:
+    """A registry that sends Docker-Content-Digest only on HEAD: the message still names the tag's
+    digest (not None)."""
+    registry.digest_on_get = False
+    registry.upstream[TAG] = MOVED
+    with pytest.raises(handler.WarmError, match=f"now names {MOVED} upstream, not the pinned {PINNED}"):
+        _warm(registry)
+
+
+def test_a_digest_being_cached_is_asked_again(registry: CacheRegistry) -> None:
+    """The tag names the pinned digest but the digest is not served yet: asked again, not failed."""
+    registry.digest_lag = 2
+    sleeps: list[float] = []
+    assert _warm(registry, sleeps=sleeps).endswith("is served")
+    assert sleeps == [handler.BACKOFF_SECONDS]
 
 
 def test_authorization_is_ecrs_token_as_basic_credentials() -> None:

@@ -28,6 +28,8 @@ from config.settings import Settings
 from raytrain import cli, job
 
 ENV = "dev"
+# dev has two teams (config/environments/dev.yaml): the jobs run in the first one's namespace.
+TEAM = "research"
 JOB = "qwen25-fsdp2-5f3a9c"
 OLD_JOB = "qwen25-fsdp2-0aa111"
 CLUSTER = f"{JOB}-raycluster-8kq2x"
@@ -230,12 +232,14 @@ def api_server(serve_kube_api: Callable[[FakeApi], FakeApi]) -> FakeApi:
 
 @pytest.fixture
 def settings() -> Settings:
-    return load_settings(ENV)
+    return load_settings(ENV).for_team(TEAM)
 
 
 def run(tmp_path: Path, server: FakeApi, *argv: str, **kwargs: Any) -> tuple[int, str]:
     kc = server.kubeconfig
-    args = cli.build_parser().parse_args(["job", *argv, "--env", ENV, "--kubeconfig", str(kc)])
+    args = cli.build_parser().parse_args(
+        ["job", *argv, "--env", ENV, "--team", TEAM, "--kubeconfig", str(kc)]
+    )
     console = Console(record=True, width=250, force_terminal=False)
     rc = args.func(args, console=console, **kwargs)
     return rc, console.export_text()
@@ -509,7 +513,7 @@ def test_kuberay_check_name_matches_the_operator() -> None:
 def test_missing_kubeconfig_and_refused_credentials(
     tmp_path: Path, api_server: FakeApi, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    rc = cli.main(["job", "status", "--env", ENV, "--kubeconfig", str(tmp_path / "nope")])
+    rc = cli.main(["job", "status", "--env", ENV, "--team", TEAM, "--kubeconfig", str(tmp_path / "nope")])
     out, err = capsys.readouterr()  # the error on stderr, nothing on stdout
     assert rc == 2 and out == "" and "no kubeconfig at" in err and "aws eks update-kubeconfig" in err
 
@@ -549,7 +553,7 @@ def test_exec_credential_plugin_missing(tmp_path: Path, capsys: pytest.CaptureFi
             }
         )
     )
-    rc = cli.main(["job", "status", "--env", ENV, "--kubeconfig", str(kc)])
+    rc = cli.main(["job", "status", "--env", ENV, "--team", TEAM, "--kubeconfig", str(kc)])
     out, err = capsys.readouterr()
     assert rc == 2 and out == "" and "raytrain job status" in err
     assert "Traceback" not in err
@@ -591,3 +595,122 @@ def test_status_of_an_ended_job_shows_its_workers_released(
     assert rc == 0, text
     assert "released (job ended; head kept for inspection)" in text
     assert "-head-" in text and "-gpu-worker-" not in text
+
+
+# --- queue -----------------------------------------------------------------------------------------
+
+
+def _workload(
+    job: str, priority: str, value: int, created: str, conditions: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """A Kueue v1beta2 Workload of a RayJob, as Kueue writes it (owner: the RayJob)."""
+    return {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Workload",
+        "metadata": {
+            "name": f"rayjob-{job}-abcde",
+            "creationTimestamp": created,
+            "ownerReferences": [{"apiVersion": "ray.io/v1", "kind": "RayJob", "name": job, "uid": "u"}],
+        },
+        "spec": {
+            "priority": value,
+            "priorityClassRef": {
+                "group": "kueue.x-k8s.io",
+                "kind": "WorkloadPriorityClass",
+                "name": priority,
+            },
+        },
+        "status": {"conditions": conditions},
+    }
+
+
+PENDING_WHY = (
+    "couldn't assign flavors to pod set workers: insufficient unused quota for nvidia.com/gpu in "
+    "flavor g6-12xlarge, 4 more needed"
+)
+
+
+def queue_routes(settings: Settings) -> dict[str, Any]:
+    """The team's LocalQueue (one node's GPUs in use) and four Workloads: one admitted, three
+    pending of which the later high-priority one is first in Kueue's order."""
+    team = settings.active_team
+    ns = team.namespace
+    pending = [{"type": "QuotaReserved", "status": "False", "reason": "Pending", "message": PENDING_WHY}]
+    admitted = [{"type": "QuotaReserved", "status": "True"}, {"type": "Admitted", "status": "True"}]
+    local_queue = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "LocalQueue",
+        "metadata": {"name": team.queue, "namespace": ns},
+        "spec": {"clusterQueue": team.queue},
+        "status": {
+            "pendingWorkloads": 3,
+            "admittedWorkloads": 1,
+            "flavorsUsage": [
+                {"name": "g6-12xlarge", "resources": [{"name": "nvidia.com/gpu", "total": "4"}]}
+            ],
+            "flavorsReservation": [
+                {"name": "g6-12xlarge", "resources": [{"name": "nvidia.com/gpu", "total": "4"}]}
+            ],
+        },
+    }
+    workloads = [
+        _workload("running", "normal", 1000, "2026-12-01T08:00:00Z", admitted),
+        _workload("old-low", "low", 100, "2026-12-01T08:01:00Z", pending),
+        _workload("normal-first", "normal", 1000, "2026-12-01T08:02:00Z", pending),
+        _workload("late-high", "high", 10000, "2026-12-01T09:00:00Z", pending),
+    ]
+    base = f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{ns}"
+    return {
+        f"{base}/localqueues/{team.queue}": local_queue,
+        f"{base}/workloads": {
+            "kind": "WorkloadList",
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "items": workloads,
+        },
+    }
+
+
+def test_queue_shows_quota_use_and_each_pending_jobs_position_and_reason(
+    tmp_path: Path, api_server: FakeApi, settings: Settings
+) -> None:
+    api_server.routes = queue_routes(settings)
+    rc, text = run(tmp_path, api_server, "queue")
+    assert rc == 0, text
+    flat = " ".join(text.split())
+    team = settings.active_team
+    assert (
+        f"team {team.name}: queue {team.queue} in namespace {team.namespace}; quota {team.gpu_nodes}" in flat
+    )
+    assert "in use: 4 GPUs (1 node(s))" in flat and "1 admitted, 3 pending" in flat
+    rows = [[c.strip() for c in line.split("│")[1:-1]] for line in text.splitlines() if line.startswith("│")]
+    # Kueue's order: priority first (late-high), then the earlier of two normals, low last.
+    assert [r[:4] for r in rows] == [
+        ["", "running", "normal", "admitted"],
+        ["1", "late-high", "high", "pending"],
+        ["2", "normal-first", "normal", "pending"],
+        ["3", "old-low", "low", "pending"],
+    ]
+    assert "insufficient unused quota for nvidia.com/gpu" in rows[1][5]
+
+
+def test_queue_without_kueue_says_so(tmp_path: Path, api_server: FakeApi, settings: Settings) -> None:
+    api_server.routes = {}
+    rc, text = run(tmp_path, api_server, "queue")
+    assert rc == 2 and "is Kueue installed" in text, text
+
+
+def test_status_says_how_many_jobs_are_ahead_or_admitted(settings: Settings) -> None:
+    from raytrain.job.queue import entry, queue_state
+
+    workloads = queue_routes(settings)[
+        f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{settings.workload.namespace}/workloads"
+    ]
+    entries = [entry(w) for w in workloads["items"]]
+    assert queue_state(entries, "running") == "queue: admitted"
+    assert queue_state(
+        entries,
+        "late-high",
+    ).startswith("queued: 0 jobs ahead in its team's queue; Kueue: couldn't")
+    assert queue_state(entries, "old-low").startswith("queued: 2 jobs ahead")
+    assert queue_state(entries, "normal-first").startswith("queued: 1 job ahead")
+    assert queue_state(entries, "not-queued") is None

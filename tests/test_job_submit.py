@@ -35,6 +35,8 @@ from tests.hub_stub import serve as serve_hub
 from tests.moto_server import running_moto_server
 
 ENV = "dev"
+# dev has two teams (config/environments/dev.yaml): the jobs run in the first one's namespace.
+TEAM = "research"
 REGION = "us-west-2"
 ANCHOR_UID = "5f0c3f4e-anchor-uid"
 CRD = Path(__file__).resolve().parents[1] / "k8s" / "crds" / "ray.io_rayjobs.yaml"
@@ -160,7 +162,7 @@ def hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[Hub]:
 
 @pytest.fixture
 def settings() -> Any:
-    return load_settings(ENV)
+    return load_settings(ENV).for_team(TEAM)
 
 
 @pytest.fixture
@@ -192,7 +194,8 @@ def s3(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch, settings: Any) -> It
 
 
 def job(kube: Kube, *argv: str) -> tuple[int, str]:
-    args = cli.build_parser().parse_args(["job", *argv, "--env", ENV, "--kubeconfig", str(kube.kubeconfig)])  # type: ignore[attr-defined]
+    where = ["--env", ENV, "--team", TEAM, "--kubeconfig", str(kube.kubeconfig)]  # type: ignore[attr-defined]
+    args = cli.build_parser().parse_args(["job", *argv, *where])
     console = Console(record=True, width=300, force_terminal=False)
     rc = args.func(args, console=console)
     return rc, console.export_text()
@@ -231,7 +234,13 @@ def test_submit_uploads_the_code_then_creates_the_rayjob(kube: Kube, s3: Any, se
     # The API server validated it (dry run) before the upload, then it was created.
     posts = [r for r in kube.requests if r[0] == "POST"]
     assert [("dryRun=All" in p[1]) for p in posts] == [True, False]
-    assert f"raytrain job logs --follow --env dev --job {name}" in text and "uploaded" in text
+    assert f"raytrain job logs --follow --env dev --team {TEAM} --job {name}" in text and "uploaded" in text
+    # Queued in the team's LocalQueue, created suspended: Kueue admits it (k8s/kueue.py).
+    assert meta["labels"]["kueue.x-k8s.io/queue-name"] == TEAM
+    assert meta["labels"]["kueue.x-k8s.io/priority-class"] == settings.active_team.default_priority
+    assert spec["suspend"] is True and spec["shutdownAfterJobFinishes"] is True
+    assert meta["namespace"] == f"ray-{TEAM}" == settings.workload.namespace
+    assert f"--storage-path s3://{checkpoint_bucket_name(settings)}/checkpoints-{TEAM} " in spec["entrypoint"]
 
     # Rerun, same code: a new job, nothing uploaded again.
     rc, text = job(kube, "submit", "--name", "rerun-1", "--set", "job.run_name=dev-smoke-2")
@@ -239,6 +248,51 @@ def test_submit_uploads_the_code_then_creates_the_rayjob(kube: Kube, s3: Any, se
     assert "already uploaded" in text
     assert [o["Key"] for o in _code_objects(s3, settings)] == [obj["Key"]]
     assert set(kube.jobs) == {name, "rerun-1"}
+
+
+def test_submit_with_a_priority_labels_it_and_an_unknown_one_is_refused(kube: Kube, s3: Any) -> None:
+    rc, text = job(
+        kube, "submit", "--priority", "urgent", "--set", "job.steps=10", "--set", "job.checkpoint_every=5"
+    )
+    assert rc == 2 and "--priority: 'urgent' is not a priority; valid: low, normal, high" in " ".join(
+        text.split()
+    )
+    assert not kube.jobs
+    rc, text = job(
+        kube, "submit", "--priority", "high", "--set", "job.steps=10", "--set", "job.checkpoint_every=5"
+    )
+    assert rc == 0, text
+    (created,) = kube.jobs.values()
+    assert created["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "high"
+
+
+def test_submit_without_a_team_where_there_are_several_names_them(kube: Kube) -> None:
+    kubeconfig = str(kube.kubeconfig)  # type: ignore[attr-defined]
+    args = cli.build_parser().parse_args(["job", "submit", "--env", ENV, "--kubeconfig", kubeconfig])
+    console = Console(record=True, width=300, force_terminal=False)
+    assert args.func(args, console=console) == 2
+    assert "--team: dev has the teams research, applied: name yours" in console.export_text()
+    args = cli.build_parser().parse_args(["job", "submit", "--env", ENV, "--team", "nobody"])
+    assert args.func(args, console=console) == 2
+    assert "--team 'nobody': not a team of dev; its teams: research, applied" in console.export_text()
+
+
+def test_a_job_bigger_than_its_team_could_ever_be_given_is_refused() -> None:
+    from raytrain.job.common import JobError
+    from raytrain.job.submit import check_queue
+    from tests.chart_render import variant
+
+    data = load_settings(ENV).model_dump(mode="json")["teams"]
+    data["applied"]["borrowing_limit_nodes"] = 0
+    settings = variant(ENV, teams=data, job={"deploy": False, "nodes": 2}).for_team("applied")
+    with pytest.raises(JobError) as info:
+        check_queue(settings, None)
+    assert str(info.value) == (
+        "job.nodes 2: team applied can never be given more than 1 g6.12xlarge nodes (its quota gpu_nodes "
+        "1, borrowing_limit_nodes 0, gpu_nodes.max_size 2), so Kueue would never admit it: --set "
+        "job.nodes=1 or less, or raise the team's quota (docs/teams.md)"
+    )
+    check_queue(settings.for_team("research"), "low")  # research may borrow: 2 nodes can be given
 
 
 @pytest.mark.parametrize(
@@ -447,7 +501,8 @@ def test_dry_run_renders_the_rayjob_offline_when_no_cluster_is_reachable(
     """The RayJob on stdout (valid against the CRD), the one line on stderr; nothing uploaded."""
     from raytrain.job.submit import OFFLINE_OWNER_UID
 
-    argv = ["job", "submit", "--env", ENV, "--dry-run", "--kubeconfig", str(tmp_path / "absent")]
+    argv = ["job", "submit", "--env", ENV, "--team", TEAM, "--dry-run",
+            "--kubeconfig", str(tmp_path / "absent")]  # fmt: skip
     rc = cli.main([*argv, "--set", "job.steps=20", "--set", "job.checkpoint_every=10"])
     out, err = capsys.readouterr()
     assert rc == 0, err
@@ -460,7 +515,8 @@ def test_dry_run_renders_the_rayjob_offline_when_no_cluster_is_reachable(
 def test_dry_run_with_the_cluster_reads_the_anchor_and_creates_nothing(
     kube: Kube, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    rc = cli.main(["job", "submit", "--env", ENV, "--dry-run", "--kubeconfig", str(kube.kubeconfig),  # type: ignore[attr-defined]
+    rc = cli.main(["job", "submit", "--env", ENV, "--team", TEAM, "--dry-run",  # type: ignore[attr-defined]
+                   "--kubeconfig", str(kube.kubeconfig),
                    "--set", "job.steps=10", "--set", "job.checkpoint_every=5"])  # fmt: skip
     out, err = capsys.readouterr()
     assert rc == 0 and err == ""
@@ -470,9 +526,9 @@ def test_dry_run_with_the_cluster_reads_the_anchor_and_creates_nothing(
 
 def test_errors_go_to_stderr(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     for argv in (
-        ["job", "status", "--env", ENV, "--kubeconfig", str(tmp_path / "absent")],
-        ["job", "submit", "--env", ENV, "--set", "job.steps=nope"],
-        ["job", "submit", "--env", ENV, "--set", "job.deploy=true"],
+        ["job", "status", "--env", ENV, "--team", TEAM, "--kubeconfig", str(tmp_path / "absent")],
+        ["job", "submit", "--env", ENV, "--team", TEAM, "--set", "job.steps=nope"],
+        ["job", "submit", "--env", ENV, "--team", TEAM, "--set", "job.deploy=true"],
     ):
         rc = cli.main(argv)
         out, err = capsys.readouterr()
@@ -505,13 +561,78 @@ def test_load_with_overrides_gives_the_files_own_settings_beside() -> None:
     assert alone is same
 
 
+# --- a digest-pinned image must be in the pull-through cache before a job uses it ---
+
+
+def _pinned(digest: str) -> Any:
+    base = load_settings(ENV)
+    return base.model_copy(update={"workload": base.workload.model_copy(update={"image_digest": digest})})
+
+
+def test_a_digest_not_in_the_cache_is_refused_before_anything_is_created(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """moto's ECR: the cache's repository holds the image the last deploy warmed; a newly pinned
+    digest is not there (nor is any before the repository exists): one line naming the fix."""
+    from moto import mock_aws
+
+    from raytrain.job.common import JobError
+    from raytrain.job.submit import check_image_cached
+
+    for key, value in (("AWS_ACCESS_KEY_ID", "x"), ("AWS_SECRET_ACCESS_KEY", "x")):
+        monkeypatch.setenv(key, value)
+    with mock_aws():
+        ecr = boto3.client("ecr", region_name=REGION)
+        warmed = _pinned("sha256:" + "0" * 64)
+        repository = warmed.image_source.cache_repository(warmed.workload.image)
+        assert repository == "dev/ecr-public/deep-learning-containers/ray"
+        with pytest.raises(JobError, match="is not in the pull-through cache"):
+            check_image_cached(warmed, ecr)  # no repository yet: nothing was ever cached
+        ecr.create_repository(repositoryName=repository)
+        manifest = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
+                               "manifests": []})  # fmt: skip
+        image = ecr.put_image(
+            repositoryName=repository, imageManifest=manifest, imageTag="train-ml-cuda-v1.1"
+        )
+        cached = image["image"]["imageId"]["imageDigest"]
+        check_image_cached(_pinned(cached), ecr)  # passes
+        newly = "sha256:" + "9" * 64
+        with pytest.raises(JobError) as err:
+            check_image_cached(_pinned(newly), ecr)
+    message = str(err.value)
+    assert f"workload.image_digest {newly} is not in the pull-through cache ({repository})" in message
+    assert "Deploy the Cluster stack (`cdk deploy RayTrain-dev-Cluster`" in message
+    assert "\n" not in message
+
+
+def test_the_submitter_policy_may_describe_the_cached_ray_images_only(synthesized: Any) -> None:
+    from moto.iam import access_control as ac
+
+    settings = synthesized["dev"].settings
+    template = synthesized["dev"].template("Workload")
+    (doc,) = [
+        r["Properties"]["PolicyDocument"] for r in template["Resources"].values()
+        if r["Type"] == "AWS::IAM::ManagedPolicy"
+        and r["Properties"].get("ManagedPolicyName", "").endswith("-job-submitter")
+    ]  # fmt: skip
+    statements = [st for st in doc["Statement"] if "ecr:" in json.dumps(st["Action"])]
+    evaluator = ac.IAMPolicy(json.dumps({"Version": "2012-10-17", "Statement": statements}))
+    repo = settings.image_source.cache_repository(settings.workload.image)
+    arn = f"arn:aws:ecr:{settings.region}:{settings.account}:repository/{repo}"
+    assert evaluator.is_action_permitted("ecr:DescribeImages", arn) is ac.PermissionResult.PERMITTED
+    assert (
+        evaluator.is_action_permitted("ecr:DescribeImages", arn + "-other")
+        is not ac.PermissionResult.PERMITTED
+    )
+    assert evaluator.is_action_permitted("ecr:BatchGetImage", arn) is not ac.PermissionResult.PERMITTED
+
+
 def test_a_gated_model_unreadable_with_the_token_is_refused_before_anything_is_uploaded(
     kube: Kube, s3: Any, settings: Any, hub: Hub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """job.hf_token_secret names a Secrets Manager secret (moto server); the hub stub gates the
     model for another token: refused in one line, nothing uploaded, the token never printed."""
-    from config.loader import ENVIRONMENTS_DIR, load_with_overrides
-    from raytrain.job import submit
+    from config.loader import ENVIRONMENTS_DIR
 
     endpoint = s3.meta.endpoint_url
     secrets = boto3.client("secretsmanager", region_name=REGION, endpoint_url=endpoint)
@@ -522,12 +643,9 @@ def test_a_gated_model_unreadable_with_the_token_is_refused_before_anything_is_u
     (tmp_path / f"{ENV}.yaml").write_text(
         text.replace("  run_name: dev-smoke\n", f"  run_name: dev-smoke\n  hf_token_secret: {arn}\n")
     )
-    monkeypatch.setattr(
-        submit, "load_with_overrides", functools.partial(load_with_overrides, directory=tmp_path)
-    )
     monkeypatch.setenv("AWS_ENDPOINT_URL_SECRETS_MANAGER", endpoint)
     try:
-        rc, text = job(kube, "submit")
+        rc, text = job(kube, "submit", "--config-dir", str(tmp_path))
     finally:
         secrets.delete_secret(SecretId=arn, ForceDeleteWithoutRecovery=True)
     assert rc == 2 and f"job.model: {settings.job.model} is gated" in text, text

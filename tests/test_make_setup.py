@@ -64,12 +64,14 @@ def test_synth_env_synthesizes_only_that_environment(make_dir: Path) -> None:
 
 
 def test_synth_of_an_unknown_environment_fails_naming_the_known_ones(capsys) -> None:
+    from config.loader import environment_names
     from stacks.synth_all import main
 
     assert main(["nope", "--out", "/nonexistent/never-written"]) == 1
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0
-    assert "no such environment file for env='nope'; known environments: dev, prod" in err
+    known = ", ".join(environment_names())  # dev, prod and the checkout's own
+    assert f"no such environment file for env='nope'; known environments: {known}" in err
 
 
 def test_review_needs_the_cdk_side_only(make_dir: Path) -> None:

@@ -46,7 +46,7 @@ def test_synth_runs_the_tests_and_the_synthesis(synthesized):
     spec = json.loads(_buildspec(synthesized, synth))
     assert spec["phases"]["build"]["commands"] == ["make test", "make synth"]
     assert spec["artifacts"]["base-directory"] == f"cdk.out/{HOST}"
-    assert spec["phases"]["install"]["runtime-versions"] == {"python": "3.11", "nodejs": "20"}
+    assert spec["phases"]["install"]["runtime-versions"] == {"python": "3.11", "nodejs": "22"}
 
 
 def _by_order(actions: list[dict]) -> dict[str, int]:

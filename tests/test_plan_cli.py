@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from config.loader import ENVIRONMENTS_DIR
+from config.loader import environments_dir
 from raytrain import plan as plan_cmd
 from raytrain.cli import build_parser
 from training.model.shapes import CATALOGUE
@@ -18,7 +18,7 @@ from training.model.shapes import CATALOGUE
 @pytest.fixture
 def envdir(tmp_path: Path) -> Path:
     target = tmp_path / "environments"
-    shutil.copytree(ENVIRONMENTS_DIR, target)
+    shutil.copytree(environments_dir(), target)
     return target
 
 
@@ -56,6 +56,11 @@ def test_dev_fits_and_shows_every_term_and_the_margin(envdir: Path) -> None:
     row = next(line for line in out.splitlines() if re.match(r"\W*2048\W", line))
     accumulating, single, other = (int(x) for x in re.findall(r"\d+", row)[1:4])
     assert 1 <= accumulating < single and other > accumulating
+    # Which Kueue queue the job lands in (dev's first example team) and what it may borrow.
+    assert (
+        "queue: the job lands in team research's queue (quota 1 of 2 GPU nodes, may borrow any idle node"
+        in flat
+    )
 
 
 def test_a_job_that_does_not_fit_is_explained_not_refused(envdir: Path) -> None:
@@ -279,3 +284,36 @@ def test_a_reader_that_stops_early_ends_the_command_quietly() -> None:
     proc.stdout.close()  # the reader is gone before the first line
     err = proc.stderr.read().decode()
     assert proc.wait() == 141 and "Traceback" not in err, err
+
+
+def test_the_what_if_table_offers_float8_only_to_full_fine_tunes(envdir: Path) -> None:
+    """prod's job is LoRA, which refuses job.float8 (its frozen bf16 base is not converted); dev's is
+    a full fine-tune, which may turn it on."""
+    from config.loader import load_settings
+
+    lora = plan_cmd.speed(load_settings("prod", envdir, check_memory=False))
+    assert not [m for m in lora["moves"] if "float8" in m["change"]], lora["moves"]
+    full = plan_cmd.speed(load_settings("dev", envdir, check_memory=False))
+    assert [m for m in full["moves"] if m["change"].startswith("float8")], full["moves"]
+
+
+def test_the_model_check_names_the_jobs_own_gpu(envdir: Path) -> None:
+    from config.loader import load_settings
+
+    settings = load_settings("dev", envdir, check_memory=False)
+    gpu = settings.gpu_nodes.model_copy(update={"instance_type": "p5.48xlarge", "placement_group": False})
+    checked = plan_cmd.speed(settings.model_copy(update={"gpu_nodes": gpu}))["checked"]
+    assert "no H100 step of this job on p5.48xlarge has been measured" in checked and "L4" not in checked
+
+
+def test_compare_suggests_the_catalogue_id_a_variant_name_meant(envdir: Path) -> None:
+    console = Console(record=True, width=400)
+    argv = ["plan", "--env", "dev", "--config-dir", str(envdir), "--compare", "Qwen/Qwen3-8B-Instruct"]
+    assert plan_cmd.run(build_parser().parse_args(argv), console=console) == plan_cmd.EXIT_UNUSABLE
+    said = [line for line in console.export_text().splitlines() if line.startswith("refused ")]
+    assert said == [
+        "refused Qwen/Qwen3-8B-Instruct: 'Qwen/Qwen3-8B-Instruct' is not in the model catalogue "
+        "(training/model/configs/), so its size is unknown; did you mean 'Qwen/Qwen3-8B' or "
+        "'Qwen/Qwen3-8B-Base'? Otherwise compare a local copy of its config.json (--compare FILE, or a "
+        "folder holding one)"
+    ]

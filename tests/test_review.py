@@ -121,6 +121,49 @@ def test_logical_id_change_of_a_critical_resource_is_a_replacement():
     assert changes["GroupRenamed"].action == "added"
 
 
+def _workload_template() -> dict:
+    """The two resources between a redeploy and the submitted jobs, and a manifest of RayJobs."""
+    from config.names import JOBS_ANCHOR
+
+    anchor = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": JOBS_ANCHOR, "namespace": "ray"}}
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "r"}}
+    job = {"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {"name": "rj-a-1", "namespace": "ray"}}
+    manifest = "Custom::AWSCDK-EKS-KubernetesResource"
+    return {
+        "Resources": {
+            "RayWorkload1703B9BC": {"Type": manifest, "Properties": {"Manifest": json.dumps([role, anchor])}},
+            "RayJobaaaa": {"Type": manifest, "Properties": {"Manifest": json.dumps([job])}},
+            "SubmittedJobDrain990558B0": {"Type": "Custom::RayJobDrain", "Properties": {"Namespace": "ray"}},
+        }
+    }
+
+
+@pytest.mark.parametrize("logical_id", ["RayWorkload1703B9BC", "SubmittedJobDrain990558B0"])
+def test_renaming_the_jobs_anchor_manifest_or_the_drain_is_a_critical_replacement(logical_id):
+    """A new logical ID: CloudFormation deletes the old resource after creating the new one; for the
+    anchor's manifest that is `kubectl delete -f` on the anchor (every submitted job goes with it)."""
+    old, new = _workload_template(), _workload_template()
+    new["Resources"][f"Renamed{logical_id}"] = new["Resources"].pop(logical_id)
+    review_ = review.compare_templates("S", old, new, REGION)
+    assert [c.logical_id for c in review_.critical_replacements] == [logical_id]
+    assert f"Renamed{logical_id}" in review_.critical_replacements[0].details[0]
+    # Removed outright: critical too.
+    del new["Resources"][f"Renamed{logical_id}"]
+    (change,) = review.compare_templates("S", old, new, REGION).critical_replacements
+    assert (change.logical_id, change.action) == (logical_id, "removed")
+
+
+def test_a_new_rayjob_manifest_is_not_critical_nor_a_twin_of_the_anchors():
+    """A RayJob manifest's ID carries its spec's hash: a new one replacing the old is the design
+    (stacks/workload_stack.py), and it is not the renamed anchor manifest either."""
+    old, new = _workload_template(), _workload_template()
+    new["Resources"]["RayJobbbbb"] = new["Resources"].pop("RayJobaaaa")
+    assert review.compare_templates("S", old, new, REGION).critical_replacements == []
+    del new["Resources"]["RayWorkload1703B9BC"]
+    (change,) = review.compare_templates("S", old, new, REGION).critical_replacements
+    assert (change.logical_id, change.action, change.details) == ("RayWorkload1703B9BC", "removed", [])
+
+
 def test_resources_without_a_schema_are_reported_as_unknown():
     old, new = _template(), _template()
     new["Resources"]["Chart"]["Properties"]["Version"] = "1.1.0"

@@ -72,6 +72,8 @@ def test_cdk_nag_acknowledgements_are_scoped_and_explained(synthesized, env):
         stack + "RayImageWarm/Role/DefaultPolicy",
         # EKS-leftovers cleanup: Describe calls on *, deletes scoped by VPC / ownership-tag conditions.
         f"/RayTrain-{env}-Network/EksLeftoverCleanup/Role/DefaultPolicy",
+        # Each team's Ray pods' role (RayPodRole<Team>): its checkpoint prefix, the code, inputs.
+        f"/RayTrain-{env}-Workload/RayPodRole",
         # Submitted-jobs drain: its own log group's streams; the AWS managed VPC-access policy.
         f"/RayTrain-{env}-Workload/SubmittedJobDrain/Policy",
         f"/RayTrain-{env}-Workload/SubmittedJobDrain/Role",

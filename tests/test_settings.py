@@ -12,15 +12,16 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 from ruamel.yaml import YAML
 
+from config import loader
 from config.catalogue import CATALOGUE
-from config.loader import ENVIRONMENTS_DIR, SettingsError, environment_names, load_settings, parse_settings
+from config.loader import SettingsError, environment_names, environments_dir, load_settings, parse_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = "config/environments/dev.yaml"
 
 
 def dev_data() -> dict:
-    return YAML(typ="safe", pure=True).load((ENVIRONMENTS_DIR / "dev.yaml").read_text())
+    return YAML(typ="safe", pure=True).load((environments_dir() / "dev.yaml").read_text())
 
 
 def parse(data: dict):
@@ -40,11 +41,29 @@ def error_of(data: dict) -> str:
 
 
 def test_shipped_environments_are_valid():
-    assert environment_names() == ["dev", "prod"]
+    """The shipped examples, by name, as shipped (tests/environment_copies.py)."""
+    assert {"dev", "prod"} <= set(environment_names())
     for name in ["dev", "prod", "example"]:
         settings = load_settings(name)
         assert settings.name == name
         assert settings.gpu_nodes.availability_zone in settings.vpc.availability_zones
+
+
+@pytest.mark.parametrize("name", loader.environment_names(loader.ENVIRONMENTS_DIR))
+def test_every_environment_of_the_checkout_is_valid(name):
+    """Every file of config/environments/ as the checkout has it (a dev.yaml edited as README step 1
+    says, a user's own files), by the rules that hold for any environment: it loads from its own
+    folder (the checks against the other files included: one cluster per name, one pipeline), its
+    GPU zone is one of its zones, in its region, and a pipeline it hosts finds what it deploys."""
+    from stacks.app_builder import pipeline_environments
+
+    settings = loader.load_settings(name, loader.ENVIRONMENTS_DIR)
+    assert settings.gpu_nodes.availability_zone in settings.vpc.availability_zones
+    assert all(zone.startswith(settings.region) for zone in settings.vpc.availability_zones)
+    if settings.pipeline is not None and settings.pipeline.enabled:
+        assert set(pipeline_environments(settings, loader.ENVIRONMENTS_DIR)) == set(
+            settings.pipeline.environments
+        )
 
 
 @pytest.mark.parametrize(
@@ -226,7 +245,9 @@ def test_not_yaml_and_not_a_mapping():
 
 
 def test_unknown_environment_lists_known_ones():
-    with pytest.raises(SettingsError, match="known environments: dev, prod"):
+    known = environment_names()
+    assert {"dev", "prod"} <= set(known)
+    with pytest.raises(SettingsError, match=f"known environments: {', '.join(known)}$"):
         load_settings("staging")
 
 
@@ -260,6 +281,10 @@ def test_gpu_types_pass_only_with_gpus_and_efa(name):
 @given(st.integers(0, 20), st.sampled_from([0, 1, 2, 4]), st.integers(1, 20))
 def test_sizes_valid_iff_ordered(min_size, nodes, max_size):
     data = dev_data()
+    # Sizes alone: without dev's teams, whose quotas must fit max_size (tests/test_settings_teams.py).
+    data["cluster"]["job_submitter_principals"] = [
+        a for t in data.pop("teams").values() for a in t["submitters"]
+    ]
     data["gpu_nodes"].update(min_size=min_size, max_size=max_size)
     data["job"] = {**data.get("job", {}), "nodes": nodes}
     # The group scales between min and max; a job needs at least one node, at most max.
@@ -336,18 +361,14 @@ def test_app_with_unknown_environment_fails_cleanly(tmp_path):
 
 
 def test_synth_all_with_a_bad_file_writes_nothing(tmp_path, monkeypatch):
-    from config import loader
     from stacks import synth_all
 
     envs = tmp_path / "environments"
     envs.mkdir()
-    (envs / "dev.yaml").write_text((ENVIRONMENTS_DIR / "dev.yaml").read_text())
+    (envs / "dev.yaml").write_text((environments_dir() / "dev.yaml").read_text())
     (envs / "broken.yaml").write_text(
-        (ENVIRONMENTS_DIR / "dev.yaml").read_text().replace("g6.12xlarge", "g9.huge")
+        (environments_dir() / "dev.yaml").read_text().replace("g6.12xlarge", "g9.huge")
     )
-    monkeypatch.setattr(loader, "ENVIRONMENTS_DIR", envs)
-    monkeypatch.setattr(synth_all, "environment_names", lambda: loader.environment_names(envs))
-    monkeypatch.setattr(synth_all, "load_settings", lambda name: loader.load_settings(name, envs))
     out = tmp_path / "cdk.out"
-    assert synth_all.main(["--out", str(out)]) == 1
+    assert synth_all.main(["--out", str(out), "--config-dir", str(envs)]) == 1
     assert not out.exists()

@@ -10,7 +10,7 @@ import pytest
 from ruamel.yaml import YAML
 
 from config.catalogue import CATALOGUE, GPU_MEMORY_CUDA_GIB
-from config.loader import ENVIRONMENTS_DIR, SettingsError, load_settings, parse_settings
+from config.loader import SettingsError, environments_dir, load_settings, parse_settings
 from config.memory import (
     capacity_bytes,
     job_memory,
@@ -31,7 +31,7 @@ SHIPPED_MARGIN_GIB = 3.0
 
 
 def dev_data() -> dict[str, Any]:
-    data: dict[str, Any] = YAML(typ="safe", pure=True).load((ENVIRONMENTS_DIR / "dev.yaml").read_text())
+    data: dict[str, Any] = YAML(typ="safe", pure=True).load((environments_dir() / "dev.yaml").read_text())
     return data
 
 

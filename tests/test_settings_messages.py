@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from config.loader import ENVIRONMENTS_DIR, SettingsError, load_settings, parse_settings
+from config.loader import SettingsError, environments_dir, load_settings, parse_settings
 
-DEV = (ENVIRONMENTS_DIR / "dev.yaml").read_text()
+DEV = (environments_dir() / "dev.yaml").read_text()
 
 
 def problem(text: str) -> str:

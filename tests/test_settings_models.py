@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from ruamel.yaml import YAML
 
-from config.loader import ENVIRONMENTS_DIR, SettingsError, parse_settings
+from config.loader import SettingsError, environments_dir, parse_settings
 from config.memory import job_memory, plan_options
 from config.settings import Settings
 from training.model.dims import Dims
@@ -23,7 +23,7 @@ SOURCE = "config/environments/prod.yaml"
 
 
 def prod_with(check_memory: bool = True, **job: Any) -> Settings:
-    data: dict[str, Any] = YAML(typ="safe", pure=True).load((ENVIRONMENTS_DIR / "prod.yaml").read_text())
+    data: dict[str, Any] = YAML(typ="safe", pure=True).load((environments_dir() / "prod.yaml").read_text())
     data["job"] = {**data["job"], **job}
     for key in [k for k, v in job.items() if v is None]:
         del data["job"][key]
@@ -98,6 +98,19 @@ def test_a_model_that_fits_no_job_is_refused(tmp_path: Path) -> None:
         ({"lora": {"dropout": "5%"}}, "job.lora.dropout", "'5%'; use a number in [0, 1), e.g. 0.05"),
         ({"lora": 16}, "job.lora", "16; a mapping of LoRA's settings ({} for its defaults"),
         ({"model": "qwen/qwen2.5-7b"}, "job.model", "did you mean 'Qwen/Qwen2.5-7B'?"),
+        # A variant name the release does not have (Qwen3's chat models carry no -Instruct), and a typo.
+        (
+            {"model": "Qwen/Qwen3-8B-Instruct"},
+            "job.model",
+            "did you mean 'Qwen/Qwen3-8B' or 'Qwen/Qwen3-8B-Base'? Otherwise set job.config_json to a "
+            "local copy of its config.json (`hf download Qwen/Qwen3-8B-Instruct config.json --local-dir "
+            "config/models/qwen3-8b-instruct`, then job.config_json: config/models/qwen3-8b-instruct)",
+        ),
+        (
+            {"model": "Qwen/Qwen2.5-7B-Instuct"},
+            "job.model",
+            "did you mean 'Qwen/Qwen2.5-7B-Instruct'? Otherwise",
+        ),
         (
             {"model": "/models/mine"},
             "job.config_json",
@@ -161,7 +174,7 @@ def test_a_config_file_sizes_a_model_in_s3(tmp_path: Path) -> None:
 def _with_sets(env: str, *items: str) -> Settings:
     from config.loader import load_settings
 
-    return load_settings(env, ENVIRONMENTS_DIR, check_memory=False, overrides=list(items))
+    return load_settings(env, environments_dir(), check_memory=False, overrides=list(items))
 
 
 def test_one_lora_field_is_set_per_job_keeping_the_files_others() -> None:
@@ -192,7 +205,7 @@ def test_bad_section_overrides_are_one_line(items: list[str], message: str) -> N
 
 def test_an_empty_lora_key_is_refused_not_read_as_a_full_fine_tune() -> None:
     # `lora:` with its fields commented out reads as null: a full fine-tune the file did not mean.
-    text = (ENVIRONMENTS_DIR / "prod.yaml").read_text()
+    text = (environments_dir() / "prod.yaml").read_text()
     start = text.index("  lora:")
     end = text.index("\n  ", text.index("dropout", start))
     emptied = text[:start] + "  lora:\n  #  rank: 16" + text[end:]

@@ -100,6 +100,27 @@ def test_too_many_gpu_nodes_for_the_zones_subnet() -> None:
     parse(data)
 
 
+@pytest.mark.parametrize("system_max", [2, 6])
+def test_the_advertised_maximum_is_the_boundary(system_max: int) -> None:
+    """The largest max_size the refusal names passes, one more is refused, whatever the system
+    group's size (its nodes may land in the GPU zone: leaving them out would let one more in)."""
+    import re
+
+    data = dev_data()
+    data["gpu_nodes"].update({"instance_type": "p4d.24xlarge",
+                              "capacity_reservation_id": "cr-0123456789abcdef0",
+                              "placement_group": False, "max_size": 40})  # fmt: skip
+    data["system_nodes"] = {**data["system_nodes"], "max_size": system_max}
+    data["job"] = {**data["job"], "nodes": 2}
+    found = re.search(r"set max_size to at most (\d+)", error_of(data))
+    assert found, error_of(data)
+    advertised = int(found.group(1))
+    data["gpu_nodes"]["max_size"] = advertised
+    parse(data)
+    data["gpu_nodes"]["max_size"] = advertised + 1
+    assert f"gpu_nodes.max_size: {advertised + 1} p4d.24xlarge nodes" in error_of(data)
+
+
 def test_interface_endpoints_stay_within_the_allowance() -> None:
     from stacks.network_stack import INTERFACE_ENDPOINTS
 

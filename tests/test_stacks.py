@@ -272,6 +272,49 @@ def test_cluster_stack_depends_on_network(synthesized):
     assert "RayTrain-dev-Network" in deps
 
 
+def _imports(value) -> list[str]:
+    if isinstance(value, dict):
+        found = [value["Fn::ImportValue"]] if isinstance(value.get("Fn::ImportValue"), str) else []
+        return found + [n for v in value.values() for n in _imports(v)]
+    if isinstance(value, list):
+        return [n for v in value for n in _imports(v)]
+    return []
+
+
+@pytest.mark.parametrize("env", ["dev", "prod"])
+def test_removing_the_job_drain_changes_no_other_stacks_exports(synthesized, env):
+    """Every value the drain imports is either a named export its producer always makes or an
+    automatic one that another consumer keeps: removing or moving the drain later leaves the
+    Cluster and Network stacks' exports as they are (an automatic export whose last consumer goes
+    is deleted with the producer's update, which CloudFormation refuses while the deployed
+    Workload stack imports it)."""
+    templates = synthesized[env].templates()
+    prefix = synthesized[env].settings.stack_prefix
+    exports = {
+        out["Export"]["Name"]
+        for t in templates.values() for out in t.get("Outputs", {}).values() if "Export" in out
+    }  # fmt: skip
+    workload = templates[f"{prefix}-Workload"]["Resources"]
+    drain = {i for i in workload if i.startswith("SubmittedJobDrain")}
+    assert drain, "the drain's resources were not found"
+    elsewhere = [
+        name
+        for stack, t in templates.items()
+        for i, r in t["Resources"].items()
+        if not (stack == f"{prefix}-Workload" and i in drain)
+        for name in _imports(r)
+    ]
+    for name in {n for i in drain for n in _imports(workload[i])}:
+        assert name in exports, name
+        automatic = ":ExportsOutput" in name
+        assert not automatic or name in elsewhere, f"{name}: an automatic export only the drain uses"
+    # The named export the drain uses now: the cluster's security group.
+    assert f"{prefix}-ClusterSecurityGroupId" in {n for i in drain for n in _imports(workload[i])}
+    # ... and the automatic one deployed Workload stacks still import, kept for this version's
+    # deploy (the Cluster stack is updated first): its name as CDK made it.
+    assert f"{prefix}-Cluster:ExportsOutputFnGetAttClusterEB0386A7ClusterSecurityGroupIdC1CF079A" in exports
+
+
 def test_prod_retains_state_and_is_protected(synthesized):
     manifest = json.loads((synthesized["prod"].directory / "manifest.json").read_text())
     for name in ("RayTrain-prod-Network", "RayTrain-prod-Cluster"):

@@ -25,7 +25,7 @@ from urllib.parse import parse_qs, urlparse
 
 import cdk8s
 import pytest
-from test_job import CLUSTER, FakeApi, _Handler, cluster_routes
+from test_job import CLUSTER, FakeApi, _Handler, cluster_routes, queue_routes
 from test_job import run as run_status_side
 from test_job_submit import Kube, job, moto_endpoint, s3  # noqa: F401 - fixtures
 
@@ -37,6 +37,8 @@ from k8s.rbac import DRAINER_ROLE, SUBMITTER_ROLE
 from tests.helm_charts import layer_kubectl
 
 ENV = "dev"
+# dev has two teams (config/environments/dev.yaml): the jobs run in the first one's namespace.
+TEAM = "research"
 
 
 @dataclass(frozen=True)
@@ -126,7 +128,9 @@ def _objects(env: str) -> list[dict[str, Any]]:
 
 def _rbac(settings: Settings, role: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """The Role and RoleBinding of that name, as the Workload chart renders them."""
-    objects = _objects(settings.name)
+    objects = [
+        o for o in _objects(settings.name) if o["metadata"]["namespace"] == settings.workload.namespace
+    ]
     (r,) = [o for o in objects if o["kind"] == "Role" and o["metadata"]["name"] == role]
     (b,) = [o for o in objects if o["kind"] == "RoleBinding" and o["metadata"]["name"] == role]
     return r, b
@@ -134,7 +138,7 @@ def _rbac(settings: Settings, role: str) -> tuple[dict[str, Any], dict[str, Any]
 
 @pytest.fixture(scope="module")
 def settings() -> Settings:
-    return load_settings(ENV)
+    return load_settings(ENV).for_team(TEAM)
 
 
 @pytest.fixture(scope="module")
@@ -195,6 +199,7 @@ def _requests_of_status_side(
     pods = routes[f"/api/v1/namespaces/{ns}/pods"]["items"]
     pods[-1]["status"]["phase"] = "Pending"
     routes[f"/api/v1/namespaces/{ns}/events"] = {"kind": "EventList", "items": []}
+    routes.update(queue_routes(settings))
     api.routes = routes
     api.logs = {p["metadata"]["name"]: ["line"] for p in pods}
     for argv in (
@@ -204,6 +209,7 @@ def _requests_of_status_side(
         ["logs", "--head"],
         ["logs", "--worker", "0"],
         ["dashboard", "--print-token", "--no-forward"],
+        ["queue"],
     ):
         rc, text = run_status_side(tmp_path, api, *argv)
         assert rc in (0, 1), (argv, text)
@@ -290,7 +296,10 @@ def test_what_the_role_refuses(role: dict[str, Any], settings: Settings) -> None
 
 
 def test_roles_are_bound_to_the_groups_the_access_entries_map_to(settings: Settings) -> None:
-    for name, group in ((SUBMITTER_ROLE, JOB_SUBMITTER_GROUP), (DRAINER_ROLE, JOB_DRAINER_GROUP)):
+    for name, group in (
+        (SUBMITTER_ROLE, settings.active_team.submitter_group),
+        (DRAINER_ROLE, JOB_DRAINER_GROUP),
+    ):
         r, b = _rbac(settings, name)
         assert r["metadata"]["namespace"] == b["metadata"]["namespace"] == settings.workload.namespace
         assert b["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name}
@@ -299,3 +308,31 @@ def test_roles_are_bound_to_the_groups_the_access_entries_map_to(settings: Setti
     assert json.dumps(_rbac(settings, DRAINER_ROLE)[0]["rules"]) == json.dumps(
         [{"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": ["list", "delete"]}]
     )
+
+
+@pytest.mark.parametrize("env", ["dev", "prod"])
+def test_a_teams_submitters_are_bound_in_their_own_namespace_only(env: str) -> None:
+    """Each team's group is the subject of exactly one binding, its own namespace's submitter Role:
+    RBAC grants nothing without a binding, so a team cannot read, stop or delete another team's
+    jobs, pods, logs or secrets. The implicit team keeps the group it had before teams."""
+    settings = load_settings(env)
+    teams = settings.team_list
+    assert len(teams) >= 2
+    bindings = [o for o in _objects(env) if o["kind"] == "RoleBinding"]
+    for team in teams:
+        mine = [b for b in bindings if any(s["name"] == team.submitter_group for s in b["subjects"])]
+        assert [(b["metadata"]["namespace"], b["roleRef"]["name"]) for b in mine] == [
+            (team.namespace, SUBMITTER_ROLE)
+        ]
+        other = next(t for t in teams if t.name != team.name)
+        role, binding = _rbac(settings.for_team(other.name), SUBMITTER_ROLE)
+        a = attributes("DELETE", f"/apis/ray.io/v1/namespaces/{other.namespace}/rayjobs/x")
+        # The other team's Role allows deleting its jobs, but only to the group bound to it there.
+        assert allowed(role["rules"], a)
+        assert [s["name"] for s in binding["subjects"]] == [other.submitter_group]
+        assert not any(
+            b["metadata"]["namespace"] == other.namespace
+            and team.submitter_group in json.dumps(b["subjects"])
+            for b in bindings
+        )
+    assert load_settings("example").team_list[0].submitter_group == JOB_SUBMITTER_GROUP

@@ -20,10 +20,13 @@ def _real(settings):
         update={
             "public_access_cidrs": ["100.64.10.0/24"],
             "admin_principal_arns": ["arn:aws:iam::210987654320:role/Admin"],
-            "job_submitter_principals": ["arn:aws:iam::210987654320:role/MLEngineer"],
         }
     )
-    return settings.model_copy(update={"account": "210987654320", "cluster": cluster})
+    teams = {
+        name: team.model_copy(update={"submitters": [f"arn:aws:iam::210987654320:role/{name}"]})
+        for name, team in settings.teams.items()
+    }
+    return settings.model_copy(update={"account": "210987654320", "cluster": cluster, "teams": teams})
 
 
 def test_the_shipped_placeholders_are_found():
@@ -32,7 +35,9 @@ def test_the_shipped_placeholders_are_found():
         "cluster.public_access_cidrs[0]: 203.0.113.0/24 (a documentation-only address range, RFC 5737/3849)",
         "cluster.admin_principal_arns[0]: arn:aws:iam::111122223333:role/Admin"
         " (an AWS documentation example account)",
-        "cluster.job_submitter_principals[0]: arn:aws:iam::111122223333:role/MLEngineer"
+        "teams.research.submitters[0]: arn:aws:iam::111122223333:role/MLEngineer"
+        " (an AWS documentation example account)",
+        "teams.applied.submitters[0]: arn:aws:iam::111122223333:role/AppliedML"
         " (an AWS documentation example account)",
     ]
     assert any(p.startswith("pipeline.connection_arn: ") for p in placeholders(load_settings("prod")))

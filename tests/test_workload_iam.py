@@ -30,6 +30,7 @@ What moto 5.2's evaluator does not do, and how it is covered here (moto/iam/acce
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import Iterator
@@ -63,10 +64,15 @@ def _doc_sentences(service: str, operation: str, pattern: str) -> list[str]:
     return [s.strip() for s in re.findall(r"[^.]*" + pattern + r"[^.]*\.", text)]
 
 
-def _role_policy(template: dict[str, Any]) -> tuple[dict[str, Any], str, str]:
-    """(policy document with tokens, checkpoint bucket logical id, key logical id)."""
+def _role_policy(template: dict[str, Any], namespace: str) -> tuple[dict[str, Any], str, str]:
+    """(policy document with tokens, checkpoint bucket logical id, key logical id) of the role the
+    Ray pods of a namespace (a team's) get."""
     resources = template["Resources"]
-    (assoc,) = [r for r in resources.values() if r["Type"] == "AWS::EKS::PodIdentityAssociation"]
+    (assoc,) = [
+        r
+        for r in resources.values()
+        if r["Type"] == "AWS::EKS::PodIdentityAssociation" and r["Properties"]["Namespace"] == namespace
+    ]
     role_id = assoc["Properties"]["RoleArn"]["Fn::GetAtt"][0]
     docs = [
         r["Properties"]["PolicyDocument"]
@@ -85,16 +91,31 @@ class Aws:
     """moto server state for one environment: buckets, key, role credentials."""
 
     def __init__(
-        self, endpoint: str, settings: Any, template: dict[str, Any], code_key: str, role: str = "ray-pods"
+        self,
+        endpoint: str,
+        settings: Any,
+        template: dict[str, Any],
+        code_key: str,
+        role: str = "ray-pods",
+        team: str | None = None,
     ) -> None:
+        """`team`: whose Ray pods (default: the deployed job's team)."""
+        from config.locations import checkpoint_prefix
+
+        view = settings.for_team(team or settings.deploy_team.name)
+        self.namespace, self.prefix = view.workload.namespace, checkpoint_prefix(view)
         self.endpoint, self.role = endpoint, role
-        self.bucket = template["Resources"][_role_policy(template)[1]]["Properties"]["BucketName"]
+        self.bucket = template["Resources"][_role_policy(template, self.namespace)[1]]["Properties"][
+            "BucketName"
+        ]
         self.code_bucket, self.code_key = code_key.split("/", 1)
         admin = {"region_name": REGION, "endpoint_url": endpoint}
         admin_creds = {"aws_access_key_id": "AKIAADMIN0000000000", "aws_secret_access_key": "x"}
         s3 = boto3.client("s3", **admin, **admin_creds)
         for name in (self.bucket, self.code_bucket):
-            s3.create_bucket(Bucket=name, CreateBucketConfiguration={"LocationConstraint": REGION})
+            # Another team's role: the same environment's buckets.
+            with contextlib.suppress(s3.exceptions.BucketAlreadyOwnedByYou):
+                s3.create_bucket(Bucket=name, CreateBucketConfiguration={"LocationConstraint": REGION})
         s3.put_object(Bucket=self.code_bucket, Key=self.code_key, Body=b"PK\x05\x06" + b"\0" * 18)
         s3.put_object(Bucket=self.bucket, Key="elsewhere/file", Body=b"not the job's")
         kms = boto3.client("kms", **admin, **admin_creds)
@@ -113,7 +134,7 @@ class Aws:
                 ]
             },
         )
-        doc, bucket_id, key_id = _role_policy(template)
+        doc, bucket_id, key_id = _role_policy(template, self.namespace)
         self.policy = resolve(doc, {bucket_id: f"arn:aws:s3:::{self.bucket}", key_id: self.key_arn})
         iam = boto3.client("iam", **admin, **admin_creds)
         account = boto3.client("sts", **admin, **admin_creds).get_caller_identity()["Account"]
@@ -237,7 +258,7 @@ def test_role_policy_has_no_conditions_moto_cannot_evaluate(aws: Aws) -> None:
 def test_job_storage_calls_are_allowed_through_pyarrow(aws: Aws, enforced: None, tmp_path: Any) -> None:
     """What Ray Train (and training/reporting/summary.py) do with the storage path, through pyarrow."""
     fs = aws.pyarrow_fs()
-    run_dir = f"{aws.bucket}/checkpoints/{RUN}"
+    run_dir = f"{aws.bucket}/{aws.prefix}/{RUN}"
     # Ray Train at start: creates the run folder (HeadBucket, then directory markers) and writes a file.
     fs.create_dir(run_dir, recursive=True)
     with fs.open_output_stream(f"{run_dir}/.validate_storage_marker") as out:
@@ -257,6 +278,41 @@ def test_job_storage_calls_are_allowed_through_pyarrow(aws: Aws, enforced: None,
     # num_to_keep: old checkpoints are deleted.
     fs.delete_dir(f"{run_dir}/checkpoint_000001")
     assert not [i for i in fs.get_file_info(pafs.FileSelector(run_dir)) if i.base_name == "checkpoint_000001"]
+
+
+@pytest.fixture(scope="module")
+def other_team(synthesized: Any, moto_endpoint: str, aws: Aws) -> Aws:
+    """dev's second team's Ray pods' role, in the same account and buckets."""
+    s = synthesized["dev"]
+    (first, second) = s.settings.team_list
+    assert aws.namespace == first.namespace
+    return Aws(
+        moto_endpoint, s.settings, s.template("Workload"), f"{aws.code_bucket}/{aws.code_key}",
+        role="ray-pods-other-team", team=second.name,
+    )  # fmt: skip
+
+
+def test_a_teams_pods_cannot_touch_another_teams_checkpoints(
+    aws: Aws, other_team: Aws, enforced: None
+) -> None:
+    """Each team's role writes its own prefix only (config/locations.py checkpoint_prefix): the
+    other team's checkpoints can be neither read, overwritten nor deleted."""
+    assert aws.prefix != other_team.prefix and aws.prefix.startswith("checkpoints-")
+    theirs, mine = other_team.pyarrow_fs(), aws.pyarrow_fs()
+    path = f"{aws.bucket}/{other_team.prefix}/{RUN}/checkpoint_000001/train_state.json"
+    with theirs.open_output_stream(path) as out:
+        out.write(b'{"step": 1}')
+    with pytest.raises(OSError, match=DENIED):
+        mine.open_input_file(path).read()
+    with pytest.raises(OSError, match=DENIED), mine.open_output_stream(path) as out:
+        out.write(b"overwritten")
+    with pytest.raises(OSError, match=DENIED):
+        mine.delete_file(path)
+    assert theirs.open_input_file(path).read() == b'{"step": 1}'
+    # Both read the same submitted code (content-addressed, read-only).
+    assert (
+        other_team.boto3_s3().get_object(Bucket=aws.code_bucket, Key=aws.code_key)["Body"].read()[:2] == b"PK"
+    )
 
 
 def test_code_asset_read_as_ray_downloads_a_working_dir(aws: Aws, enforced: None) -> None:
@@ -297,7 +353,7 @@ def test_kms_actions_s3_needs_for_sse_kms_are_granted_on_the_key(aws: Aws, synth
         assert policy.is_action_permitted(action, aws.key_arn) is ac.PermissionResult.PERMITTED, action
     # Identity policies count for a KMS key only when its key policy delegates to the account.
     template = synthesized["dev"].template("Workload")
-    _, _, key_id = _role_policy(template)
+    _, _, key_id = _role_policy(template, aws.namespace)
     statements = template["Resources"][key_id]["Properties"]["KeyPolicy"]["Statement"]
     assert any(
         st["Effect"] == "Allow" and st["Action"] == "kms:*" and "root" in json.dumps(st["Principal"])
@@ -531,7 +587,7 @@ def test_submitter_policy_uploads_code_and_nothing_else(
         for r in template["Resources"].values()
         if r["Type"] == "AWS::IAM::ManagedPolicy" and "job-submitter" in r["Properties"]["ManagedPolicyName"]
     ]
-    _, bucket_id, key_id = _role_policy(template)
+    _, bucket_id, key_id = _role_policy(template, aws.namespace)
     policy = resolve(doc, {bucket_id: f"arn:aws:s3:::{aws.bucket}", key_id: aws.key_arn})
     admin = {"region_name": REGION, "endpoint_url": aws.endpoint,
              "aws_access_key_id": "AKIAADMIN0000000000", "aws_secret_access_key": "x"}  # fmt: skip

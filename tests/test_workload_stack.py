@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from config.names import JOB_SUBMITTER_GROUP
+from config.locations import checkpoint_prefix
 from stacks.workload_stack import checkpoint_bucket_name
 
 ENVS = ["dev", "prod", "p5"]
@@ -65,8 +65,19 @@ def test_retention_per_environment(synthesized):
 def test_pod_identity_role_reads_code_and_writes_only_the_checkpoint_prefix(synthesized, env):
     s = synthesized[env].settings
     t = synthesized[env].template("Workload")
-    (association,) = of_type(t, "AWS::EKS::PodIdentityAssociation").values()
-    assert association["Properties"]["Namespace"] == s.workload.namespace
+    associations = list(of_type(t, "AWS::EKS::PodIdentityAssociation").values())
+    # One per team: its namespace's service account gets its own role.
+    assert sorted(a["Properties"]["Namespace"] for a in associations) == sorted(
+        x.namespace for x in s.team_list
+    )
+    roles = {a["Properties"]["RoleArn"]["Fn::GetAtt"][0] for a in associations}
+    assert len(roles) == len(associations)
+    for association in associations:
+        team = next(x for x in s.team_list if x.namespace == association["Properties"]["Namespace"])
+        _check_pod_role(t, association, checkpoint_prefix(s.for_team(team.name)))
+
+
+def _check_pod_role(t: dict, association: dict, prefix: str) -> None:
     assert association["Properties"]["ServiceAccount"] == "ray-train"
     role_id = association["Properties"]["RoleArn"]["Fn::GetAtt"][0]
     trust = t["Resources"][role_id]["Properties"]["AssumeRolePolicyDocument"]["Statement"]
@@ -80,7 +91,11 @@ def test_pod_identity_role_reads_code_and_writes_only_the_checkpoint_prefix(synt
     text = json.dumps(statements)
     assert '"s3:*"' not in text and '"*"' not in text
     writes = [st for st in statements if "s3:PutObject" in json.dumps(st["Action"])]
-    assert len(writes) == 1 and "/checkpoints/*" in json.dumps(writes[0]["Resource"])
+    assert len(writes) == 1 and f"/{prefix}/*" in json.dumps(writes[0]["Resource"])
+    # Nothing of another team's: the only checkpoint objects it may touch are under its prefix.
+    objects = [r for st in statements for r in json.dumps(st["Resource"]).split('"') if "/checkpoints" in r]
+    assert objects
+    assert all(f"/{prefix}/" in r for r in objects), objects
     code_reads = [st for st in statements if st["Action"] == "s3:GetObject"]
     assert any(".zip" in json.dumps(st["Resource"]) for st in code_reads)
 
@@ -115,10 +130,12 @@ def test_manifests_rendered_for_review(synthesized, env):
     folder = synthesized[env].directory / "manifests"
     names = sorted(p.name for p in folder.glob("*.k8s.yaml"))
     assert any(n.startswith("RayJob.") for n in names)
-    assert any(n.startswith("NetworkPolicy.default-deny") for n in names)
-    rayjob = next(folder.glob("RayJob.*")).read_text()
     s = synthesized[env].settings
-    assert f"s3://{checkpoint_bucket_name(s)}/checkpoints" in rayjob
+    # One default-deny per team namespace (<Kind>.<namespace>.<name> with several teams).
+    for team in s.team_list:
+        assert f"NetworkPolicy.{team.namespace}.default-deny.k8s.yaml" in names
+    rayjob = next(folder.glob("RayJob.*")).read_text()
+    assert f"s3://{checkpoint_bucket_name(s)}/checkpoints-{s.deploy_team.name}" in rayjob
     assert "${Token" not in rayjob
 
 
@@ -230,11 +247,13 @@ def test_job_submitters_get_a_namespaced_group_and_can_write_their_kubeconfig(sy
         for r in of_type(t, "AWS::EKS::AccessEntry").values()
         if isinstance(r["Properties"]["PrincipalArn"], str)
     ]
-    assert sorted(e["PrincipalArn"] for e in entries) == sorted(s.cluster.job_submitter_principals)
-    assert s.cluster.job_submitter_principals  # the shipped environments name one
+    group_of = {arn: team.submitter_group for team in s.team_list for arn in team.submitters}
+    assert sorted(e["PrincipalArn"] for e in entries) == sorted(group_of)
+    assert group_of  # the shipped environments name some
     for entry in entries:
         assert entry["Type"] == "STANDARD"
-        assert entry["KubernetesGroups"] == [JOB_SUBMITTER_GROUP]
+        # Each team's submitters in its own group (bound in its own namespace only: test_submitter_rbac).
+        assert entry["KubernetesGroups"] == [group_of[entry["PrincipalArn"]]]
         assert not entry.get("AccessPolicies")
     (policy,) = [
         r["Properties"]["PolicyDocument"]
@@ -251,7 +270,14 @@ def test_submitted_jobs_are_drained_before_the_manifests_go(synthesized, env):
     access entry, so a destroy deletes it (deleting the submitted RayJobs and waiting) first; its
     function runs beside CDK's kubectl provider: in the cluster's VPC, with the kubectl layer."""
     t = synthesized[env].template("Workload")
-    (drain_id,) = of_type(t, "Custom::RayJobDrain")
+    drains = of_type(t, "Custom::RayJobDrain")
+    # One per team namespace, served by one function.
+    s = synthesized[env].settings
+    assert sorted(d["Properties"]["Namespace"] for d in drains.values()) == sorted(
+        x.namespace for x in s.team_list
+    )
+    assert len({json.dumps(d["Properties"]["ServiceToken"]) for d in drains.values()}) == 1
+    drain_id = next(k for k, d in drains.items() if d["Properties"]["Namespace"] == s.deploy_team.namespace)
     drain = t["Resources"][drain_id]
     manifests = of_type(t, "Custom::AWSCDK-EKS-KubernetesResource")
     (chart_id,) = [

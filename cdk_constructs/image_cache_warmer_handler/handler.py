@@ -10,7 +10,16 @@ OCI Distribution Specification; ECR authenticates it with the token of `ecr:GetA
 HTTP Basic credentials, ECR User Guide "Private registry authentication"), which makes ECR create the
 repository and import the image from the upstream — then asks for the pinned digest the same way.
 The digest answering means every node's pull will; otherwise the tag has moved on upstream and the
-pinned image can no longer come through the cache: the deploy fails, naming the tag's digest.
+pinned image can no longer come through the cache: the deploy fails, naming the tag's digest, which
+is read from a HEAD of the tag (the Docker-Content-Digest header; the distribution spec does not
+require it on GET, and a GET's body may be another platform's manifest), and from the GET's body
+(the digest is the SHA-256 of the manifest's bytes, OCI image spec "Digests") if no header comes.
+
+Both pulls are retried: an HTTP status other than 200 and 404, and an answer that never came (a
+reset connection, a socket timeout: urllib raises them as URLError / OSError), for ATTEMPTS tries
+with a growing backoff, so a network blip on a first deploy does not fail the Cluster stack. A 404
+of the tag is retried too (the import may still run); a 404 of the digest right after the tag named
+that very digest as well.
 
 Delete does nothing (the cached repositories outlive the stack: docs/images.md). Runs as a Lambda
 function (stdlib + boto3, and cdk_constructs/cfn_response.py bundled beside it); tests drive `warm`
@@ -20,6 +29,7 @@ against a local registry and `on_event`.
 from __future__ import annotations
 
 import base64
+import hashlib
 import logging
 import time
 import urllib.error
@@ -58,8 +68,15 @@ class WarmError(Exception):
 
 @dataclass(frozen=True)
 class Answer:
+    """`status` 0: no answer came (`error` says why)."""
+
     status: int
     digest: str | None
+    body_digest: str | None = None
+    error: str = ""
+
+    def says(self) -> str:
+        return f"HTTP {self.status}" if self.status else f"no answer ({self.error})"
 
 
 def registry_get(url: str, authorization: str, *, method: str = "GET") -> Answer:
@@ -70,10 +87,14 @@ def registry_get(url: str, authorization: str, *, method: str = "GET") -> Answer
     )
     try:
         with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT) as resp:  # noqa: S310 (checked)
-            resp.read()
-            return Answer(resp.status, resp.headers.get("Docker-Content-Digest"))
+            body = resp.read()
+            body_digest = f"sha256:{hashlib.sha256(body).hexdigest()}" if method == "GET" and body else None
+            return Answer(resp.status, resp.headers.get("Docker-Content-Digest"), body_digest)
     except urllib.error.HTTPError as exc:
         return Answer(exc.code, None)
+    except (urllib.error.URLError, OSError) as exc:  # reset, refused, timed out: no answer
+        reason = getattr(exc, "reason", exc)
+        return Answer(0, None, error=f"{type(reason).__name__}: {reason}".rstrip(": "))
 
 
 def authorization(ecr: Any) -> str:
@@ -97,27 +118,46 @@ def warm(
     """Pull `repository:tag` through the cache, then check `repository@digest` is served. Returns a
     one-line summary; raises WarmError when the pinned digest cannot be pulled."""
     base = f"{registry_url}/v2/{repository}/manifests"
-    tag_answer = Answer(0, None)
-    for attempt in range(ATTEMPTS):
-        tag_answer = get(f"{base}/{tag}", auth)
-        if tag_answer.status == 200:
-            break
-        LOG.info("pull %s:%s answered %s (attempt %d)", repository, tag, tag_answer.status, attempt + 1)
-        if attempt + 1 < ATTEMPTS:
-            sleep(BACKOFF_SECONDS * (attempt + 1))
+
+    def pull(reference: str, method: str, done: Callable[[Answer], bool]) -> Answer:
+        answer = Answer(0, None, error="not asked")
+        for attempt in range(ATTEMPTS):
+            answer = get(f"{base}/{reference}", auth, method=method)
+            if done(answer):
+                return answer
+            LOG.info(
+                "%s %s@%s answered %s (attempt %d)", method, repository, reference, answer.says(), attempt + 1
+            )
+            if attempt + 1 < ATTEMPTS:
+                sleep(BACKOFF_SECONDS * (attempt + 1))
+        return answer
+
+    tag_answer = pull(tag, "GET", lambda a: a.status == 200)
     if tag_answer.status != 200:
         raise WarmError(
-            f"pulling {repository}:{tag} through the cache answered HTTP {tag_answer.status}: check the "
+            f"pulling {repository}:{tag} through the cache answered {tag_answer.says()}: check the "
             "pull-through cache rule, the registry policy and repository creation templates "
             "(`raytrain preflight` names what blocks it)"
         )
-    by_digest = get(f"{base}/{digest}", auth, method="HEAD")
+    by_digest = pull(digest, "HEAD", lambda a: a.status in (200, 404))
+    now = None
+    if by_digest.status == 404:
+        # What the tag names now: HEAD's header, else the GET's own bytes.
+        now = (
+            pull(tag, "HEAD", lambda a: a.status in (200, 404)).digest
+            or tag_answer.digest
+            or tag_answer.body_digest
+        )
+        if now == digest:  # the tag names the pinned digest: being cached, ask again
+            by_digest = pull(digest, "HEAD", lambda a: a.status == 200)
     if by_digest.status == 200:
         return f"{repository}:{tag} cached; {digest} is served"
+    if by_digest.status != 404:
+        raise WarmError(f"checking {repository}@{digest} through the cache answered {by_digest.says()}")
     raise WarmError(
-        f"{repository}:{tag} now names {tag_answer.digest} upstream, not the pinned {digest}, and a digest "
+        f"{repository}:{tag} now names {now} upstream, not the pinned {digest}, and a digest "
         "that is not cached cannot be pulled through the cache (aws/containers-roadmap#2837): pin "
-        f"{tag_answer.digest} after testing it (workload.image_digest or config/image.toml digest)"
+        f"{now} after testing it (workload.image_digest or config/image.toml digest)"
     )
 
 

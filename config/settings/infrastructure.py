@@ -22,7 +22,7 @@ KUBECTL_LAYERS: dict[str, str] = {
     "1.36": "aws_cdk.lambda_layer_kubectl_v36.KubectlV36Layer",
 }
 
-_IAM_PRINCIPAL_RE = re.compile(r"^arn:aws(-cn|-us-gov)?:iam::\d{12}:(role|user)/[\w+=,.@/-]{1,512}$")
+IAM_PRINCIPAL_RE = re.compile(r"^arn:aws(-cn|-us-gov)?:iam::\d{12}:(role|user)/[\w+=,.@/-]{1,512}$")
 # An EC2 capacity reservation id; `raytrain capacity --write` checks its own against it too.
 CAPACITY_RESERVATION_RE = re.compile(r"^cr-[0-9a-f]{17}$")
 
@@ -178,7 +178,7 @@ class ClusterSettings(SettingsModel):
     @classmethod
     def _arns(cls, arns: list[str]) -> list[str]:
         for arn in arns:
-            if not _IAM_PRINCIPAL_RE.match(arn):
+            if not IAM_PRINCIPAL_RE.match(arn):
                 raise ValueError(
                     f"{arn!r} is not an IAM role or user ARN like arn:aws:iam::111122223333:role/Admin"
                 )
@@ -291,6 +291,9 @@ class AddonSettings(SettingsModel):
     # kubernetes.github.io/autoscaler; its image follows the cluster's Kubernetes minor
     # (cdk_constructs/cluster_autoscaler.py).
     cluster_autoscaler: ChartVersion = "9.59.0"
+    # oci://registry.k8s.io/kueue/charts/kueue (cdk_constructs/kueue.py): the newest release whose
+    # chart and CRDs the tests render here (docs/teams.md: the releases after it, the bump steps).
+    kueue: ChartVersion = "0.19.2"
     # The EKS add-on eks-node-monitoring-agent (observability.node_monitoring). Pinned, so what
     # runs is the chart the tests render: add-on vX.Y.Z-eksbuild.N installs the chart of tag vX.Y.Z
     # of aws/eks-node-monitoring-agent, whose values.yaml sets the agent image to that add-on version

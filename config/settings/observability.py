@@ -20,5 +20,12 @@ class ObservabilitySettings(SettingsModel):
     # EFA metrics, container logs), the training job's step metrics, and a dashboard. Costs per
     # observation and per GB of logs: opt-in per environment.
     metrics: bool = False
+    # With node_monitoring and metrics both on, which DCGM host engine the metrics exporter uses
+    # (docs/node-health.md): `shared`, the node monitoring agent's dcgm-server (one engine per GPU
+    # node, as NVIDIA supports; but an exporter that crashes nv-hostengine, NVIDIA/dcgm-exporter#273,
+    # then reads as a GPU fault and auto-repair replaces the node), or `exporter`, its own embedded
+    # engine beside dcgm-server (two engines per node, which NVIDIA does not support; a crash stays
+    # in the metrics pod).
+    dcgm_engine: Literal["shared", "exporter"] = "shared"
     # CloudWatch Logs retention of the Container Insights and step-metric log groups.
     log_retention_days: Literal[1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365] = 30

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from config.catalogue import CATALOGUE
 from config.memory import fit_problem, valid_micro_batches
@@ -31,6 +31,7 @@ from config.settings.infrastructure import (
 )
 from config.settings.observability import ObservabilitySettings
 from config.settings.pipeline import PipelineSettings
+from config.settings.teams import Team, TeamSettings, team_name_problem, team_problem, teams_of
 from config.settings.workload import IMAGE, JobSettings, Transport, WorkloadSettings, check_kms_key_arn
 from training.sizing.batch import accumulation_steps
 
@@ -62,10 +63,14 @@ class Settings(SettingsModel):
     job: JobSettings = Field(default_factory=JobSettings)
     storage: StorageSettings = Field(default_factory=StorageSettings)
     observability: ObservabilitySettings = Field(default_factory=ObservabilitySettings)
+    # Teams sharing the cluster through Kueue (config/settings/teams.py); none: one implicit team.
+    teams: dict[str, TeamSettings] = Field(default_factory=dict)
     # Only the environment that hosts the pipeline needs (and enables) this section.
     pipeline: PipelineSettings | None = None
     termination_protection: bool = False
     tags: dict[str, str] = Field(default_factory=dict)
+    # The team a view of these settings is for (`for_team`); None: the deployed job's team.
+    _team_name: str | None = PrivateAttr(default=None)
 
     @field_validator("name")
     @classmethod
@@ -95,6 +100,54 @@ class Settings(SettingsModel):
         if value is not None:
             check_kms_key_arn(value)
         return value
+
+    @field_validator("teams")
+    @classmethod
+    def _team_names(cls, teams: dict[str, TeamSettings]) -> dict[str, TeamSettings]:
+        for name in teams:
+            problem = team_name_problem(name)
+            if problem:
+                raise ValueError(problem)
+        return teams
+
+    @model_validator(mode="after")
+    def _teams(self) -> Settings:
+        problem = team_problem(self)
+        if problem is not None:
+            raise FieldError(*problem)
+        return self
+
+    @property
+    def team_list(self) -> tuple[Team, ...]:
+        """Every team, the implicit one where the file names none; the first takes the deployed job."""
+        return teams_of(self)
+
+    def team(self, name: str) -> Team | None:
+        return next((t for t in self.team_list if t.name == name), None)
+
+    @property
+    def deploy_team(self) -> Team:
+        """The team whose queue the Workload stack's own RayJob (job.deploy) lands in: the first."""
+        return self.team_list[0]
+
+    @property
+    def active_team(self) -> Team:
+        """The team this view is for: `for_team`'s, else the deployed job's."""
+        team = self.team(self._team_name) if self._team_name else None
+        return team or self.deploy_team
+
+    def for_team(self, name: str) -> Settings:
+        """These settings as one team sees them: its namespace is workload.namespace, so the chart's
+        builders (k8s/) make its objects, its RayJobs and its Roles there. Not validated again: only
+        the namespace changes, to one the team checks already cleared."""
+        team = self.team(name)
+        if team is None:
+            raise KeyError(name)
+        view = self.model_copy(
+            update={"workload": self.workload.model_copy(update={"namespace": team.namespace})}
+        )
+        view._team_name = name
+        return view
 
     @field_validator("tags")
     @classmethod

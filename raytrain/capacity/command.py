@@ -13,7 +13,6 @@ from rich.console import Console
 
 from config.catalogue import CATALOGUE
 from config.loader import (
-    ENVIRONMENTS_DIR,
     SettingsError,
     environment_file,
     load_settings,
@@ -107,8 +106,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--config-dir",
         type=Path,
-        default=ENVIRONMENTS_DIR,
-        help="directory of the environment files (default: config/environments)",
+        default=None,
+        help="folder of the environment files (default: $RAYTRAIN_CONFIG_DIR, else config/environments)",
     )
     parser.set_defaults(func=run)
 

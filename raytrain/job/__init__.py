@@ -5,6 +5,8 @@ lifecycle, through the Kubernetes API, beside the infrastructure's (CloudFormati
   settings plus `--set job.FIELD=VALUE` overrides, upload the training code as a content-addressed
   zip, create the RayJob; `--wait` follows it to its end. (submit.py)
 - `list`: every RayJob of the environment, deployed or submitted. (status.py)
+- `queue`: the team's Kueue queue: its quota, use and borrowing, each job admitted or pending with
+  its position and Kueue's reason. (queue.py)
 - `status`: the environment's RayJobs and, for the newest unfinished one (or `--job NAME`), its
   RayCluster and pods, and why pods wait (scheduling, autoscaler events). Exit 1 when that job
   failed. (status.py)
@@ -23,6 +25,7 @@ such job. User guide: docs/jobs.md.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from raytrain.job.common import DASHBOARD_PORT, JobError
@@ -30,10 +33,33 @@ from raytrain.job.control import run_delete, run_stop
 from raytrain.job.dashboard import run_dashboard
 from raytrain.job.find import cluster_name, kuberay_check_name, select_job
 from raytrain.job.logs import run_logs
+from raytrain.job.queue import run_queue
 from raytrain.job.status import run_list, run_status
 from raytrain.job.submit import run_submit
 
 __all__ = ["JobError", "cluster_name", "kuberay_check_name", "register", "select_job"]
+
+
+def connection(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--env", required=True, help="environment name (config/environments/NAME.yaml)")
+    p.add_argument(
+        "--config-dir",
+        type=Path,
+        default=None,
+        help="folder of the environment files (default: $RAYTRAIN_CONFIG_DIR, else config/environments)",
+    )
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
+    p.add_argument("--context", help="kubeconfig context (default: the current context)")
+    p.add_argument(
+        "--team",
+        help="your team (settings: teams): its namespace and queue; needed where there are several",
+    )
+
+
+def common(p: argparse.ArgumentParser, *, required: bool = False) -> None:
+    connection(p)
+    help_ = "the RayJob by name" if required else "a RayJob by name (default: the newest unfinished)"
+    p.add_argument("--job", metavar="NAME", required=required, help=help_)
 
 
 def register(subparsers: Any) -> None:
@@ -44,43 +70,17 @@ def register(subparsers: Any) -> None:
     )
     actions = parser.add_subparsers(dest="job_command", required=True, metavar="ACTION")
 
-    def connection(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--env", required=True, help="environment name (config/environments/NAME.yaml)")
-        p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
-        p.add_argument("--context", help="kubeconfig context (default: the current context)")
-
-    def common(p: argparse.ArgumentParser, *, required: bool = False) -> None:
-        connection(p)
-        help_ = "the RayJob by name" if required else "a RayJob by name (default: the newest unfinished)"
-        p.add_argument("--job", metavar="NAME", required=required, help=help_)
-
-    submit = actions.add_parser(
-        "submit", help="render, upload the code and create a RayJob from the settings (and --set)"
-    )
-    connection(submit)
-    submit.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="job.FIELD=VALUE",
-        help="override a job setting for this job (repeatable), e.g. --set job.steps=20",
-    )
-    submit.add_argument("--name", help="the RayJob's name (default: rs-<run name>-<time>)")
-    submit.add_argument(
-        "--wait", action="store_true", help="follow the job to its end; exit 0 only if it succeeded"
-    )
-    submit.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="print the RayJob as JSON and stop: nothing is uploaded or created",
-    )
-    submit.add_argument("--poll-seconds", type=float, default=10.0, help=argparse.SUPPRESS)
-    submit.set_defaults(func=run_submit)
+    _submit_parser(actions, connection)
 
     listing = actions.add_parser("list", help="every RayJob of the environment, newest first")
     connection(listing)
     listing.set_defaults(func=run_list)
+
+    queue = actions.add_parser(
+        "queue", help="the team's Kueue queue: quota, use, borrowing, each job's position and why it waits"
+    )
+    connection(queue)
+    queue.set_defaults(func=run_queue)
 
     status = actions.add_parser("status", help="the RayJobs, one job's RayCluster and pods, why pods wait")
     common(status)
@@ -139,3 +139,33 @@ def register(subparsers: Any) -> None:
         help="print the port-forward command instead of running it",
     )
     dash.set_defaults(func=run_dashboard)
+
+
+def _submit_parser(actions: Any, connection: Any) -> None:
+    submit = actions.add_parser(
+        "submit", help="render, upload the code and create a RayJob from the settings (and --set)"
+    )
+    connection(submit)
+    submit.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="job.FIELD=VALUE",
+        help="override a job setting for this job (repeatable), e.g. --set job.steps=20",
+    )
+    submit.add_argument("--name", help="the RayJob's name (default: rs-<run name>-<time>)")
+    submit.add_argument(
+        "--priority",
+        help="low, normal or high (Kueue WorkloadPriorityClasses; default: the team's default_priority)",
+    )
+    submit.add_argument(
+        "--wait", action="store_true", help="follow the job to its end; exit 0 only if it succeeded"
+    )
+    submit.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the RayJob as JSON and stop: nothing is uploaded or created",
+    )
+    submit.add_argument("--poll-seconds", type=float, default=10.0, help=argparse.SUPPRESS)
+    submit.set_defaults(func=run_submit)

@@ -11,6 +11,9 @@ from raytrain import verify
 from raytrain.job.common import JobError
 from raytrain.verify import RAY_GROUP, RAY_VERSION, REQUEST_TIMEOUT
 
+# Kueue's API as the Cluster stack installs it (cdk_constructs/kueue.py, k8s/kueue.py).
+KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
+
 
 class JobApi:
     """The calls these commands make, as plain dicts, on top of verify's client and error mapping."""
@@ -47,6 +50,35 @@ class JobApi:
             "rayjobs",
             name,
         )
+
+    def local_queue(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A Kueue LocalQueue (k8s/kueue.py); None when absent."""
+        return self.api._call(
+            f"reading LocalQueue {namespace}/{name}",
+            self.api.custom.get_namespaced_custom_object,
+            KUEUE_GROUP,
+            KUEUE_VERSION,
+            namespace,
+            "localqueues",
+            name,
+        )
+
+    def workloads(self, namespace: str) -> list[dict[str, Any]]:
+        """Kueue's Workloads in a namespace: one per queued RayJob."""
+        out = self.api._call(
+            f"listing Kueue workloads in {namespace}",
+            self.api.custom.list_namespaced_custom_object,
+            KUEUE_GROUP,
+            KUEUE_VERSION,
+            namespace,
+            "workloads",
+        )
+        if out is None:
+            raise JobError(
+                f"the API at {self.host} has no Kueue Workload resource: is Kueue installed "
+                "(the Cluster stack)?"
+            )
+        return list(out.get("items") or [])
 
     def configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.api._call(

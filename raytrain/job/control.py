@@ -1,19 +1,20 @@
 """`raytrain job stop` and `raytrain job delete`: end a job and give its GPU nodes back.
 
-Why stop deletes a running job rather than suspending it: KubeRay 1.7 refuses `spec.suspend` on a
-RayJob without shutdownAfterJobFinishes ("a RayJob with shutdownAfterJobFinishes set to false is
-not allowed to be suspended", ray-operator/controllers/ray/utils/validation.go, v1.7.0), and
-refuses shutdownAfterJobFinishes beside the deletion rules our jobs use (k8s/job.py); on a standing
-cluster (clusterSelector) suspend is refused too. Deleting the RayJob is KubeRay's own way to stop
+Why stop deletes a running job rather than suspending it: a queued job's `spec.suspend` is Kueue's
+(it unsuspends on admission and suspends on preemption, docs/teams.md), so a suspend from here
+would only put the job back in its queue; on a standing cluster (clusterSelector) KubeRay refuses
+suspend ("a RayJob with shutdownAfterJobFinishes set to false is not allowed to be suspended",
+ray-operator/controllers/ray/utils/validation.go, v1.7.0). Deleting the RayJob is KubeRay's own way to stop
 it: its finalizer `ray.io/rayjob-finalizer` stops the Ray job through the head's job API before
 the RayJob goes (rayjob_controller.go, Reconcile on deletionTimestamp), and its RayCluster (head
 and GPU workers) and submitter Job go with it by owner reference. Checkpoints stay in S3: a new
 job with the same run_name and job.resume continues from the latest one.
 
-A job that already ended holds no GPU worker, except one stopped from Ray (`ray job stop`, the
-dashboard): it ends STOPPED with deployment status Complete, which no KubeRay 1.7 deletion rule can
-name (RayJob CRD enums), so its cluster keeps its workers. `stop` releases them the way KubeRay's
-DeleteWorkers rule does (suspend every worker group; the head stays for its logs).
+A job that already ended holds no GPU worker: a queued job's cluster goes when it ends, STOPPED from
+Ray included (shutdownAfterJobFinishes acts on deployment status Complete or Failed, k8s/job.py).
+A cluster that still has workers after its job ended (one deployed before Kueue, with deletion
+rules that cannot name STOPPED) is released the way KubeRay's DeleteWorkers rule does (suspend
+every worker group; the head stays for its logs).
 """
 
 from __future__ import annotations

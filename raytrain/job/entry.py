@@ -21,6 +21,20 @@ from raytrain.job.common import EXIT_UNUSABLE, JobError
 from raytrain.verify import VerifyError
 
 
+def team_view(args: argparse.Namespace, settings: Settings) -> Settings:
+    """The settings as `--team` sees them (its namespace, queue and checkpoints: Settings.for_team).
+    Without --team: the environment's only team; with several, naming one is required."""
+    teams = [t.name for t in settings.team_list]
+    name = getattr(args, "team", None)
+    if name is None:
+        if len(teams) > 1:
+            raise JobError(f"--team: {settings.name} has the teams {', '.join(teams)}: name yours")
+        name = teams[0]
+    if name not in teams:
+        raise JobError(f"--team {name!r}: not a team of {settings.name}; its teams: {', '.join(teams)}")
+    return settings.for_team(name)
+
+
 def connect(args: argparse.Namespace, settings: Settings) -> JobApi:
     return JobApi(verify.connect(args.kubeconfig, args.context, settings))
 
@@ -44,10 +58,11 @@ def guarded(
     err = err or console
     if settings is None:
         try:
-            settings = load_settings(args.env, overrides=overrides)
+            settings = load_settings(args.env, args.config_dir, overrides=overrides)
         except SettingsError as exc:
             return settings_refused(err, exc)
     try:
+        settings = team_view(args, settings)
         return body(settings, connect(args, settings))
     except (VerifyError, JobError) as exc:
         err.print(

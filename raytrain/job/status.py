@@ -17,6 +17,7 @@ from raytrain.job.api import JobApi
 from raytrain.job.common import EXIT_FAILED, EXIT_OK, JOBS_SELECTOR, JobError, consoles
 from raytrain.job.entry import guarded
 from raytrain.job.find import Target, _created, _meta, _pod_ready, _restarts, _role, finished, gpu_nodes_held
+from raytrain.job.queue import entry, queue_state
 from training.reporting import progress
 
 # Events that say why a pod waits: the scheduler's, and the Cluster Autoscaler's (it reports on
@@ -237,6 +238,18 @@ def run_list(args: argparse.Namespace, console: Console | None = None) -> int:
     return guarded(args, console, body, err=err)
 
 
+def _queue_line(api: JobApi, target: Target) -> str | None:
+    """Where the job stands in its Kueue queue (raytrain/job/queue.py); nothing where Kueue is
+    not there to ask (an API without its Workload resource)."""
+    if target.job is None:
+        return None
+    try:
+        workloads = api.workloads(target.namespace)
+    except JobError:
+        return None
+    return queue_state([entry(w) for w in workloads], str(target.job["metadata"]["name"]))
+
+
 def run_status(args: argparse.Namespace, console: Console | None = None) -> int:
     console, err = consoles(console)
 
@@ -249,6 +262,9 @@ def run_status(args: argparse.Namespace, console: Console | None = None) -> int:
         shown = progress_text(target)
         if shown is not None:
             console.print(escape(shown), highlight=False, soft_wrap=True)
+        queued = _queue_line(api, target)
+        if queued is not None:
+            console.print(escape(queued), highlight=False, soft_wrap=True)
         if target.job is None:
             console.print(
                 f"no RayJob in namespace {target.namespace!r} yet: `raytrain job submit --env "

@@ -26,14 +26,15 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from config.loader import SettingsError, load_with_overrides
-from config.locations import S3Input, checkpoint_bucket_name, checkpoint_uri, s3_inputs
+from config.loader import SettingsError, environment_file, load_with_overrides
+from config.locations import S3Input, checkpoint_bucket_name, checkpoint_prefix, checkpoint_uri, s3_inputs
 from config.names import DEPLOYED_JOB_PREFIX, JOBS_ANCHOR, RUN_NAME_LABEL
 from config.settings import ClusterMode, Settings
+from config.settings.teams import priority_problem
 from raytrain.job import code
 from raytrain.job.api import JobApi
 from raytrain.job.common import EXIT_FAILED, EXIT_OK, EXIT_UNUSABLE, JOBS_SELECTOR, JobError, consoles
-from raytrain.job.entry import connect, guarded, settings_refused
+from raytrain.job.entry import connect, guarded, settings_refused, team_view
 from raytrain.job.find import _meta, finished, gpu_nodes_held
 from raytrain.verify import VerifyError
 
@@ -56,16 +57,26 @@ def run_submit(args: argparse.Namespace, console: Console | None = None) -> int:
         if field in _DEPLOYED_ONLY:
             err.print(
                 f"[bold red]--set {escape(item)}:[/] job.{field} {_DEPLOYED_ONLY[field]}: change it "
-                f"in config/environments/{args.env}.yaml and deploy",
+                f"in {environment_file(args.env, args.config_dir)} and deploy",
                 highlight=False,
                 soft_wrap=True,
             )
             return 2
     # One read of the environment file: the job's settings (with --set) and the file's own.
     try:
-        loaded, own = load_with_overrides(args.env, args.overrides)
+        loaded, own = load_with_overrides(args.env, args.overrides, args.config_dir)
     except SettingsError as exc:
         return settings_refused(err, exc)
+    try:
+        loaded = team_view(args, loaded)
+        check_queue(loaded, args.priority)
+    except JobError as exc:
+        err.print(
+            f"[bold red]raytrain job submit ({loaded.name}):[/] {escape(str(exc))}",
+            highlight=False,
+            soft_wrap=True,
+        )
+        return EXIT_UNUSABLE
     if args.dry_run:
         return dry_run(args, err, loaded, own)
 
@@ -73,7 +84,8 @@ def run_submit(args: argparse.Namespace, console: Console | None = None) -> int:
         # The chart's code loads cdk8s (a jsii process): only this command pays for it.
         from k8s.chart import JobOwner, submitted_rayjob
 
-        check_inputs_granted(settings, own, args.env)
+        check_inputs_granted(settings, own, args.env, environment_file(args.env, args.config_dir))
+        check_image_cached(settings)
         check_model_access(settings, err)
         name = job_name(args.name, settings)
         ns = settings.workload.namespace
@@ -94,6 +106,7 @@ def run_submit(args: argparse.Namespace, console: Console | None = None) -> int:
                 code_uri=f"s3://{bucket}/{zipped.key}",
                 checkpoint_uri=checkpoint_uri(settings),
                 owner=JobOwner(uid=str(_meta(anchor, "uid"))),
+                priority=args.priority,
             )
             api.create_rayjob(ns, manifest, dry_run=True)
             uploaded = code.upload(
@@ -107,12 +120,19 @@ def run_submit(args: argparse.Namespace, console: Console | None = None) -> int:
         console.print(
             f"code: s3://{bucket}/{zipped.key} ({state}, {zipped.size / 2**20:.1f} MiB)", highlight=False
         )
+        team = settings.active_team
         console.print(
-            f"[green]submitted[/] RayJob {ns}/{name} (run {settings.job.run_name})", highlight=False
+            f"[green]submitted[/] RayJob {ns}/{name} (run {settings.job.run_name}) to queue {team.queue}, "
+            f"priority {args.priority or team.default_priority}: Kueue starts it when the team's quota "
+            "(or idle quota it may borrow) can take all of it",
+            highlight=False,
+            soft_wrap=True,
         )
         for line in capacity_lines(jobs, settings):
             console.print(line, highlight=False, soft_wrap=True)
         env = f"--env {shlex.quote(settings.name)}"
+        if len(settings.team_list) > 1:
+            env += f" --team {settings.active_team.name}"
         console.print("follow it with:", highlight=False)
         for action in ("status", "logs --follow", "stop"):
             console.print(f"  raytrain job {action} {env} --job {name}", highlight=False)
@@ -137,7 +157,8 @@ def dry_run(args: argparse.Namespace, err: Console, settings: Settings, own: Set
 
     where = f"raytrain job submit --dry-run ({settings.name})"
     try:
-        check_inputs_granted(settings, own, args.env)
+        check_inputs_granted(settings, own, args.env, environment_file(args.env, args.config_dir))
+        check_image_cached(settings)
         name = job_name(args.name, settings)
     except JobError as exc:
         err.print(f"[bold red]{where}:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
@@ -175,9 +196,70 @@ def dry_run(args: argparse.Namespace, err: Console, settings: Settings, own: Set
         code_uri=f"s3://{checkpoint_bucket_name(settings)}/{zipped.key}",
         checkpoint_uri=checkpoint_uri(settings),
         owner=JobOwner(uid=uid),
+        priority=args.priority,
     )
     print(json.dumps(manifest, indent=2, sort_keys=True))
     return EXIT_OK
+
+
+def check_image_cached(settings: Settings, ecr: Any = None) -> None:
+    """A digest-pinned Ray image pulled through the cache must be in it already: a digest that is
+    not cached is "not found" through the cache (aws/containers-roadmap#2837), and the pods would
+    sit in ImagePullBackOff with no hint. The Cluster stack's warm caches the pinned digest at
+    deploy (cdk_constructs/image_cache_warmer.py), so a digest newly pinned in the file and not
+    deployed yet is refused here. ecr:DescribeImages on the repository: the Workload stack's
+    JobSubmitter policy grants it."""
+    digest = settings.workload.effective_image_digest
+    repository = settings.image_source.cache_repository(settings.workload.image)
+    if digest is None or repository is None:
+        return
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    ecr = ecr or boto3.client("ecr", region_name=settings.region)
+    try:
+        found = ecr.describe_images(repositoryName=repository, imageIds=[{"imageDigest": digest}])
+        if found.get("imageDetails"):
+            return
+    except ClientError as exc:
+        code_ = exc.response.get("Error", {}).get("Code")
+        if code_ not in ("ImageNotFoundException", "RepositoryNotFoundException"):
+            raise JobError(
+                f"checking that {digest} is in the cache ({repository}): {exc}; your AWS principal "
+                f"needs the {settings.stack_prefix}-job-submitter policy (docs/jobs.md)"
+            ) from None
+    except BotoCoreError as exc:
+        raise JobError(
+            f"checking the image cache: {exc}; are AWS credentials set for {settings.region}?"
+        ) from None
+    raise JobError(
+        f"workload.image_digest {digest} is not in the pull-through cache ({repository}), and a digest "
+        "not cached cannot be pulled through it (aws/containers-roadmap#2837): the pods would stay in "
+        f"ImagePullBackOff. Deploy the Cluster stack (`cdk deploy {settings.stack_prefix}-Cluster`: its "
+        "warm caches the pinned digest), or pin the digest the last deploy warmed"
+    )
+
+
+def check_queue(settings: Settings, priority: str | None) -> None:
+    """`--priority` names a WorkloadPriorityClass, and the job fits what its team could ever be given:
+    Kueue would queue a larger one for ever (its nominal quota plus what it may borrow, within the
+    GPU node group)."""
+    if priority is not None:
+        problem = priority_problem(priority)
+        if problem:
+            raise JobError(f"--priority: {problem}")
+    if settings.job.cluster is not ClusterMode.OWN:
+        return
+    team, gpu = settings.active_team, settings.gpu_nodes
+    most = team.most_nodes(gpu.max_size)
+    if settings.job.nodes > most:
+        borrow = "any idle" if team.borrowing_limit_nodes is None else str(team.borrowing_limit_nodes)
+        raise JobError(
+            f"job.nodes {settings.job.nodes}: team {team.name} can never be given more than {most} "
+            f"{gpu.instance_type} nodes (its quota gpu_nodes {team.gpu_nodes}, borrowing_limit_nodes "
+            f"{borrow}, gpu_nodes.max_size {gpu.max_size}), so Kueue would never admit it: "
+            f"--set job.nodes={most} or less, or raise the team's quota (docs/teams.md)"
+        )
 
 
 def job_name(given: str | None, settings: Settings) -> str:
@@ -215,27 +297,52 @@ def check_model_access(settings: Settings, err: Console) -> None:
         err.print(f"[yellow]model access:[/] {escape(detail)} (not checked)", highlight=False, soft_wrap=True)
 
 
-def check_inputs_granted(settings: Settings, own: Settings | None, env: str) -> None:
+def check_inputs_granted(
+    settings: Settings, own: Settings | None, env: str, env_file: Path | str = ""
+) -> None:
     """An s3:// data or model set with --set must lie inside what the deployed role may read (the
     environment file's own locations, `own`: the file without the overrides, from the same read;
     None when the file alone is refused, e.g. a memory plan the overrides fixed): the grants come
     with a deploy, not with a job."""
     deployed = s3_inputs(own) if own is not None else []
+    env_file = env_file or f"config/environments/{env}.yaml"
 
     def covered(loc: S3Input) -> bool:
         return any(
             d.bucket == loc.bucket
             and (not d.prefix or loc.prefix == d.prefix or loc.prefix.startswith(d.prefix + "/"))
             for d in deployed
-        ) or (loc.bucket == checkpoint_bucket_name(settings) and loc.prefix.startswith("checkpoints/"))
+        ) or (
+            loc.bucket == checkpoint_bucket_name(settings)
+            and loc.prefix.startswith(checkpoint_prefix(settings) + "/")
+        )
 
     for loc in s3_inputs(settings):
         if not covered(loc):
             allowed = ", ".join(f"s3://{d.bucket}/{d.prefix}" for d in deployed) or "none"
             raise JobError(
                 f"{loc.setting}: s3://{loc.bucket}/{loc.prefix} is not readable by the Ray pods' role "
-                f"(the deployed grants: {allowed}); set it in config/environments/{env}.yaml and deploy"
+                f"(the deployed grants: {allowed}); set it in {env_file} and deploy{_prefix_hint(deployed)}"
             )
+
+
+def _prefix_hint(deployed: list[S3Input]) -> str:
+    """A deployed grant of one file means a deploy per data set: say how a prefix avoids that."""
+    files = [d for d in deployed if d.setting in ("job.data", "job.eval_data") and _is_file(d.prefix)]
+    if not files:
+        return ""
+    d = files[0]
+    folder = d.prefix.rsplit("/", 1)[0] if "/" in d.prefix else ""
+    example = f"s3://{d.bucket}/{folder + '/' if folder else ''}train/"
+    return (
+        f" (the file grants {d.setting} as one file, s3://{d.bucket}/{d.prefix}: give it a prefix "
+        f"instead, e.g. {example} holding the jsonl files, and every data set under it is readable "
+        "by later jobs without a deploy; keep held-out data under another prefix)"
+    )
+
+
+def _is_file(prefix: str) -> bool:
+    return prefix.rsplit("/", 1)[-1].endswith((".jsonl", ".json", ".parquet", ".txt", ".gz", ".zst"))
 
 
 def check_run_name(jobs: list[dict[str, Any]], settings: Settings, name: str) -> None:

@@ -1,9 +1,13 @@
 """The account is bootstrapped for CDK, and nothing in its ECR registry blocks the cache.
 
 - Bootstrap: `cdk deploy` publishes assets to, and assumes roles of, the bootstrap stack
-  (CDKToolkit); the default synthesizer's templates require its `BootstrapVersion` output to be at
-  least 6 (aws-cdk-lib core/lib/stack-synthesizers/default-synthesizer.ts,
-  MIN_BOOTSTRAP_STACK_VERSION).
+  (CDKToolkit). The default synthesizer's stacks require its `BootstrapVersion` output to be at
+  least 6, and its lookup role (the role `cdk diff` and the pipeline's preflight step assume) at
+  least 8: the cloud assembly's manifest says so for each stack (`requiresBootstrapStackVersion`
+  of the stack and of its `lookupRole`; aws-cdk-lib core/lib/stack-synthesizers/
+  default-synthesizer.ts, MIN_BOOTSTRAP_STACK_VERSION and MIN_LOOKUP_ROLE_BOOTSTRAP_STACK_VERSION).
+  A version 6 or 7 bootstrap passes a local deploy and fails the pipeline with an access error,
+  so 8 is what preflight asks for (tests/preflight compares it with the synthesized manifest).
 - Cache rules: rules are per account and region, one per repository prefix
   (CreatePullThroughCacheRule `ecrRepositoryPrefix`); a rule with one of ours that the Cluster stack
   did not create makes its create fail.
@@ -12,6 +16,10 @@
   KMS encryption or resource tags needs a `customRoleArn` ECR can assume, else ECR cannot create the
   repository (ECR User Guide, "Creating a repository creation template" and "Create an IAM role for
   repository creation templates").
+- A template whose `imageTagMutability` is IMMUTABLE (or IMMUTABLE_WITH_EXCLUSION) makes the
+  cached repositories' tags immutable ("ImageTagAlreadyExistsException ... if you push an image
+  with a tag that is already in the repository", ECR User Guide, "Preventing image tags from being
+  overwritten"), while the cache moves a tag to what its upstream names now: a warning.
 - The registry policy (ECR User Guide, "Private registry permissions") can deny the cache's
   `ecr:CreateRepository` / `ecr:BatchImportUpstreamImage`.
 """
@@ -30,7 +38,7 @@ from raytrain.aws import error_code
 from raytrain.preflight.report import Check, ok, problem, warn
 
 BOOTSTRAP_STACK = "CDKToolkit"
-MIN_BOOTSTRAP_VERSION = 6
+MIN_BOOTSTRAP_VERSION = 8  # the lookup role's; the stacks themselves need 6
 _GOOD_STACK_STATES = {"CREATE_COMPLETE", "UPDATE_COMPLETE", "UPDATE_ROLLBACK_COMPLETE", "IMPORT_COMPLETE"}
 # What the cache does on a first pull (cdk_constructs/image_cache.py FILL_ACTIONS).
 CACHE_ACTIONS = {"ecr:createrepository", "ecr:batchimportupstreamimage"}
@@ -61,7 +69,10 @@ def bootstrap(settings: Settings, cloudformation: Any) -> Iterator[Check]:
     version = outputs.get("BootstrapVersion")
     if version is None or not str(version).isdigit() or int(version) < MIN_BOOTSTRAP_VERSION:
         yield problem(
-            name, f"{BOOTSTRAP_STACK} has bootstrap version {version}, {MIN_BOOTSTRAP_VERSION}+ needed", fix
+            name,
+            f"{BOOTSTRAP_STACK} has bootstrap version {version}, {MIN_BOOTSTRAP_VERSION}+ needed (the "
+            "lookup role `cdk diff` and the pipeline's preflight step assume needs it)",
+            fix,
         )
         return
     yield ok(name, f"{BOOTSTRAP_STACK} version {version} in {settings.region}")
@@ -75,13 +86,18 @@ def _rule_prefixes(settings: Settings) -> list[str]:
 def cache_rules(settings: Settings, ecr: Any, cloudformation: Any) -> Iterator[Check]:
     name = "cache rules"
     prefixes = _rule_prefixes(settings)
-    try:
-        rules = ecr.describe_pull_through_cache_rules(ecrRepositoryPrefixes=prefixes)["pullThroughCacheRules"]
-    except bce.ClientError as exc:
-        if error_code(exc) != "PullThroughCacheRuleNotFoundException":
-            raise
-        rules = []
-    taken = sorted(r["ecrRepositoryPrefix"] for r in rules)
+    # Every rule of the registry, page by page, then ours picked out. Asking for our prefixes
+    # (ecrRepositoryPrefixes) answers PullThroughCacheRuleNotFoundException when one is missing,
+    # and the API reference does not say what it answers when some exist and some do not.
+    rules: list[dict[str, Any]] = []
+    params: dict[str, Any] = {}
+    while True:
+        resp = ecr.describe_pull_through_cache_rules(**params)
+        rules += resp.get("pullThroughCacheRules", [])
+        if not resp.get("nextToken"):
+            break
+        params["nextToken"] = resp["nextToken"]
+    taken = sorted(r["ecrRepositoryPrefix"] for r in rules if r.get("ecrRepositoryPrefix") in prefixes)
     if not taken:
         yield ok(name, f"no rule holds the prefixes {', '.join(prefixes)} yet")
         return
@@ -136,6 +152,17 @@ def creation_templates(settings: Settings, ecr: Any) -> Iterator[Check]:
                 "ECR cannot create the cached repositories",
                 'give the template a repository creation role (ECR User Guide, "Create an IAM role for '
                 'repository creation templates") or set registry.cache_prefix outside its prefix',
+            )
+        elif str(template.get("imageTagMutability", "MUTABLE")).startswith("IMMUTABLE"):
+            yield warn(
+                name,
+                f"template {template['prefix']!r} makes the tags of the repositories under {prefix}/ "
+                f"{template['imageTagMutability']}: the cache re-reads a tag from its upstream (at most "
+                "once a day) and must then point the tag at another image, which an immutable tag "
+                "refuses (ImageTagAlreadyExistsException); ECR's pull-through cache documentation does "
+                "not say what a pull then gets",
+                "set imageTagMutability MUTABLE on that template (or set registry.cache_prefix outside "
+                "its prefix); pin image digests either way",
             )
         elif template.get("repositoryPolicy"):
             yield warn(

@@ -13,11 +13,11 @@ from typing import Any
 import boto3
 import botocore.exceptions as bce
 
-from config.loader import ENVIRONMENTS_DIR, SettingsError, load_settings
+from config.loader import SettingsError, load_settings
 from config.settings import Settings
 from raytrain.aws import CLIENT_CONFIG, AwsError, CapacityApi, credential_problem, session
 from raytrain.hub_access import Access, model_access
-from raytrain.preflight import account, capacity, eks, images
+from raytrain.preflight import account, capacity, eks, images, network, principals
 from raytrain.preflight.permissions import IAM_ACTIONS, CallRecorder
 from raytrain.preflight.registry import RegistryClient
 from raytrain.preflight.report import Check, CredentialsRejected, Status, guarded, ok, problem, warn
@@ -46,6 +46,7 @@ class Clients:
     ecr: Any
     cloudformation: Any
     capacity: CapacityApi
+    iam: Any
     # A gated model's token (job.hf_token_secret): the secret's service and region's client.
     secrets: Callable[[str, str], Any] | None = None
     hub: Any = None  # huggingface_hub.HfApi (tests: one pointed at a stub hub)
@@ -60,6 +61,7 @@ class Clients:
             ecr=client("ecr"),
             cloudformation=client("cloudformation"),
             capacity=CapacityApi(region, client("ec2"), client("service-quotas")),
+            iam=client("iam"),
             secrets=lambda service, where: recorder.watch(
                 sess.client(service, region_name=where, config=CLIENT_CONFIG)
             ),
@@ -84,8 +86,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--config-dir",
         type=Path,
-        default=ENVIRONMENTS_DIR,
-        help="directory of the environment files (default: config/environments)",
+        default=None,
+        help="folder of the environment files (default: $RAYTRAIN_CONFIG_DIR, else config/environments)",
     )
     parser.set_defaults(func=run)
 
@@ -161,6 +163,7 @@ def run_checks(settings: Settings, clients: Clients, registry: RegistryClient, t
     """Every check, in the order a deploy meets them."""
     groups = [
         ("cdk bootstrap", lambda: account.bootstrap(settings, clients.cloudformation)),
+        (principals.NAME, lambda: principals.access_principals(settings, clients.iam)),
         ("kubernetes version", lambda: eks.version_support(settings, clients.eks, today)),
         ("add-ons", lambda: eks.addon_versions(settings, clients.eks)),
         ("gpu capacity", lambda: capacity.capacity_checks(settings, clients.capacity)),
@@ -172,6 +175,9 @@ def run_checks(settings: Settings, clients: Clients, registry: RegistryClient, t
             ("registry policy", lambda: account.registry_policy(settings, clients.ecr)),
         ]
     groups.append(("images", lambda: images.image_checks(settings, clients.ecr, registry)))
+    groups.append(
+        ("network quotas", lambda: network.network_quotas(settings, clients.capacity, clients.cloudformation))
+    )
     groups.append(("model access", lambda: iter(model_check(settings, clients))))
     checks: list[Check] = []
     for name, group in groups:

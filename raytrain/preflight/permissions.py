@@ -13,16 +13,20 @@ from typing import Any
 
 IAM_ACTIONS: tuple[str, ...] = (
     "cloudformation:DescribeStacks",
+    "ec2:DescribeAddresses",
     "ec2:DescribeCapacityReservations",
     "ec2:DescribeInstanceTypeOfferings",
     "ec2:DescribeInstanceTypes",
     "ec2:DescribeInstances",
+    "ec2:DescribeVpcs",
     "ecr:DescribeImages",
     "ecr:DescribePullThroughCacheRules",
     "ecr:DescribeRepositoryCreationTemplates",
     "ecr:GetRegistryPolicy",
     "eks:DescribeAddonVersions",
     "eks:DescribeClusterVersions",
+    "iam:GetRole",
+    "iam:GetUser",
     "servicequotas:GetAWSDefaultServiceQuota",
     "servicequotas:GetServiceQuota",
     # Only with job.hf_token_secret: the gated model's token, on that secret or parameter.

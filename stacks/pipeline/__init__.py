@@ -17,6 +17,9 @@ to be trusted to deploy there). Per environment, in settings order:
 
 Target accounts must be bootstrapped to trust the pipeline's account:
 `npx cdk bootstrap aws://ACCOUNT/REGION --trust PIPELINE_ACCOUNT --cloudformation-execution-policies ARN`.
+An environment in another region than the pipeline's gets CodePipeline's replication bucket in that
+region (a support stack in the pipeline's account, `replication.py`): bootstrap the pipeline's account
+there too.
 """
 
 from stacks.pipeline.access import PipelineAccessStack

@@ -14,11 +14,11 @@ from constructs import Construct
 
 from cdk_constructs import checkov
 from cdk_constructs.buckets import kms_bucket_with_access_logs
-from config.loader import load_settings
 from config.settings import PipelineSettings, Settings
 from stacks.common import partition, removal_policy
 from stacks.pipeline.access import pipeline_verify_role_name
 from stacks.pipeline.nag import acknowledge_pipeline_findings, find
+from stacks.pipeline.replication import harden_replication_buckets
 from stacks.pipeline.stage import EnvironmentStage
 from stacks.pipeline.steps import (
     BUILD_IMAGE,
@@ -26,7 +26,6 @@ from stacks.pipeline.steps import (
     RUNTIME_VERSIONS,
     SETUP_COMMANDS,
     bootstrap_lookup_role_arn,
-    check_smoke_environment,
     preflight_commands,
     start_commands,
     start_timeout,
@@ -42,7 +41,17 @@ def _source(scope: Construct, p: PipelineSettings) -> pipelines.CodePipelineSour
 
 
 class PipelineStack(cdk.Stack):
-    def __init__(self, scope: Construct, construct_id: str, *, settings: Settings, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        settings: Settings,
+        environments: dict[str, Settings],
+        **kwargs: Any,
+    ) -> None:
+        """`environments`: the settings of every environment in `pipeline.environments`, checked
+        (stacks/app_builder.py `pipeline_environments`)."""
         super().__init__(scope, construct_id, **kwargs)
         assert settings.pipeline is not None
         p = settings.pipeline
@@ -110,10 +119,8 @@ class PipelineStack(cdk.Stack):
         )
         self.stages: dict[str, EnvironmentStage] = {}
         for name in p.environments:
-            env_settings = settings if name == settings.name else load_settings(name)
+            env_settings = environments[name]
             smoke = name in p.smoke_job
-            if smoke:
-                check_smoke_environment(env_settings)
             stage = EnvironmentStage(
                 self, f"Deploy-{name}", settings=env_settings, pipeline_principal=principal, smoke=smoke
             )
@@ -174,6 +181,8 @@ class PipelineStack(cdk.Stack):
         # Build now (not lazily at synthesis) so the generated roles exist to be acknowledged.
         self.pipeline.build_pipeline()
         _scope_asset_role_builds(self, self.pipeline)
+        # Environments in other regions: CodePipeline's replication bucket there (its own stack).
+        self.support_stacks = harden_replication_buckets(self, self.pipeline.pipeline)
         # CDK Pipelines writes the deploy actions' role ARNs as Fn::Join with an empty delimiter;
         # cfn-lint's E3703 (prefer Fn::Sub) is style, on generated values, only on this resource.
         cfn_pipeline = self.pipeline.pipeline.node.default_child

@@ -15,8 +15,10 @@ from k8s.chart import rayjob_name
 
 SMOKE_POLL_SECONDS = 30
 BUILD_IMAGE = codebuild.LinuxBuildImage.STANDARD_7_0
-# Runtimes the Makefile needs (pyproject: Python 3.11-3.12; ENVIRONMENT: Node 20 for the CDK CLI).
-RUNTIME_VERSIONS = {"python": "3.11", "nodejs": "20"}
+# Runtimes the Makefile needs (pyproject: Python 3.11-3.12; the CDK CLI and jsii: a Node.js LTS that
+# jsii supports, 22; Node 20 is end-of-life). CodeBuild's Ubuntu standard images offer nodejs 18, 20,
+# 22 and 24 (CodeBuild User Guide, "Runtime versions").
+RUNTIME_VERSIONS = {"python": "3.11", "nodejs": "22"}
 # The checkout's own setup (the README's), in both builds: the CDK side only, no torch or Ray.
 SETUP_COMMANDS = ["make setup-cdk"]
 

@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from config.loader import ENVIRONMENTS_DIR
+from config.loader import environments_dir
 from raytrain import capacity
 from raytrain.aws import CapacityApi
 from raytrain.capacity import command, probe
@@ -172,7 +172,7 @@ def test_ice_everywhere_exits_non_zero(world, envdir, capsys) -> None:
 
     assert run(world, envdir, "--env", "dev", "--probe", "--write") == capacity.EXIT_NO_FIT
     assert "No zone fits." in capsys.readouterr().out
-    assert (envdir / "dev.yaml").read_text() == (ENVIRONMENTS_DIR / "dev.yaml").read_text()
+    assert (envdir / "dev.yaml").read_text() == (environments_dir() / "dev.yaml").read_text()
 
 
 # --- interrupted probes ------------------------------------------------------------------------

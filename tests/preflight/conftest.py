@@ -21,5 +21,7 @@ def aws_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def account(aws_credentials: None) -> Iterator[Account]:
+def account(aws_credentials: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[Account]:
+    # moto's account is the environments' placeholder account: dev's principals are its own.
+    monkeypatch.setenv("MOTO_ACCOUNT_ID", "111122223333")
     yield from fake_account()

@@ -25,7 +25,6 @@ from tests.preflight_account import (
     Account,
     Registry,
     check_line,
-    digest_env,
     env_dir,
 )
 
@@ -53,7 +52,12 @@ def test_the_permission_list_covers_every_call(account: Account, registry: Regis
     account.ecr_clean(rules=["dev/ecr-public"])
     account.no_stack("RayTrain-dev-Cluster")
     account.ecr_stub.add_client_error("describe_images", "RepositoryNotFoundException")
-    _, lines = account.run(digest_env(tmp_path, DIGEST_A), registry)
+    # A user among the principals too (iam:GetUser).
+    account.principals("arn:aws:iam::111122223333:user/alice")
+    submitters = "    - arn:aws:iam::111122223333:role/MLEngineer"
+    env = env_dir(tmp_path, {submitters: f"{submitters}\n    - arn:aws:iam::111122223333:user/alice"},
+                  append=f'\nworkload:\n  image_digest: "{DIGEST_A}"\n')  # fmt: skip
+    _, lines = account.run(env, registry)
     assert "is 64 vCPUs; max_size 2 x g6.12xlarge needs 96" in check_line(lines, "gpu vcpu quota")
     calls = account.recorder.calls
     assert calls - NO_PERMISSION_NEEDED <= set(IAM_ACTIONS), calls - set(IAM_ACTIONS)

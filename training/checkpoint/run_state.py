@@ -132,7 +132,8 @@ def latest_step(fs: Any, run_dir: str) -> int | None:
 
 
 def begin(opts: TrainOptions) -> dict[str, Any]:
-    """Check this start against the run's storage and write the run record; returns the record."""
+    """Check this start against the run's storage; returns the run record to `record` once every
+    other input check has passed too (a refused start writes nothing)."""
     location = shards.join(opts.storage_path, opts.run_name)
     fs, run_dir = shards.filesystem(location)
     step = latest_step(fs, run_dir)
@@ -140,8 +141,14 @@ def begin(opts: TrainOptions) -> dict[str, Any]:
         record = _read_json(fs, f"{run_dir}/{RUN_FILE}")
     except (OSError, ValueError):
         record = None  # unusable: decide() refuses a resume without it
-    record = decide(opts.to_dict(), record if isinstance(record, dict) else None, step, location)
+    return decide(opts.to_dict(), record if isinstance(record, dict) else None, step, location)
+
+
+def record(opts: TrainOptions, run: dict[str, Any]) -> None:
+    """Write the run record, whole or not at all (serialized first, then shards.write_atomic): a
+    run.json is never left half-written, even by a failed write."""
+    data = json.dumps(run, indent=2, default=str).encode()
+    location = shards.join(opts.storage_path, opts.run_name)
+    fs, run_dir = shards.filesystem(location)
     fs.create_dir(run_dir, recursive=True)
-    with fs.open_output_stream(f"{run_dir}/{RUN_FILE}") as f:
-        f.write(json.dumps(record, indent=2, default=str).encode())
-    return record
+    shards.write_atomic(shards.join(location, RUN_FILE), data)

@@ -21,6 +21,7 @@ other). A reader of the text format refuses the chat format by its version, neve
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -84,6 +85,34 @@ def manifest_location(data: str) -> str | None:
     return None
 
 
+def format_version(name: Any) -> int:
+    """N of a `raytrain-token-shards/N` format name; 0 for anything else."""
+    prefix = FORMAT.rsplit("/", 1)[0] + "/"
+    if isinstance(name, str) and name.startswith(prefix) and name[len(prefix) :].isdigit():
+        return int(name[len(prefix) :])
+    return 0
+
+
+def write_atomic(uri: str, data: bytes) -> None:
+    """Write a small file whole or not at all: a local temp file renamed over it (rename(2) is
+    atomic), or one PUT to an object store (S3 never exposes a partially written object: a PUT or a
+    completed multipart upload appears whole). The bytes are ready before anything is opened."""
+    fs, path = filesystem(uri)
+    if is_remote(uri) and not uri.startswith("file://"):
+        with fs.open_output_stream(path) as f:
+            f.write(data)
+        return
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with fs.open_output_stream(tmp) as f:
+            f.write(data)
+        fs.move(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            fs.delete_file(tmp)
+        raise
+
+
 def manifest_checksum(manifest: dict[str, Any]) -> str:
     """sha256 of the manifest's canonical JSON without its own checksum: any edit (a seq_len, a
     block count) changes it, so a reader trusts only the manifest preparation wrote."""
@@ -104,8 +133,15 @@ def read_manifest(location: str) -> dict[str, Any]:
         raise ShardError(f"{uri}: cannot read the manifest: {exc}") from None
     if not isinstance(manifest, dict) or manifest.get("format") not in FORMATS:
         got = manifest.get("format") if isinstance(manifest, dict) else None
+        reads = " and ".join(FORMATS)
+        if format_version(got) > max(format_version(f) for f in FORMATS):
+            raise ShardError(
+                f"{uri}: written by a newer version of the data preparation (format {got}); this "
+                f"version reads {reads}: run the job with the code that prepared it, or prepare the "
+                "data again with this one"
+            )
         raise ShardError(
-            f"{uri}: format {got!r} is not {' or '.join(map(repr, FORMATS))}; prepare the data again"
+            f"{uri}: format {got!r} is not one this version reads ({reads}); prepare the data again"
         )
     if manifest.get("checksum") != manifest_checksum(manifest):
         why = "has no checksum (written by an older version)" if "checksum" not in manifest else "was edited"
@@ -121,16 +157,7 @@ def write_manifest(location: str, manifest: dict[str, Any]) -> str:
     exposes a partially written object: a PUT or a completed multipart upload appears whole)."""
     uri = join(location, MANIFEST)
     manifest = {**manifest, "checksum": manifest_checksum(manifest)}
-    data = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode("utf-8")
-    fs, path = filesystem(uri)
-    if is_remote(location) and not uri.startswith("file://"):
-        with fs.open_output_stream(path) as f:
-            f.write(data)
-        return uri
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with fs.open_output_stream(tmp) as f:
-        f.write(data)
-    fs.move(tmp, path)  # rename(2) on a local filesystem: atomic
+    write_atomic(uri, (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode("utf-8"))
     return uri
 
 

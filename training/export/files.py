@@ -44,7 +44,7 @@ def model_tensors(fs: Any, path: str) -> dict[str, Any]:
 
 def _config_and_tokenizer(state: dict[str, Any], model: str | None, dtype: str, out: str) -> Any:
     """config.json, generation_config.json and the tokenizer, into `out`; returns the config."""
-    from transformers import AutoTokenizer, GenerationConfig
+    from transformers import AutoTokenizer
 
     from training.model.build import local_model_dir, model_config
 
@@ -64,20 +64,29 @@ def _config_and_tokenizer(state: dict[str, Any], model: str | None, dtype: str, 
     from training.model.build import _dtype_kwarg
 
     setattr(cfg, _dtype_kwarg(), dtype)
-    try:
-        gen = GenerationConfig.from_pretrained(tok_dir)
-    except Exception:  # a random-init shape, or a model folder without one
-        gen = GenerationConfig.from_model_config(cfg)
-    # Every token that ends a turn or a text stops generation (training/chat/stop_tokens.py).
-    stops = stop_token_ids(tok, gen.eos_token_id, cfg.eos_token_id)
-    gen.eos_token_id = stops[0] if len(stops) == 1 else (stops or None)
+    gen = stopping_generation_config(tok, tok_dir, cfg)
     _name_architecture(cfg)
-    if gen.pad_token_id is None and tok.pad_token_id is not None:
-        gen.pad_token_id = tok.pad_token_id
     tok.save_pretrained(out)
     gen.save_pretrained(out)
     cfg.save_pretrained(out)  # written again last by publish(): only its presence makes a model
     return cfg
+
+
+def stopping_generation_config(tok: Any, model_dir: str, cfg: Any) -> Any:
+    """The model's generation config (its generation_config.json, else one from its config) with
+    eos_token_id every token that ends a turn or a text (training/chat/stop_tokens.py), the
+    template's end of turn first, and a pad token where the tokenizer has one."""
+    from transformers import GenerationConfig
+
+    try:
+        gen = GenerationConfig.from_pretrained(model_dir)
+    except Exception:  # a random-init shape, or a model folder without one
+        gen = GenerationConfig.from_model_config(cfg)
+    stops = stop_token_ids(tok, gen.eos_token_id, getattr(cfg, "eos_token_id", None))
+    gen.eos_token_id = stops[0] if len(stops) == 1 else (stops or None)
+    if gen.pad_token_id is None and tok.pad_token_id is not None:
+        gen.pad_token_id = tok.pad_token_id
+    return gen
 
 
 def _name_architecture(cfg: Any) -> None:

@@ -9,7 +9,9 @@ The adapter folder is what `peft`'s `save_pretrained` writes (peft/peft_model.py
 peft/utils/save_and_load.py, get_peft_model_state_dict): adapter_config.json (LoraConfig's fields,
 `base_model_name_or_path` the run's --model) and adapter_model.safetensors with the adapter name
 removed from each key (`base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`), plus the
-tokenizer with its chat template, as trainers save beside an adapter. `PeftModel.from_pretrained`,
+tokenizer with its chat template, as trainers save beside an adapter, and generation_config.json
+with every token that ends the template's turns (`_serving_files` says who reads which).
+`PeftModel.from_pretrained`,
 vLLM's `--lora-modules` and Ray Serve LLM's LoRA loader read that layout. The adapters are written
 in fp32, the precision they were trained in (a few tens of MB).
 
@@ -118,16 +120,73 @@ def check_adapters_fit(adapters: dict[str, Any], model: str) -> None:
             )
 
 
-def _tokenizer(model: str, out: str) -> None:
-    from transformers import AutoTokenizer
+def _serving_files(model: str, out: str) -> list[int]:
+    """The tokenizer and generation_config.json beside the adapter, so that it stops at the chat
+    template's end of turn when served; returns the stop ids written.
 
+    A base release names <|endoftext|> (Qwen2.5-*B, Qwen3-*-Base) or <|end_of_text|> (Llama 3.x)
+    as its EOS, while the template ends every trained answer with <|im_end|> / <|eot_id|>; nothing
+    of the adapter changes what the base's own files say. What reads what (docs/fine-tuning.md,
+    "Serving a LoRA adapter"):
+    - transformers and peft stop at the loaded model's generation_config.eos_token_id, the base's
+      (transformers/generation/utils.py adjust_generation_fn reads the base's folder, also when
+      AutoModelForCausalLM.from_pretrained is given the adapter folder: integrations/peft.py
+      maybe_load_adapters swaps in base_model_name_or_path; peft's PeftModel.generate keeps the
+      base's generation_config). The folder's generation_config.json is what to pass them:
+      `generate(..., generation_config=GenerationConfig.from_pretrained(ADAPTER))`.
+    - vLLM stops at its tokenizer's eos_token_id plus the generation config's eos_token_id
+      (SamplingParams.update_from_generation_config). Earlier releases took a LoRA request's EOS from
+      the adapter's own tokenizer (InputPreprocessor.get_eos_token_id(lora_request)); V1 uses the
+      base's and tells users to give `--tokenizer ADAPTER` (v1/engine/input_processor.py,
+      _validate_lora).
+      `--generation-config ADAPTER` loads this generation_config.json.
+    So the tokenizer written here names the end-of-turn token its EOS, as the families' instruct
+    releases do (Qwen2.5-*-Instruct: <|im_end|>; Llama-3.1-*-Instruct: <|eot_id|>), and the
+    generation config lists it first with the base's own EOS ids."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from training.chat.stop_tokens import end_of_turn_ids
+    from training.export.files import stopping_generation_config
     from training.model.build import local_model_dir
 
+    base_dir = local_model_dir(model, weights=False)
     try:
-        tok = AutoTokenizer.from_pretrained(local_model_dir(model, weights=False))
+        tok = AutoTokenizer.from_pretrained(base_dir)
     except Exception as exc:
         raise OptionError(f"--model: cannot load the tokenizer of {model!r}: {exc}") from None
+    try:
+        cfg = AutoConfig.from_pretrained(base_dir)
+    except Exception as exc:
+        raise OptionError(f"--model: cannot load the config of {model!r}: {exc}") from None
+    gen = stopping_generation_config(tok, base_dir, cfg)
+    ends = end_of_turn_ids(tok)
+    if ends:
+        tok.eos_token = tok.convert_ids_to_tokens(ends[0])
     tok.save_pretrained(out)
+    gen.save_pretrained(out)
+    stops = gen.eos_token_id
+    return [stops] if isinstance(stops, int) else list(stops or [])
+
+
+def base_weights_dir(model: str) -> str:
+    """A local folder with the base's safetensors files (and their index): `model` itself when it is
+    a folder, its copy when it is s3:// (training/model/build.py local_model_dir), and for a Hugging
+    Face Hub id the snapshot in the Hub cache that from_pretrained fills and reads
+    (huggingface_hub's snapshot_download: the same cache, HF_TOKEN and HF_HUB_OFFLINE; only the
+    weight files are fetched, once)."""
+    from training.model.build import local_model_dir
+
+    if "://" in model or os.path.isdir(model):
+        return local_model_dir(model, weights=True)
+    from huggingface_hub import snapshot_download
+
+    try:
+        return str(snapshot_download(model, allow_patterns=["*.safetensors", INDEX_FILE]))
+    except Exception as exc:
+        raise OptionError(
+            f"--model: cannot fetch the weights of {model!r} from the Hugging Face Hub to merge into "
+            f"({' '.join(str(exc).split())[:300]}); give --model a local folder or s3:// copy of the base"
+        ) from None
 
 
 def base_weight_files(base_dir: str) -> list[str]:
@@ -140,7 +199,8 @@ def base_weight_files(base_dir: str) -> list[str]:
     single = os.path.join(base_dir, "model.safetensors")
     if not os.path.exists(single):
         raise OptionError(
-            f"--model: {base_dir} has no safetensors weights (model.safetensors or {INDEX_FILE})"
+            f"--model: {base_dir} has no safetensors weights (model.safetensors or {INDEX_FILE}), "
+            "which the merge reads; give a base saved as safetensors (save_pretrained writes them)"
         )
     return [single]
 
@@ -234,7 +294,6 @@ def export_lora(
     import torch
 
     from training.export.files import _config_and_tokenizer, _open_checkpoint, model_tensors, publish
-    from training.model.build import local_model_dir
 
     model = model or (state.get("model_ref") or {}).get("model")
     if not model:
@@ -250,7 +309,7 @@ def export_lora(
     os.chmod(work, 0o755)  # noqa: S103 (a folder to be read by serving containers)
     try:
         if merged:
-            base_dir = local_model_dir(model, weights=True)
+            base_dir = base_weights_dir(model)
             deltas = merged_deltas(spec, adapters)
             ref = {**state.get("model_ref", {}), "init": "pretrained"}  # the base's own config
             _config_and_tokenizer({**state, "model_ref": ref}, model, dtype, work)
@@ -261,8 +320,9 @@ def export_lora(
         else:
             check_adapters_fit(adapters, model)
             write_adapter(work, spec, adapters, model)
-            _tokenizer(model, work)
-            log(f"[export] LoRA adapter (r={spec.rank}, {len(adapters)} tensors, base {model}), {checkpoint}")
+            stops = _serving_files(model, work)
+            log(f"[export] LoRA adapter (r={spec.rank}, {len(adapters)} tensors, base {model}, stops at "
+                f"ids {stops}), {checkpoint}")  # fmt: skip
         publish(work, out, replace=replace)
     finally:
         shutil.rmtree(work, ignore_errors=True)

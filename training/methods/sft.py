@@ -3,8 +3,14 @@ assistant's tokens only, conversations packed whole into blocks.
 
 Records (jsonl lines or parquet rows) hold either `messages`, a list of {"role", "content"} turns
 as Hugging Face chat data is written, or `prompt` and `completion` (strings: one user turn and one
-assistant turn; or lists of turns). Each is rendered with `tokenizer.apply_chat_template`, so the
-model is trained on exactly the format it is later prompted with.
+assistant turn; or lists of turns; the prompt's turns are context, never trained, as in TRL). A
+turn may carry what the model's template renders besides its content (Qwen3's
+`reasoning_content`, `tool_calls`, `tool` turns with `tool_call_id`/`name`) and a `train` (or
+axolotl's `weight` 0/1) flag: false, context only; a record may carry `tools` (the function
+definitions apply_chat_template writes into the prompt). Each is rendered with
+`tokenizer.apply_chat_template`, so the model is trained on exactly the format it is later
+prompted with; a conversation whose template writes history otherwise than the answers were
+generated (Qwen3) becomes one example per such answer (training/chat/template.py).
 
 Which tokens are the assistant's: training/chat/template.py (its answers' tokens through the
 template's end-of-turn token, so the model learns to stop; a record whose answers cannot be
@@ -34,7 +40,7 @@ from training.data import corpus, shards
 
 __all__ = ["ChatRenderer", "RecordError", "TemplateError"]  # where callers have always found them
 
-FIELDS = ("messages", "conversations", "prompt", "completion")
+FIELDS = ("messages", "conversations", "prompt", "completion", "tools")
 TOO_LONG = ("drop", "truncate")
 # ShareGPT's speakers (`from`) as chat-template roles: the names of FastChat's ShareGPT data and of
 # LLaMA-Factory's sharegpt format (data/README.md there: human, gpt, system, observation for a tool's
@@ -69,7 +75,12 @@ def _content(value: Any, where: str) -> str:
     raise RecordError(f"{where}: text or a list of text parts expected, got {type(value).__name__}")
 
 
-def _turns(value: Any, where: str, field: str) -> list[dict[str, str]]:
+def _turns(value: Any, where: str, field: str, context: bool = False) -> list[dict[str, Any]]:
+    """The turns of `value`, each a dict for the template: role, content (text; null or absent only
+    beside tool_calls), the other fields as written (training/chat/template.py checks that the
+    template renders them), and `train` (false: context, not trained) from a turn's `train` or
+    `weight` (axolotl's per-message convention; 0 or 1). `context`: every turn untrained (TRL
+    trains a record's completion, never its prompt)."""
     if not isinstance(value, list) or not value:
         raise RecordError(
             f"{where}: field {field!r}: a non-empty list of {{'role', 'content'}} turns expected"
@@ -79,13 +90,49 @@ def _turns(value: Any, where: str, field: str) -> list[dict[str, str]]:
         if not isinstance(turn, dict):
             raise RecordError(f"{where}: field {field}[{i}]: a {{'role', 'content'}} object expected")
         if "role" not in turn and "from" in turn:  # ShareGPT: {"from": "human", "value": "..."}
-            turns.append(_sharegpt_turn(turn, f"{where}: field {field}[{i}]"))
+            shared = _sharegpt_turn(turn, f"{where}: field {field}[{i}]")
+            turns.append({**shared, "train": False} if context else shared)
             continue
         role, content = turn.get("role"), turn.get("content")
         if not isinstance(role, str) or not role:
             raise RecordError(f"{where}: field {field}[{i}].role: a role name expected, got {role!r}")
-        turns.append({"role": role, "content": _content(content, f"{where}: field {field}[{i}].content")})
+        if content is None and turn.get("tool_calls"):
+            content = ""  # an answer that only calls tools (OpenAI's format writes null)
+        if not isinstance(content, str):
+            content = _content(content, f"{where}: field {field}[{i}].content")
+        out = {k: v for k, v in turn.items() if k not in ("train", "weight") and v is not None}
+        out["role"], out["content"] = role, content
+        train = _train_flag(turn, where, f"{field}[{i}]")
+        if train is not None and role != "assistant":
+            if train:
+                raise RecordError(
+                    f"{where}: field {field}[{i}]: a {role!r} turn marked trained; only assistant turns "
+                    "are trained (drop the flag)"
+                )
+        elif context or train is False:
+            out["train"] = False
+        turns.append(out)
     return turns
+
+
+def _train_flag(turn: dict[str, Any], where: str, at: str) -> bool | None:
+    """A turn's `train` (true/false) or `weight` (0/1, axolotl's), None when neither is given."""
+    flags = []
+    if turn.get("train") is not None:
+        if not isinstance(turn["train"], bool):
+            raise RecordError(f"{where}: field {at}.train: true or false expected, got {turn['train']!r}")
+        flags.append(turn["train"])
+    if turn.get("weight") is not None:
+        weight = turn["weight"]
+        if isinstance(weight, bool) or weight not in (0, 1):
+            raise RecordError(
+                f"{where}: field {at}.weight: 0 (context, not trained) or 1 (trained) expected, "
+                f"got {weight!r}"
+            )
+        flags.append(bool(weight))
+    if len(set(flags)) > 1:
+        raise RecordError(f"{where}: field {at}: train and weight disagree; give one of them")
+    return flags[0] if flags else None
 
 
 def _sharegpt_turn(turn: dict[str, Any], where: str) -> dict[str, str]:
@@ -100,10 +147,10 @@ def _sharegpt_turn(turn: dict[str, Any], where: str) -> dict[str, str]:
     return {"role": role, "content": _content(turn.get("value"), f"{where}.value")}
 
 
-def conversation(record: dict[str, Any], where: str) -> list[dict[str, str]]:
-    """The record's turns: `messages` (or ShareGPT's `conversations`: from/value turns, or role/content
-    ones), or `prompt` + `completion` (strings or lists of turns). Contents may be OpenAI's lists of
-    text parts."""
+def conversation(record: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    """The record's turns: `messages` (or ShareGPT's `conversations`: from/value turns, or
+    role/content ones), or `prompt` + `completion` (strings or lists of turns; the prompt's turns
+    are context, as TRL trains the completion only). Contents may be OpenAI's lists of text parts."""
     if record.get("messages") is not None or record.get("conversations") is not None:
         field = "messages" if record.get("messages") is not None else "conversations"
         turns = _turns(record[field], where, field)
@@ -112,7 +159,7 @@ def conversation(record: dict[str, Any], where: str) -> list[dict[str, str]]:
         head = (
             [{"role": "user", "content": prompt}]
             if isinstance(prompt, str)
-            else _turns(prompt, where, "prompt")
+            else _turns(prompt, where, "prompt", context=True)
         )
         tail = (
             [{"role": "assistant", "content": completion}]
@@ -127,7 +174,30 @@ def conversation(record: dict[str, Any], where: str) -> list[dict[str, str]]:
         )
     if not any(t["role"] == "assistant" for t in turns):
         raise RecordError(f"{where}: field {field!r}: no turn with role 'assistant' (nothing to train on)")
+    if not any(t["role"] == "assistant" for t in turns if t.get("train", True)):
+        raise RecordError(
+            f"{where}: field {field!r}: every assistant turn is context (train: false or weight: 0), "
+            "nothing to train on; flag the answers to learn as trained"
+        )
     return turns
+
+
+def record_tools(record: dict[str, Any], where: str) -> list[Any] | None:
+    """The record's `tools` (function definitions the template writes into the prompt, as
+    apply_chat_template's tools= takes them), or None."""
+    tools = record.get("tools")
+    if tools is None:
+        return None
+    if isinstance(tools, str):  # a JSON column, as some data sets store it
+        try:
+            tools = json.loads(tools)
+        except json.JSONDecodeError as exc:
+            raise RecordError(
+                f"{where}: field 'tools': malformed JSON ({exc.msg} at column {exc.colno})"
+            ) from None
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise RecordError(f"{where}: field 'tools': a list of tool (function) definitions expected")
+    return tools or None
 
 
 _TOKENIZERS: dict[str, Any] = {}
@@ -298,28 +368,31 @@ def write_segment(
         top = 0  # the largest token id written: the manifest's bound for the vocabulary check
         for where, pos, record in _records(seg, skipped if lenient else None):
             try:
-                ids, target = renderer.render(conversation(record, where), where)
+                turns, tools = conversation(record, where), record_tools(record, where)
+                examples = list(renderer.examples(turns, where, tools=tools))
             except RecordError as exc:
                 if not lenient:
                     raise RecordError(name_line(str(exc))) from None
                 skipped.add(str(exc).removeprefix(f"{where}: "), seg.uri, **pos)
                 continue
-            if lengths is not None:
-                lengths.append(len(ids))
-            if len(ids) > seq:
-                too_long += 1
-                if settings.too_long == "drop":
-                    continue
-                ids, target = ids[:seq], target[:seq]
+            for example_ids, example_target in examples:
+                ids, target = example_ids, example_target
+                if lengths is not None:
+                    lengths.append(len(ids))
+                if len(ids) > seq:
+                    too_long += 1
+                    if settings.too_long == "drop":
+                        continue
+                    ids, target = ids[:seq], target[:seq]
+                    target[0] = False
+                    if not target.any():  # cut before its first answer: nothing left to learn
+                        continue
+                    truncated += 1
                 target[0] = False
-                if not target.any():  # cut before its first answer: nothing left to learn
-                    continue
-                truncated += 1
-            target[0] = False
-            packer.add(ids, target)
-            top = max(top, int(ids.max()))
-            kept += 1
-            targets += int(target.sum())
+                packer.add(ids, target)
+                top = max(top, int(ids.max()))
+                kept += 1
+                targets += int(target.sum())
         packer.flush()
     if packer.pad_tokens:
         top = max(top, int(pad))
@@ -366,7 +439,7 @@ def check_dropped(data: str, m: dict[str, Any], allowed: float) -> None:
 
 def counts_line(m: dict[str, Any]) -> str:
     return (
-        f"[prepare] chat: {m['documents']} conversations, {m['target_tokens']:,} target tokens, "
+        f"[prepare] chat: {m['documents']} examples, {m['target_tokens']:,} target tokens, "
         f"{m['too_long']} longer than --seq-len {m['seq_len']} ({m['truncated']} truncated, "
         f"{m['dropped_too_long']} dropped), {m['pad_tokens']:,} padding tokens"
     )

@@ -255,6 +255,8 @@ def corpus_listing(data: str) -> tuple[list[str], list[str]]:
     raise OptionError(f"--data: {data} does not exist ('random', a file, a folder or s3://…)")
 
 
+# A shard of prepared data (training/data/shards.py: shards-<fingerprint16>/<n>.bin).
+_SHARD_FILE = re.compile(r"(^|/)shards-[0-9a-f]{16}/\d+\.bin$")
 _COMPRESSED_DATA = re.compile(r"\.(jsonl|json|parquet)\.(gz|zst|zstd|bz2|xz|zip)$", re.IGNORECASE)
 
 
@@ -284,6 +286,16 @@ def check_data_path(data: str, option: str = "--data") -> list[str]:
     except Exception as exc:
         raise OptionError(f"{option}: cannot read {data}: {exc}") from None
     if not files:
+        shard = next((f for f in corpus_listing(data)[1] if _SHARD_FILE.search(f)), None)
+        if shard is not None:
+            from training.data.shards import MANIFEST
+
+            folder = shard.rsplit("/", 2)[-2]
+            raise OptionError(
+                f"{option}: {data} holds prepared shards ({folder}/) but no {MANIFEST}: their preparation "
+                f"did not finish or the manifest was removed (it is written last); prepare the data "
+                f"again into {data}, or give {option} the raw corpus"
+            )
         raise OptionError(f"{option}: no {'/'.join(DATA_SUFFIXES)} files under {data}")
     for f in files:
         if "://" not in f and not os.access(f, os.R_OK):

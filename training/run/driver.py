@@ -223,15 +223,6 @@ def resolve_data(opts: TrainOptions, vocab_size: int) -> str | None:
     return location
 
 
-def resolve_inputs(opts: TrainOptions, vocab_size: int, workers: int) -> tuple[TrainOptions, Any, Any]:
-    """The prepared training and eval data, and the options with --epochs become steps."""
-    data = resolve_data(opts, vocab_size)
-    eval_data = resolve_eval_data(opts, data)
-    if opts.epochs is not None:
-        opts = epochs_to_steps(opts, data, workers)
-    return opts, data, eval_data
-
-
 def epochs_to_steps(opts: TrainOptions, data: str | None, workers: int) -> TrainOptions:
     """--epochs as a step count: the prepared data's training sequences (less --eval-fraction's
     held-out blocks) over the global batch."""
@@ -314,6 +305,22 @@ def resolve_eval_data(opts: TrainOptions, train: str | None) -> str | None:
     return location
 
 
+def resolve_inputs(
+    opts: TrainOptions, vocab_size: int, workers: int, record: dict[str, Any] | None
+) -> tuple[TrainOptions, Any, Any, dict[str, Any]]:
+    """The training and eval data (prepared when raw), the options with --epochs become steps (and
+    the run's start decided then: `record` is None until the steps are known), then the run record:
+    written only once every input is accepted, so a start refused for its data leaves no run.json."""
+    data = resolve_data(opts, vocab_size)
+    eval_data = resolve_eval_data(opts, data)
+    if opts.epochs is not None:
+        opts = epochs_to_steps(opts, data, workers)
+        record = run_state.begin(opts)
+    assert record is not None  # decided before Ray started, or just now
+    run_state.record(opts, record)
+    return opts, data, eval_data, record
+
+
 def run(opts: TrainOptions) -> dict[str, Any]:
     """Run (or resume) the training run; return the summary."""
     import ray
@@ -328,8 +335,7 @@ def run(opts: TrainOptions) -> dict[str, Any]:
     init_ray(opts)
     logs = quiet.driver(prepares=opts.data != "random")  # library chatter to a log file
     workers, use_gpu = resolve_workers(opts)
-    opts, data, eval_data = resolve_inputs(opts, int(cfg.vocab_size), workers)
-    record = record or run_state.begin(opts)
+    opts, data, eval_data, record = resolve_inputs(opts, int(cfg.vocab_size), workers, record)
     verdict: Any = ray.remote(num_cpus=0)(_GateVerdict).remote()
     trainer = TorchTrainer(
         quiet.train_worker,  # training/run/loop.py's train_loop

@@ -86,14 +86,7 @@ GEMMA2_SYSTEM = (
     r"^chats.jsonl: line at byte 42: field 'messages': the chat template refuses it: "
     r"System role not supported; write the record as the model's template expects it"
 )
-QWEN3_REWRITES = (
-    r"^chats.jsonl: line at byte 42: field messages\[{}\]: the chat template renders this answer "
-    r"differently once later turns follow \(Qwen3's drops the <think> block .*; "
-    r"give each answer its own record"
-)
 REFUSED = {
-    ("qwen3-0.6b", "multi"): QWEN3_REWRITES.format(1),
-    ("qwen3-0.6b", "multi+system"): QWEN3_REWRITES.format(2),
     **{(name, case): SYSTEM_DROPPED for name in ("mistral-7b-instruct-v0.3", "mistral-nemo-instruct-2407")
        for case in ("system", "multi+system")},
     **{("gemma-2-2b-it", case): GEMMA2_SYSTEM for case in ("system", "multi+system")},
@@ -139,22 +132,32 @@ def test_each_family_masks_exactly_its_answers_through_the_end_of_turn_token(nam
     assert renderer.method == "rendered-prefixes"  # none of them has {% generation %} markers
     if (name, case) in REFUSED:
         with pytest.raises(RecordError, match=REFUSED[name, case]):
-            renderer.render(turns, WHERE)
+            renderer.examples(turns, WHERE)
         return
-    ids, target = renderer.render(turns, WHERE)
-    # The ids are the template's own tokens of the whole conversation, as at inference.
-    assert ids.tolist() == tok.apply_chat_template(turns, tokenize=True, return_dict=True)["input_ids"]
+    examples = renderer.examples(turns, WHERE)
     answers = [i for i, t in enumerate(turns) if t["role"] == "assistant"]
-    runs = _runs(ids, target)
-    assert len(runs) == len(answers)
+    # Qwen3 writes an earlier answer otherwise once a user turn follows: each answer its own example.
+    assert len(examples) == (len(answers) if name == "qwen3-0.6b" else 1)
     end_id = tok.convert_tokens_to_ids(FAMILIES[name][1])
-    for i, (a, b) in zip(answers, runs, strict=True):
-        # Masked: the answer as the template writes it, through the end-of-turn token, no more.
-        assert tok.decode(ids[a:b].tolist()) == FAMILIES[name][2].format(turns[i]["content"])
-        assert ids[b - 1] == end_id
-        # Before it: exactly the prompt the template writes for generating this answer.
-        prompt = tok.apply_chat_template(turns[:i], tokenize=False, add_generation_prompt=True)
-        assert tok.decode(ids[:a].tolist()) == prompt
+    found = []
+    for ids, target in examples:
+        runs = _runs(ids, target)
+        last = answers[len(found) + len(runs) - 1]
+        # The ids are the template's own tokens of the conversation through its last answer.
+        assert (
+            ids.tolist()
+            == tok.apply_chat_template(turns[: last + 1], tokenize=True, return_dict=True)["input_ids"]
+        )
+        for a, b in runs:
+            i = answers[len(found)]
+            # Masked: the answer as the template writes it when generating it, through the end of turn.
+            assert tok.decode(ids[a:b].tolist()) == FAMILIES[name][2].format(turns[i]["content"])
+            assert ids[b - 1] == end_id
+            # Before it: exactly the prompt the template writes for generating this answer.
+            prompt = tok.apply_chat_template(turns[:i], tokenize=False, add_generation_prompt=True)
+            assert tok.decode(ids[:a].tolist()) == prompt
+            found.append(i)
+    assert found == answers
 
 
 def test_gemma3_folds_the_system_turn_into_the_first_user_turn() -> None:

@@ -135,6 +135,72 @@ def test_prefetched_batches_equal_direct_reads_and_follow_position_jumps(tmp_pat
     fetched.close()
 
 
+@pytest.mark.parametrize("uri", [False, True])
+def test_prepared_shards_without_their_manifest_are_told_so(tmp_path: Path, uri: bool) -> None:
+    """Not "no .jsonl/.json/.parquet files": the folder holds our shards and lacks the manifest
+    that preparation writes last."""
+    folder = tmp_path / "prepared"
+    (folder / "shards-0123456789abcdef").mkdir(parents=True)
+    (folder / "shards-0123456789abcdef" / "00000.bin").write_bytes(b"\0" * 64)
+    data = f"file://{folder}" if uri else str(folder)
+    base = ["--init", "random", "--shape", "tiny", "--output-dir", str(tmp_path / "run")]
+    with pytest.raises(OptionError) as err:
+        parse_args([*base, "--data", data])
+    text = str(err.value)
+    assert text.startswith(
+        f"--data: {data} holds prepared shards (shards-0123456789abcdef/) but no manifest.json"
+    )
+    assert "prepare the data again" in text and "\n" not in text
+    # A folder of other files stays "no data files".
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("x")
+    with pytest.raises(OptionError, match=r"no \.jsonl/\.json/\.parquet files under"):
+        parse_args([*base, "--data", str(tmp_path / "other")])
+
+
+def test_a_manifest_of_a_newer_format_names_it_and_what_this_version_reads(tmp_path: Path) -> None:
+    shards.write_manifest(str(tmp_path), {"format": "raytrain-token-shards/3", "blocks": 0, "shards": []})
+    with pytest.raises(shards.ShardError) as err:
+        shards.read_manifest(str(tmp_path))
+    assert str(err.value) == (
+        f"{tmp_path / 'manifest.json'}: written by a newer version of the data preparation (format "
+        "raytrain-token-shards/3); this version reads raytrain-token-shards/1 and raytrain-token-shards/2: "
+        "run the job with the code that prepared it, or prepare the data again with this one"
+    )
+    shards.write_manifest(str(tmp_path), {"format": "raytrain-token-shards/1", "blocks": 0, "shards": [],
+                                          "seq_len": 8})  # fmt: skip
+    text = json.loads((tmp_path / "manifest.json").read_text())
+    (tmp_path / "manifest.json").write_text(json.dumps({**text, "seq_len": 16}))
+    with pytest.raises(shards.ShardError, match="the manifest was edited"):
+        shards.read_manifest(str(tmp_path))
+
+
+def test_a_failed_atomic_write_leaves_the_old_file_and_no_temp(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pyarrow.fs as pafs
+
+    target = tmp_path / "run.json"
+    target.write_text('{"old": true}')
+
+    class FailingMove:
+        """The local filesystem, whose rename fails (a full disk, a lost mount)."""
+
+        def __init__(self) -> None:
+            self.fs = pafs.LocalFileSystem()
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.fs, name)
+
+        def move(self, src: str, dest: str) -> None:
+            raise OSError("disk full")
+
+    monkeypatch.setattr(shards, "filesystem", lambda uri: (FailingMove(), str(target)))
+    with pytest.raises(OSError, match="disk full"):
+        shards.write_atomic(str(target), b'{"new": true}')
+    assert [p.name for p in tmp_path.iterdir()] == ["run.json"] and target.read_text() == '{"old": true}'
+
+
 def test_options_take_seq_len_from_prepared_data(tmp_path: Path) -> None:
     location, _ = _prepare_locally(tmp_path, 32, 1 << 20)
     base = ["--init", "random", "--shape", "tiny", "--output-dir", str(tmp_path / "run")]

@@ -273,7 +273,7 @@ def test_prepare_on_ray_writes_chat_shards_and_refuses_a_bad_record_by_name(
     assert manifest["format"] == shards.CHAT_FORMAT and manifest["documents"] == 120
     assert manifest["tokenizer"]["assistant_mask"] == "rendered-prefixes"
     assert manifest["too_long"] == 0 and manifest["target_tokens"] > 0
-    assert any("120 conversations" in line for line in lines)
+    assert any("120 examples" in line for line in lines)
     blocks = shards.TokenBlocks(str(tmp_path / "out"))
     assert blocks.has_flags and len(blocks) == manifest["blocks"]
     b = Batches(blocks, seq_len=128, vocab=264, seed=0, micro=2, accum=1, world=1, rank=0, prefetch=True)

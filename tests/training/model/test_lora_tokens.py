@@ -84,3 +84,21 @@ def test_the_trainer_checks_before_it_adds_adapters_for_chat_data_only(
     trainer.opts = dataclasses.replace(opts, data_format="text")
     model = trainer._build_model(1)
     assert any(".lora_" in name for name, _ in model.named_parameters())
+
+
+def test_the_guard_checks_the_templates_end_of_turn_not_the_eos(tmp_path: Any) -> None:
+    """A Llama 3.1 base release: EOS <|end_of_text|> (trained: it ends every pretraining document),
+    end of turn <|eot_id|> (untrained), both added above the tokenizer's vocab_size
+    (tests/training/chat/families.py)."""
+    from tests.training.chat.families import save_family_tokenizer
+
+    tok = save_family_tokenizer("llama-3.1-base", tmp_path)
+    cfg = shape_config("tiny")
+    cfg.vocab_size = 320  # more rows than the tokenizer's ids, as Llama 3's 128,256
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path)
+    eot, eos = tok.convert_tokens_to_ids(["<|eot_id|>", "<|end_of_text|>"])
+    assert eot >= tok.vocab_size and eos != eot
+    with pytest.raises(InputError, match=r"embedding of '<\|eot_id\|>'"):
+        check_end_of_turn_trained(_with_zero_rows(str(tmp_path), [eot]), tok, str(tmp_path))
+    check_end_of_turn_trained(_with_zero_rows(str(tmp_path), [eos]), tok, str(tmp_path))  # EOS: not checked

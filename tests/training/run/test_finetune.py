@@ -43,7 +43,7 @@ def test_chat_run_evaluates_and_exports(
     console = out + captured.err
     for chatter in ("TrainingReport(", "Running Dataset", "Execution plan of Dataset", "Failed to load"):
         assert chatter not in console, chatter
-    assert "[prepare] chat: 48 conversations" in out and "eval loss" in out
+    assert "[prepare] chat: 48 examples" in out and "eval loss" in out
     summary = json.loads((tmp_path / "out" / SUMMARY_FILE).read_text())
     assert [h["step"] for h in summary["history"] if "eval_loss" in h] == [2, 4]
     # An evaluating step's record (the loop's per-step metrics) carries the held-out CloudWatch
