@@ -43,6 +43,12 @@ def register(subparsers: Any) -> None:
     )
     check.add_argument("--env", required=True, help="environment name (config/environments/NAME.yaml)")
     check.add_argument(
+        "--config-dir",
+        type=Path,
+        default=None,
+        help="folder of the environment files (default: $RAYTRAIN_CONFIG_DIR, else config/environments)",
+    )
+    check.add_argument(
         "--data", help="check this file, folder or URI with the job's settings (default: job.data)"
     )
     check.add_argument(
@@ -57,7 +63,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        settings = load_settings(args.env, overrides=args.set)
+        settings = load_settings(args.env, args.config_dir, overrides=args.set)
     except SettingsError as exc:
         print(f"raytrain data check: settings: {exc}", file=sys.stderr)
         return 2
