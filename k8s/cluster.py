@@ -34,6 +34,7 @@ from k8s.pods import (
     pod_security,
     resources,
 )
+from training.common.hub_token import HF_TOKEN_SECRET_ENV
 from training.common.stop_notice import PRESTOP_MARGIN_S, prestop_script
 from training.network.probe import GATE_LOG_ENV
 from training.sizing.checkpoint_time import NOTICE_POLL_S
@@ -76,7 +77,7 @@ def worker_env(settings: Settings) -> dict[str, str]:
     env |= notice_env(settings)
     env["RAYTRAIN_EXPECT_TRANSPORT"] = settings.job.transport(settings.gpu_nodes.efa).value
     env |= aws_region_env(settings.region)
-    return env
+    return env | token_env(settings)
 
 
 def notice_env(settings: Settings) -> dict[str, str]:
@@ -94,7 +95,19 @@ def notice_env(settings: Settings) -> dict[str, str]:
 def head_env(settings: Settings) -> dict[str, str]:
     """The head's environment: no GPU, and the region for the job driver's AWS calls."""
     # The head shares system nodes with no GPU; "void" keeps CUDA from probing for one.
-    return {"NVIDIA_VISIBLE_DEVICES": "void", **aws_region_env(settings.region), **notice_env(settings)}
+    return {
+        "NVIDIA_VISIBLE_DEVICES": "void",
+        **aws_region_env(settings.region),
+        **notice_env(settings),
+        **token_env(settings),
+    }
+
+
+def token_env(settings: Settings) -> dict[str, str]:
+    """Where a gated model's token is (job.hf_token_secret's ARN, not the token): head and workers
+    both, as the head's driver prepares data and exports (training/common/hub_token.py)."""
+    arn = settings.job.hf_token_secret
+    return {HF_TOKEN_SECRET_ENV: arn} if arn else {}
 
 
 def _head_group(types: SpecTypes, settings: Settings, service_account_name: str) -> Any:

@@ -53,9 +53,21 @@ def prepare_args(settings: Settings, *, checkpoint_uri: str) -> list[str]:
     out = prepared_data_uri(settings, checkpoint_uri=checkpoint_uri)
     if out is None:
         raise ValueError("job.prepare_data: needs text data: data is 'random'")
+    return ["--data", job.data, "--out", out, *_data_flags(job), "--address", "auto"]
+
+
+def check_args(settings: Settings, *, data: str | None = None) -> list[str]:
+    """Arguments of `python -m training.prepare --check` (`raytrain data check`): the job's data (or
+    `data`) read, rendered and refused exactly as its preparation would, nothing written."""
+    return ["--check", "--data", data or settings.job.data, *_data_flags(settings.job)]
+
+
+def _data_flags(job: Any) -> list[str]:
+    """How the job's data becomes tokens: the preparation's flags beside --data and --out."""
+    dropped = (
+        [] if job.max_dropped_fraction is None else ["--max-dropped-fraction", repr(job.max_dropped_fraction)]
+    )
     return [
-        "--data", job.data,
-        "--out", out,
         "--model", job.model,
         *(["--shape", job.shape] if job.shape else []),
         "--seq-len", str(job.seq_len),
@@ -63,7 +75,7 @@ def prepare_args(settings: Settings, *, checkpoint_uri: str) -> list[str]:
         "--max-skipped-fraction", repr(job.max_skipped_fraction),
         "--data-format", job.data_format.value,
         "--too-long", job.too_long.value,
-        "--address", "auto",
+        *dropped,
     ]  # fmt: skip
 
 
@@ -103,8 +115,9 @@ def training_args(
         "--global-batch-size", str(job.global_batch_size),
         # `auto` as synthesis resolved it for the node group's GPU: the change set shows the number.
         "--micro-batch-size", str(job.micro_batch(settings.gpu_nodes.instance)),
-        "--steps", str(job.steps),
+        *(["--steps", str(job.steps)] if job.epochs is None else ["--epochs", repr(job.epochs)]),
         "--lr", repr(job.lr),
+        *_schedule_args(job),
         "--seed", str(job.seed),
         "--sharding", job.sharding.value,
         # `auto` stays auto: the job resolves it per run ("any" on one node, where no inter-node
@@ -124,6 +137,8 @@ def training_args(
         args += ["--text-field", job.text_field, "--prepared-data", prepared,
                  "--max-skipped-fraction", repr(job.max_skipped_fraction)]  # fmt: skip
         args += ["--data-format", job.data_format.value, "--too-long", job.too_long.value]
+        if job.max_dropped_fraction is not None:
+            args += ["--max-dropped-fraction", repr(job.max_dropped_fraction)]
     args += _eval_args(job)
     args.append("--export" if job.export else "--no-export")
     if job.lora_spec is not None:
@@ -138,6 +153,19 @@ def training_args(
         # Step metrics as CloudWatch EMF lines (training/reporting/emf.py), dimension ClusterName.
         args += ["--metrics-cluster", settings.cluster.name]
     return args
+
+
+def _schedule_args(job: Any) -> list[str]:
+    """Warm-up, schedule, weight decay and clipping, only where the job sets them: unset, the
+    training command's own defaults apply (written there once)."""
+    flags = {
+        "--warmup-steps": job.warmup_steps,
+        "--warmup-ratio": job.warmup_ratio,
+        "--lr-schedule": job.lr_schedule,
+        "--weight-decay": job.weight_decay,
+        "--grad-clip": job.grad_clip,
+    }
+    return [part for flag, value in flags.items() if value is not None for part in (flag, str(value))]
 
 
 def _eval_args(job: Any) -> list[str]:

@@ -24,6 +24,7 @@ COMMAND_MODULES: list[str] = [
     "raytrain.job",
     "raytrain.cost",
     "raytrain.plan",
+    "raytrain.data",
     "raytrain.pipeline_verify",
 ]
 

@@ -401,6 +401,13 @@ class WorkloadStack(cdk.Stack):
                     },
                 )
             )
+        # A gated model's token (job.hf_token_secret): read on that secret or parameter only. A
+        # SecureString or secret under the AWS managed key needs no KMS grant of ours; a
+        # customer-managed key's policy must let this role decrypt (docs/models.md).
+        token = settings.job.hf_token_secret
+        if token:
+            action = "secretsmanager:GetSecretValue" if ":secretsmanager:" in token else "ssm:GetParameter"
+            role.add_to_policy(iam.PolicyStatement(actions=[action], resources=[token]))
         return role
 
     def _submitter_policy(self, settings: Settings) -> iam.ManagedPolicy:

@@ -32,6 +32,8 @@ from raytrain.aws import CapacityApi
 from raytrain.preflight import command
 from raytrain.preflight.permissions import CallRecorder
 from raytrain.preflight.registry import RegistryClient
+from tests.hub_stub import Hub
+from tests.hub_stub import serve as serve_hub
 
 REGION = "us-west-2"
 RAY_REPO = "deep-learning-containers/ray"
@@ -144,8 +146,13 @@ def preflight_args(config_dir: Path, env: str = "dev") -> argparse.Namespace:
 class Account:
     """One account: moto EC2, stubbed CloudFormation, EKS, ECR and Service Quotas."""
 
-    def __init__(self, region: str = REGION) -> None:
+    def __init__(self, region: str = REGION, hub: Hub | None = None) -> None:
         self.region = region
+        # The Hugging Face hub's auth-check (tests/hub_stub.py), every model public; without one
+        # the model-access check asks nothing it could reach (offline: a warning).
+        self.hub = hub
+        if hub is not None:
+            hub.open = True
         self.recorder = CallRecorder()
         watch = self.recorder.watch
         self.ec2 = watch(boto3.client("ec2", region_name=region))
@@ -188,6 +195,8 @@ class Account:
             cloudformation=self.cloudformation,
             capacity=CapacityApi(self.region, self.ec2, self.quotas),
             iam=self.iam,
+            secrets=lambda service, region: self.recorder.watch(boto3.client(service, region_name=region)),
+            hub=self.hub.api() if self.hub is not None else None,
         )
 
     def principals(self, *arns: str) -> None:
@@ -306,8 +315,8 @@ class Account:
 
 def fake_account() -> Iterator[Account]:
     """The `account` fixture's body (after `aws_credentials`)."""
-    with mock_aws():
-        account = Account()
+    with mock_aws(), serve_hub() as hub:
+        account = Account(hub=hub)
         account.principals()  # a ready account has dev's principals
         yield account
 

@@ -73,7 +73,12 @@ def test_environment_files_are_valid_with_defaults() -> None:
         ({"job": {"cluster": "shared"}}, "job.cluster", "'own' or 'standing'"),
         ({"job": {"backoff_limit": -1}}, "job.backoff_limit", "greater than or equal to 0"),
         ({"job": {"active_deadline_seconds": 0}}, "job.active_deadline_seconds", "greater than"),
-        ({"job": {"steps": 10, "checkpoint_every": 5, "epochs": 3}}, "job.epochs", "unknown field"),
+        (
+            {"job": {"steps": 10, "checkpoint_every": 5, "epochs": 3}},
+            "job.epochs",
+            "set steps or epochs, not both",
+        ),
+        ({"job": {"steps": 10, "checkpoint_every": 5, "epoch": 3}}, "job.epoch", "unknown field"),
         (
             {"gpu_nodes": {"instance_type": "g5.12xlarge", "efa": False}, "job": {"expect_transport": "efa"}},
             "job.expect_transport",

@@ -30,6 +30,8 @@ from config.loader import load_settings
 from config.locations import checkpoint_bucket_name, checkpoint_uri
 from config.names import JOBS_ANCHOR
 from raytrain import cli
+from tests.hub_stub import Hub
+from tests.hub_stub import serve as serve_hub
 from tests.moto_server import running_moto_server
 
 ENV = "dev"
@@ -144,6 +146,18 @@ class _Handler(BaseHTTPRequestHandler):
             _, _, _, index, field = op["path"].split("/")
             cluster["spec"]["workerGroupSpecs"][int(index)][field] = op["value"]
         self._send(200, cluster)
+
+
+@pytest.fixture(autouse=True)
+def hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[Hub]:
+    """The Hugging Face hub that `job submit` asks whether the model is readable (tests/hub_stub.py):
+    every model public unless a test gates it."""
+    from raytrain import hub_access
+
+    with serve_hub() as stub:
+        stub.open = True
+        monkeypatch.setattr(hub_access, "hub_api", stub.api)
+        yield stub
 
 
 @pytest.fixture
@@ -611,3 +625,30 @@ def test_the_submitter_policy_may_describe_the_cached_ray_images_only(synthesize
         is not ac.PermissionResult.PERMITTED
     )
     assert evaluator.is_action_permitted("ecr:BatchGetImage", arn) is not ac.PermissionResult.PERMITTED
+
+
+def test_a_gated_model_unreadable_with_the_token_is_refused_before_anything_is_uploaded(
+    kube: Kube, s3: Any, settings: Any, hub: Hub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """job.hf_token_secret names a Secrets Manager secret (moto server); the hub stub gates the
+    model for another token: refused in one line, nothing uploaded, the token never printed."""
+    from config.loader import ENVIRONMENTS_DIR
+
+    endpoint = s3.meta.endpoint_url
+    secrets = boto3.client("secretsmanager", region_name=REGION, endpoint_url=endpoint)
+    arn = secrets.create_secret(Name="hf-gated-test", SecretString="hf_mine")["ARN"]
+    hub.gated[settings.job.model] = {"hf_theirs"}
+    # The environment file names the secret (the pods' role is granted it at deploy, not per job).
+    text = (ENVIRONMENTS_DIR / f"{ENV}.yaml").read_text()
+    (tmp_path / f"{ENV}.yaml").write_text(
+        text.replace("  run_name: dev-smoke\n", f"  run_name: dev-smoke\n  hf_token_secret: {arn}\n")
+    )
+    monkeypatch.setenv("AWS_ENDPOINT_URL_SECRETS_MANAGER", endpoint)
+    try:
+        rc, text = job(kube, "submit", "--config-dir", str(tmp_path))
+    finally:
+        secrets.delete_secret(SecretId=arn, ForceDeleteWithoutRecovery=True)
+    assert rc == 2 and f"job.model: {settings.job.model} is gated" in text, text
+    assert "hf_mine" not in text and len(text.strip().splitlines()) == 1
+    assert _code_objects(s3, settings) == [] and not kube.jobs
+    assert hub.tokens_seen[-1] == "hf_mine"

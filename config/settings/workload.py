@@ -14,6 +14,7 @@ from config.image import load as load_image
 from config.memory import micro_batch as planned_micro_batch
 from config.models import ModelError, ModelPlan, resolve
 from config.names import KUBERAY_NAMESPACE, RAY_NAMESPACE
+from config.settings import job_rules
 from config.settings.base import SEMVER_RE, FieldError, SettingsModel
 from config.settings.lora import LoraSettings
 from training.common.uri import LocationError
@@ -52,6 +53,9 @@ _MANAGED_ENV = {
     "NVIDIA_VISIBLE_DEVICES": "by the NVIDIA device plugin",
     "AWS_REGION": "from the environment's region",
     "AWS_DEFAULT_REGION": "from the environment's region",
+    "HF_TOKEN": "from job.hf_token_secret, read in the pod (a token here would be in the template)",
+    "HUGGING_FACE_HUB_TOKEN": "from job.hf_token_secret, read in the pod",
+    "RAYTRAIN_HF_TOKEN_SECRET": "from job.hf_token_secret",
 }
 
 
@@ -270,6 +274,10 @@ class JobSettings(SettingsModel):
     # Hugging Face id, s3:// prefix or absolute path: weights (pretrained) and tokenizer. Its
     # architecture sizes the job at synthesis (config/models.py; docs/models.md).
     model: str = "Qwen/Qwen2.5-1.5B"
+    # Gated or private hub models: the ARN of a Secrets Manager secret (or SSM SecureString) holding
+    # a Hugging Face token. Only the ARN reaches the pods; each process reads the token at start
+    # (training/common/hub_token.py), the pods' role may read that ARN only (docs/models.md).
+    hf_token_secret: str | None = None
     init: ModelInit = ModelInit.PRETRAINED
     # A name of the model catalogue (training/model/configs/: qwen2.5-7b, llama-3.1-8b, ...) or a
     # test shape (tiny, small): the architecture `init: random` builds, or, for a hub model the
@@ -299,6 +307,9 @@ class JobSettings(SettingsModel):
     data_format: DataFormat = DataFormat.AUTO
     # Chat data: a conversation longer than seq_len is dropped or truncated (counted either way).
     too_long: TooLong = TooLong.DROP
+    # Chat data: the share of conversations dropped as too long above which preparation stops
+    # (unset: the training command's default, 0.1; 1: never). `raytrain data check` shows the share.
+    max_dropped_fraction: float | None = Field(default=None, ge=0, le=1)
     # Held-out set like `data` (s3://, or an absolute path; read only, like data), or the last
     # eval_fraction of data's blocks; evaluated every eval_every steps (0: each checkpoint) and at
     # the end: loss, perplexity and token accuracy on the target tokens.
@@ -328,7 +339,19 @@ class JobSettings(SettingsModel):
     # micro_batch; the RayJob carries the number chosen).
     micro_batch_size: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"
     steps: int = Field(default=200, ge=1)
+    # Instead of steps: passes over the training data (may be fractional); the job turns them into
+    # steps once the data is prepared (its training sequences x epochs / global_batch_size).
+    epochs: float | None = Field(default=None, gt=0)
     lr: float = Field(default=3e-4, gt=0, lt=1)
+    # Linear warm-up from 0 to lr, in steps or as a share of the steps (one of them; unset: 10 % of
+    # the steps); then lr_schedule: cosine or linear decay to 0.1 x lr at the last step, or constant.
+    # Unset values here are the training command's defaults (`python -m training --help`).
+    warmup_steps: int | None = Field(default=None, ge=0)
+    warmup_ratio: float | None = Field(default=None, ge=0, lt=1)
+    lr_schedule: str | None = None
+    # AdamW's decoupled weight decay, and the largest gradient norm (0: no clipping).
+    weight_decay: float | None = Field(default=None, ge=0)
+    grad_clip: float | None = Field(default=None, ge=0)
     seed: int = Field(default=0, ge=0)
     checkpoint_every: int = Field(default=50, ge=1)
     # At least 2: a preemption while writing the newest checkpoint leaves the previous one.
@@ -373,6 +396,9 @@ class JobSettings(SettingsModel):
     # retry recovers is a lost head pod, and the retry resumes the run (--job-id). Default 0: a
     # failure ends the job; resubmit with job.resume once its cause is fixed (docs/jobs.md).
     backoff_limit: int = Field(default=0, ge=0, le=10)
+
+    _lr_schedule = field_validator("lr_schedule")(job_rules.check_lr_schedule)
+    _hf_token_secret = field_validator("hf_token_secret")(job_rules.check_token_secret)
 
     @field_validator("run_name")
     @classmethod
@@ -516,7 +542,8 @@ class JobSettings(SettingsModel):
                 ("micro_batch_size",),
                 f"{self.micro_batch_size} is larger than global_batch_size ({self.global_batch_size})",
             )
-        if self.checkpoint_every > self.steps:
+        job_rules.check(self)
+        if self.epochs is None and self.checkpoint_every > self.steps:
             raise FieldError(
                 ("checkpoint_every",),
                 f"{self.checkpoint_every} is more than steps ({self.steps}): the run would never checkpoint",

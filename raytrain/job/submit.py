@@ -46,6 +46,7 @@ _DEPLOYED_ONLY = {
     "deploy": "says what `cdk deploy` starts",
     "cluster": "own or standing is the deployed cluster's shape",
     "input_kms_keys": "are IAM grants of the Ray pods' role",
+    "hf_token_secret": "is an IAM grant of the Ray pods' role",
 }
 
 
@@ -85,6 +86,7 @@ def run_submit(args: argparse.Namespace, console: Console | None = None) -> int:
 
         check_inputs_granted(settings, own, args.env, environment_file(args.env, args.config_dir))
         check_image_cached(settings)
+        check_model_access(settings, err)
         name = job_name(args.name, settings)
         ns = settings.workload.namespace
         anchor = api.configmap(ns, JOBS_ANCHOR)
@@ -277,6 +279,22 @@ def job_name(given: str | None, settings: Settings) -> str:
     suffix = "".join(secrets.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(3))
     slug = re.sub(r"[^a-z0-9-]+", "-", settings.job.run_name).strip("-")[:24].strip("-")
     return f"{SUBMITTED_PREFIX}{slug}-{stamp}-{suffix}" if slug else f"{SUBMITTED_PREFIX}{stamp}-{suffix}"
+
+
+def check_model_access(settings: Settings, err: Console) -> None:
+    """The model's weights reachable on the hub with the job's token (raytrain/hub_access.py): a
+    gated or missing model is refused before anything is uploaded or any node starts."""
+    from raytrain.aws import session
+    from raytrain.hub_access import Access, model_access
+
+    sess = session(None)
+    found, detail, fix = model_access(
+        settings, lambda service, region: sess.client(service, region_name=region)
+    )
+    if found == Access.REFUSED:
+        raise JobError(f"job.model: {detail}; {fix}")
+    if found == Access.UNKNOWN:
+        err.print(f"[yellow]model access:[/] {escape(detail)} (not checked)", highlight=False, soft_wrap=True)
 
 
 def check_inputs_granted(

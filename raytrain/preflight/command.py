@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,10 +16,11 @@ import botocore.exceptions as bce
 from config.loader import SettingsError, load_settings
 from config.settings import Settings
 from raytrain.aws import CLIENT_CONFIG, AwsError, CapacityApi, credential_problem, session
+from raytrain.hub_access import Access, model_access
 from raytrain.preflight import account, capacity, eks, images, network, principals
 from raytrain.preflight.permissions import IAM_ACTIONS, CallRecorder
 from raytrain.preflight.registry import RegistryClient
-from raytrain.preflight.report import Check, CredentialsRejected, Status, guarded
+from raytrain.preflight.report import Check, CredentialsRejected, Status, guarded, ok, problem, warn
 
 EXIT_OK = 0
 EXIT_PROBLEM = 1
@@ -45,6 +47,9 @@ class Clients:
     cloudformation: Any
     capacity: CapacityApi
     iam: Any
+    # A gated model's token (job.hf_token_secret): the secret's service and region's client.
+    secrets: Callable[[str, str], Any] | None = None
+    hub: Any = None  # huggingface_hub.HfApi (tests: one pointed at a stub hub)
 
     @classmethod
     def connect(cls, sess: boto3.session.Session, region: str, recorder: CallRecorder) -> Clients:
@@ -57,6 +62,9 @@ class Clients:
             cloudformation=client("cloudformation"),
             capacity=CapacityApi(region, client("ec2"), client("service-quotas")),
             iam=client("iam"),
+            secrets=lambda service, where: recorder.watch(
+                sess.client(service, region_name=where, config=CLIENT_CONFIG)
+            ),
         )
 
 
@@ -135,6 +143,22 @@ def _connect(args: argparse.Namespace, settings: Settings) -> Clients:
     return Clients.connect(sess, settings.region, CallRecorder())
 
 
+def model_check(settings: Settings, clients: Clients) -> list[Check]:
+    """The job's model reachable on the hub with its token (raytrain/hub_access.py)."""
+    found, detail, fix = model_access(settings, clients.secrets or _no_client, clients.hub)
+    if found == Access.OK:
+        return [ok("model access", detail)]
+    if found == Access.REFUSED:
+        return [problem("model access", detail, fix)]
+    return [
+        warn("model access", detail, "the pods reach the hub through the VPC; check from there if in doubt")
+    ]
+
+
+def _no_client(service: str, region: str) -> Any:
+    raise AwsError(f"no {service} client for {region}")
+
+
 def run_checks(settings: Settings, clients: Clients, registry: RegistryClient, today: dt.date) -> list[Check]:
     """Every check, in the order a deploy meets them."""
     groups = [
@@ -154,6 +178,7 @@ def run_checks(settings: Settings, clients: Clients, registry: RegistryClient, t
     groups.append(
         ("network quotas", lambda: network.network_quotas(settings, clients.capacity, clients.cloudformation))
     )
+    groups.append(("model access", lambda: iter(model_check(settings, clients))))
     checks: list[Check] = []
     for name, group in groups:
         checks += guarded(name, group)

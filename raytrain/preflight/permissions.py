@@ -29,6 +29,9 @@ IAM_ACTIONS: tuple[str, ...] = (
     "iam:GetUser",
     "servicequotas:GetAWSDefaultServiceQuota",
     "servicequotas:GetServiceQuota",
+    # Only with job.hf_token_secret: the gated model's token, on that secret or parameter.
+    "secretsmanager:GetSecretValue",
+    "ssm:GetParameter",
 )
 NO_PERMISSION_NEEDED = frozenset({"sts:GetCallerIdentity"})
 

@@ -436,7 +436,7 @@ def test_capacity_block_checks_the_reservation(
     registry: Registry, tmp_path: Path, aws_credentials: None
 ) -> None:
     # moto 5.2 has no capacity reservations: EC2 stubbed too.
-    account = Account()
+    account = Account()  # no hub: the model-access line warns, which this test does not read
     env = env_dir(
         tmp_path,
         {

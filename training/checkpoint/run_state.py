@@ -33,7 +33,7 @@ SNAPSHOT = "checkpoint_manager_snapshot.json"
 # How a run executes, where it logs and how fast, not what it learns: a resume may change these.
 HOW_IT_RUNS = frozenset(
     {
-        "steps", "resume", "job_id", "output_dir", "storage_path", "address", "num_workers",
+        "steps", "epochs", "resume", "job_id", "output_dir", "storage_path", "address", "num_workers",
         "max_failures", "max_preemptions", "checkpoint_every", "async_checkpoint", "keep_checkpoints",
         "log_every", "report_every",
         "profile", "peak_tflops", "metrics_cluster", "export", "expect_transport", "emulate_hosts",
@@ -46,13 +46,16 @@ HOW_IT_RUNS = frozenset(
 
 def differing(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
     """The options that decide what is learned and differ between the run's start and now, as
-    'name old -> new'. A default --warmup-steps (10 % of --steps) follows the step count."""
+    'name old -> new'. A default --warmup-steps (10 % of --steps), or one from the same --warmup-ratio,
+    follows the step count."""
     out = []
     for key in sorted(set(saved) | set(now)):
         if key in HOW_IT_RUNS or saved.get(key) == now.get(key):
             continue
-        if key == "warmup_steps" and all(
-            d.get("warmup_steps") == int(d.get("steps") or 0) // 10 for d in (saved, now)
+        ratio = saved.get("warmup_ratio")
+        same_ratio = ratio is not None and ratio == now.get("warmup_ratio")
+        if key == "warmup_steps" and (
+            same_ratio or all(d.get("warmup_steps") == int(d.get("steps") or 0) // 10 for d in (saved, now))
         ):
             continue
         out.append(f"{key} {saved.get(key)!r} -> {now.get(key)!r}")

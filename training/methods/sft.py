@@ -28,23 +28,51 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from training.chat.template import ChatRenderer, RecordError, TemplateError
+from training.common.errors import DataError
 from training.data import corpus, shards
 
 __all__ = ["ChatRenderer", "RecordError", "TemplateError"]  # where callers have always found them
 
-FIELDS = ("messages", "prompt", "completion", "tools")
+FIELDS = ("messages", "conversations", "prompt", "completion", "tools")
 TOO_LONG = ("drop", "truncate")
+# ShareGPT's speakers (`from`) as chat-template roles: the names of FastChat's ShareGPT data and of
+# LLaMA-Factory's sharegpt format (data/README.md there: human, gpt, system, observation for a tool's
+# result). Its function_call turns hold a JSON call, not text: they need tool-call conversion.
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+                  "chatgpt": "assistant", "bard": "assistant", "system": "system", "observation": "tool",
+                  "tool": "tool"}  # fmt: skip
 
 
 def chat_fields(names: list[str]) -> bool:
     """Whether records with these keys/columns are chat records."""
-    return "messages" in names or ("prompt" in names and "completion" in names)
+    return "messages" in names or "conversations" in names or ("prompt" in names and "completion" in names)
+
+
+def _content(value: Any, where: str) -> str:
+    """A turn's text: a string, or OpenAI's content parts ([{"type": "text", "text": ...}], joined
+    by newlines). Any other part (image_url, input_audio, file) is refused: these models read text."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and value:
+        texts = []
+        for i, part in enumerate(value):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "text" and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+                continue
+            raise RecordError(
+                f"{where}[{i}]: a {kind or type(part).__name__!r} content part; only text parts "
+                '({"type": "text", "text": ...}) are read: convert the others to text or drop the record'
+            )
+        return "\n".join(texts)
+    raise RecordError(f"{where}: text or a list of text parts expected, got {type(value).__name__}")
 
 
 def _turns(value: Any, where: str, field: str, context: bool = False) -> list[dict[str, Any]]:
@@ -61,15 +89,17 @@ def _turns(value: Any, where: str, field: str, context: bool = False) -> list[di
     for i, turn in enumerate(value):
         if not isinstance(turn, dict):
             raise RecordError(f"{where}: field {field}[{i}]: a {{'role', 'content'}} object expected")
+        if "role" not in turn and "from" in turn:  # ShareGPT: {"from": "human", "value": "..."}
+            shared = _sharegpt_turn(turn, f"{where}: field {field}[{i}]")
+            turns.append({**shared, "train": False} if context else shared)
+            continue
         role, content = turn.get("role"), turn.get("content")
         if not isinstance(role, str) or not role:
             raise RecordError(f"{where}: field {field}[{i}].role: a role name expected, got {role!r}")
         if content is None and turn.get("tool_calls"):
             content = ""  # an answer that only calls tools (OpenAI's format writes null)
         if not isinstance(content, str):
-            raise RecordError(
-                f"{where}: field {field}[{i}].content: text expected, got {type(content).__name__}"
-            )
+            content = _content(content, f"{where}: field {field}[{i}].content")
         out = {k: v for k, v in turn.items() if k not in ("train", "weight") and v is not None}
         out["role"], out["content"] = role, content
         train = _train_flag(turn, where, f"{field}[{i}]")
@@ -105,12 +135,25 @@ def _train_flag(turn: dict[str, Any], where: str, at: str) -> bool | None:
     return flags[0] if flags else None
 
 
+def _sharegpt_turn(turn: dict[str, Any], where: str) -> dict[str, str]:
+    speaker = turn.get("from")
+    role = SHAREGPT_ROLES.get(speaker) if isinstance(speaker, str) else None
+    if role is None:
+        known = ", ".join(SHAREGPT_ROLES)
+        raise RecordError(
+            f"{where}.from: {speaker!r} is no ShareGPT speaker this reads ({known}); convert the turn to "
+            '{"role": ..., "content": ...} (tool calls: an assistant turn with the call as text)'
+        )
+    return {"role": role, "content": _content(turn.get("value"), f"{where}.value")}
+
+
 def conversation(record: dict[str, Any], where: str) -> list[dict[str, Any]]:
-    """The record's turns: `messages`, or `prompt` + `completion` (strings or lists of turns; the
-    prompt's turns are context, as TRL trains the completion only)."""
-    if record.get("messages") is not None:
-        turns = _turns(record["messages"], where, "messages")
-        field = "messages"
+    """The record's turns: `messages` (or ShareGPT's `conversations`: from/value turns, or
+    role/content ones), or `prompt` + `completion` (strings or lists of turns; the prompt's turns
+    are context, as TRL trains the completion only). Contents may be OpenAI's lists of text parts."""
+    if record.get("messages") is not None or record.get("conversations") is not None:
+        field = "messages" if record.get("messages") is not None else "conversations"
+        turns = _turns(record[field], where, field)
     elif record.get("prompt") is not None and record.get("completion") is not None:
         prompt, completion = record["prompt"], record["completion"]
         head = (
@@ -125,7 +168,10 @@ def conversation(record: dict[str, Any], where: str) -> list[dict[str, Any]]:
         )
         turns, field = head + tail, "completion"
     else:
-        raise RecordError(f"{where}: no 'messages' field and no 'prompt' and 'completion' fields")
+        raise RecordError(
+            f"{where}: no 'messages' (or ShareGPT 'conversations') field and no 'prompt' and "
+            "'completion' fields"
+        )
     if not any(t["role"] == "assistant" for t in turns):
         raise RecordError(f"{where}: field {field!r}: no turn with role 'assistant' (nothing to train on)")
     if not any(t["role"] == "assistant" for t in turns if t.get("train", True)):
@@ -190,7 +236,29 @@ def tokenizer_identity(model: str) -> dict[str, Any]:
 
 
 def segment_records(seg: Any) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(where, record) of a segment in order; `where` names the file and the record."""
+    """(where, record) of a segment in order; `where` names the file and the record. A malformed
+    line is a RecordError naming its file and line."""
+    for where, _, record in _records(seg, None):
+        yield where, record
+
+
+def name_line(message: str) -> str:
+    """A message about `FILE: line at byte N` as `FILE line L`: the line number a user's editor
+    shows, counted only here, on the error path (reading the file up to the byte)."""
+    m = _AT_BYTE.match(message)
+    if m is None:
+        return message
+    return f"{m['uri']} line {corpus.line_number(m['uri'], int(m['offset']))}{message[m.end() :]}"
+
+
+_AT_BYTE = re.compile(r"^(?P<uri>.+?): line at byte (?P<offset>\d+)")
+
+
+def _records(
+    seg: Any, skipped: corpus.Skipped | None
+) -> Iterator[tuple[str, dict[str, int], dict[str, Any]]]:
+    """(where, position, record) of a segment in order; a malformed line is counted in `skipped`
+    (with its position), or, without it, a RecordError naming the line."""
     import pyarrow.parquet as pq
 
     fs, path = shards.filesystem(seg.uri)
@@ -201,7 +269,7 @@ def segment_records(seg: Any) -> Iterator[tuple[str, dict[str, Any]]]:
             row = sum(pf.metadata.row_group(rg).num_rows for rg in range(seg.start))
             for batch in pf.iter_batches(512, row_groups=list(range(seg.start, seg.end)), columns=columns):
                 for record in batch.to_pylist():
-                    yield f"{seg.uri}: row {row}", record
+                    yield f"{seg.uri}: row {row}", {"row": row}, record
                     row += 1
             return
         size = f.size()
@@ -213,18 +281,39 @@ def segment_records(seg: Any) -> Iterator[tuple[str, dict[str, Any]]]:
         end = raw.find(b"\n", at)
         end = len(raw) if end < 0 else end
         line = raw[at:end]
-        where = f"{seg.uri}: line at byte {begin + at}"
-        if line.strip():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:  # worded as the text path words it (corpus.py)
-                raise RecordError(f"{where}: malformed JSON ({exc.msg} at column {exc.colno})") from None
-            except ValueError as exc:  # invalid UTF-8
-                raise RecordError(f"{where}: malformed JSON ({exc})") from None
-            if not isinstance(record, dict):
-                raise RecordError(f"{where}: not a JSON object")
-            yield where, record
+        where, pos = f"{seg.uri}: line at byte {begin + at}", {"offset": begin + at}
         at = end + 1
+        if not line.strip():
+            continue
+        reason = None
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:  # worded as the text path words it (corpus.py)
+            reason = f"malformed JSON ({exc.msg} at column {exc.colno})"
+        except ValueError as exc:  # invalid UTF-8
+            reason = f"malformed JSON ({exc})"
+        else:
+            if not isinstance(record, dict):
+                reason = "not a JSON object"
+        if reason is None:
+            yield where, pos, record
+        elif skipped is not None:
+            skipped.add(reason, seg.uri, **pos)
+        else:
+            raise RecordError(name_line(f"{where}: {reason}"))
+
+
+class _Discard:
+    """An output stream that keeps nothing: a check renders and counts without writing shards."""
+
+    def __enter__(self) -> _Discard:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def write(self, data: bytes) -> None:
+        return None
 
 
 class _Packer:
@@ -260,22 +349,36 @@ class _Packer:
         self.fill = 0
 
 
-def write_segment(seg: Any, settings: Any, out: str) -> dict[str, Any]:
-    """Render, pack and write one segment's conversations (tokens at `out`, flags beside it)."""
+def write_segment(
+    seg: Any, settings: Any, out: str | None, lengths: list[int] | None = None
+) -> dict[str, Any]:
+    """Render, pack and write one segment's conversations (tokens at `out`, flags beside it; None:
+    counted only). `lengths` gets each conversation's rendered length, before any truncation. With
+    --max-skipped-fraction above 0 a bad record is counted (the preparation checks the share), else
+    it is an error naming its file and line."""
     tok = load_chat_tokenizer(settings.model)
     renderer = ChatRenderer(tok, settings.model)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     seq = settings.seq_len
-    fs, path = shards.filesystem(out)
-    _, flags_path = shards.filesystem(out + shards.FLAGS_SUFFIX)
+    skipped = corpus.Skipped()
+    lenient = getattr(settings, "max_skipped_fraction", 0.0) > 0
     kept = too_long = truncated = targets = 0
-    with fs.open_output_stream(path) as tokens_out, fs.open_output_stream(flags_path) as flags_out:
+    with output(out) as tokens_out, output(out, shards.FLAGS_SUFFIX) as flags_out:
         packer = _Packer(seq, int(pad), tokens_out, flags_out)
         top = 0  # the largest token id written: the manifest's bound for the vocabulary check
-        for where, record in segment_records(seg):
-            turns, tools = conversation(record, where), record_tools(record, where)
-            for example_ids, example_target in renderer.examples(turns, where, tools=tools):
+        for where, pos, record in _records(seg, skipped if lenient else None):
+            try:
+                turns, tools = conversation(record, where), record_tools(record, where)
+                examples = list(renderer.examples(turns, where, tools=tools))
+            except RecordError as exc:
+                if not lenient:
+                    raise RecordError(name_line(str(exc))) from None
+                skipped.add(str(exc).removeprefix(f"{where}: "), seg.uri, **pos)
+                continue
+            for example_ids, example_target in examples:
                 ids, target = example_ids, example_target
+                if lengths is not None:
+                    lengths.append(len(ids))
                 if len(ids) > seq:
                     too_long += 1
                     if settings.too_long == "drop":
@@ -293,12 +396,19 @@ def write_segment(seg: Any, settings: Any, out: str) -> dict[str, Any]:
         packer.flush()
     if packer.pad_tokens:
         top = max(top, int(pad))
-    # "skipped": chat records are used or refused (RecordError), never skipped; the keys of the
-    # text path's rows (training/run/prepare.py), so both kinds of rows are tallied alike.
+    # The keys of the text path's rows (training/run/prepare.py), so both kinds are tallied alike.
     return {"index": seg.index, "blocks": packer.blocks, "documents": kept, "dropped_tokens": 0,
             "bytes": packer.blocks * seq * shards.TOKEN_BYTES, "too_long": too_long,
             "truncated": truncated, "pad_tokens": packer.pad_tokens, "target_tokens": targets,
-            "max_token": top, "skipped": json.dumps(corpus.Skipped().to_dict())}  # fmt: skip
+            "max_token": top, "skipped": json.dumps(skipped.to_dict())}  # fmt: skip
+
+
+def output(out: str | None, suffix: str = "") -> Any:
+    """An output stream at `out` (plus `suffix`), or one that keeps nothing (None: a check)."""
+    if out is None:
+        return _Discard()
+    fs, path = shards.filesystem(out + suffix)
+    return fs.open_output_stream(path)
 
 
 def manifest_counts(counts: list[dict[str, Any]], too_long: str) -> dict[str, Any]:
@@ -307,6 +417,24 @@ def manifest_counts(counts: list[dict[str, Any]], too_long: str) -> dict[str, An
     totals = {k: sum(int(r[k]) for r in counts) for k in keys}
     return {**totals, "data_format": "chat", "too_long_policy": too_long, "text_field": None,
             "dropped_too_long": totals["too_long"] - totals["truncated"]}  # fmt: skip
+
+
+# Conversations dropped as longer than --seq-len, as a share of the usable ones, above which
+# preparation stops: most of a data set silently left out is a wrong --seq-len, not a choice.
+DEFAULT_MAX_DROPPED = 0.1
+
+
+def check_dropped(data: str, m: dict[str, Any], allowed: float) -> None:
+    """More conversations dropped as too long than --max-dropped-fraction allows: a DataError
+    saying what to change (`m`: the manifest's chat counts and documents)."""
+    dropped = int(m.get("dropped_too_long") or 0)
+    total = int(m.get("documents") or 0) + dropped
+    if dropped and dropped > allowed * total:
+        raise DataError(
+            f"{data}: {dropped} of {total} conversations ({dropped / total:.0%}) are longer than --seq-len "
+            f"{m['seq_len']} and would be dropped, more than --max-dropped-fraction {allowed:g} allows: "
+            "raise --seq-len, use --too-long truncate, or raise --max-dropped-fraction"
+        )
 
 
 def counts_line(m: dict[str, Any]) -> str:

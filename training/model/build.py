@@ -12,6 +12,7 @@ from torch import nn
 
 # The shape table and the mesh rule live in torch-free modules: the memory plan, which synthesis
 # imports, sizes the same shapes over the same shard groups.
+from training.common.hub_token import ensure_hf_token
 from training.model.precision import FLOAT8_MIN_CAPABILITY
 from training.model.shapes import SHAPES
 from training.model.sharding import mesh_shape
@@ -47,8 +48,11 @@ def fetch_s3_dir(uri: str, dest: str, weights: bool = True) -> str:
 
 def local_model_dir(model: str, weights: bool) -> str:
     """A path or id that from_pretrained accepts. An s3:// prefix is copied once per node: the ranks
-    of a node share one folder (a file lock makes the others wait for the first copy)."""
+    of a node share one folder (a file lock makes the others wait for the first copy). A hub id
+    gets the job's token first, where the job names one (training/common/hub_token.py)."""
     if "://" not in model:
+        if not os.path.isdir(model):
+            ensure_hf_token()
         return model
     import fcntl
     import hashlib

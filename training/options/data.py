@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from training.methods.sft import DEFAULT_MAX_DROPPED
 from training.model.lora_spec import add_arguments as add_lora_arguments
 from training.options.types import OptionError, location_option, non_negative_int, positive
 from training.sizing.memory_plan import AUTO_HEADROOM
@@ -71,7 +72,8 @@ def _add_fine_tuning_arguments(g: Any, parser: argparse.ArgumentParser) -> None:
         "--data-format",
         choices=("auto", "text", "chat"),
         default="auto",
-        help="text: --text-field of each record; chat: 'messages' (role/content turns) or "
+        help="text: --text-field of each record; chat: 'messages' (role/content turns; ShareGPT "
+        "'conversations' of from/value turns) or "
         "'prompt'/'completion' records, rendered with --model's chat template, the loss only on the "
         "assistant's tokens (docs/fine-tuning.md); auto: by the first record, or the prepared data",
     )
@@ -81,6 +83,14 @@ def _add_fine_tuning_arguments(g: Any, parser: argparse.ArgumentParser) -> None:
         default="drop",
         help="chat data: a conversation longer than --seq-len is dropped or truncated (counted in "
         "the manifest and summary.json either way)",
+    )
+    g.add_argument(
+        "--max-dropped-fraction",
+        type=_share,
+        default=DEFAULT_MAX_DROPPED,
+        metavar="F",
+        help="chat data: the share of conversations (0 <= F <= 1) that may be dropped as longer than "
+        "--seq-len before preparation stops, saying so (default %(default)s; 1: never)",
     )
     g.add_argument(
         "--eval-data",
@@ -187,6 +197,16 @@ def check_eval(d: dict[str, Any]) -> None:
         d["eval_prepared"] = shards.join(d["storage_path"], "_prepared", d["run_name"] + "-eval")
     if not shards.is_remote(d["eval_data"]):
         d["eval_data"] = os.path.abspath(d["eval_data"])
+
+
+def _share(text: str) -> float:
+    value = float(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"a share, 0 <= F <= 1; got {text}")
+    return value
+
+
+_share.__name__ = "share"
 
 
 def check_skipped_fraction(value: float) -> float:
@@ -326,7 +346,8 @@ def resolve_data_format(requested: str, files: str | list[str], text_field: str)
         requested = "chat" if text_field not in names and chat_fields(names) else "text"
     if requested == "chat" and not chat_fields(names):
         raise OptionError(
-            f"--data-format chat: no 'messages' field and no 'prompt' and 'completion' fields in "
+            f"--data-format chat: no 'messages' (or ShareGPT 'conversations') field and no 'prompt' and "
+            f"'completion' fields in "
             f"{first_file} (has {names})"
         )
     if requested == "text" and text_field not in names:

@@ -20,6 +20,7 @@ from training.options import metrics as options_metrics
 from training.options import model as options_model
 from training.options import precision as options_precision
 from training.options import run as options_run
+from training.options import schedule as options_schedule
 from training.options.data import (
     DATA_SUFFIXES,
     SAMPLE_DATA,
@@ -84,7 +85,7 @@ class TrainOptions:
     seq_len: int
     global_batch_size: int | None
     micro_batch_size: int | None  # None: `auto`, chosen by each worker from the memory plan (trainer.py)
-    steps: int
+    steps: int  # with --epochs: None until the data is known (training/options/schedule.py with_epochs)
     lr: float
     warmup_steps: int
     weight_decay: float
@@ -109,6 +110,7 @@ class TrainOptions:
     max_skipped_fraction: float = 0.0  # of the raw --data records, when the driver prepares it
     data_format: str = "text"  # "text" or "chat" (training/methods/sft.py), resolved from "auto"
     too_long: str = "drop"  # chat: a conversation longer than --seq-len is dropped or truncated
+    max_dropped_fraction: float = 0.1  # chat: the share dropped as too long before preparation stops
     eval_data: str | None = None  # held-out set: prepared data, or jsonl/parquet prepared first
     eval_prepared: str | None = None  # where raw --eval-data is prepared
     eval_fraction: float | None = None  # or: the last fraction of the training data's blocks
@@ -129,6 +131,9 @@ class TrainOptions:
 
     resume: bool = False  # continue --run-name's checkpoints (training/checkpoint/run_state.py)
     job_id: str | None = None  # the job's name: a retry of the same job resumes without --resume
+    epochs: float | None = None  # instead of --steps: passes over the training data
+    warmup_ratio: float | None = None  # instead of --warmup-steps: a share of the steps
+    lr_schedule: str = options_schedule.DEFAULT_SCHEDULE  # after the warm-up: cosine, linear, constant
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -145,7 +150,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    pos_int, pos_float = positive(int), positive(float)
+    pos_float = positive(float)
     p = _Parser(
         prog="python -m training",
         description="Train a causal LM with PyTorch FSDP2 on Ray Train (local Ray by default).",
@@ -158,9 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     options_precision.add_arguments(g)
     options_data.add_arguments(p.add_argument_group("data"), p)
     g = p.add_argument_group("optimisation")
-    g.add_argument("--steps", type=pos_int, default=100)
+    options_schedule.add_arguments(g)
     g.add_argument("--lr", type=pos_float, default=1e-4)
-    g.add_argument("--warmup-steps", type=non_negative_int, help="default: 10%% of --steps")
     g.add_argument(
         "--weight-decay",
         type=float,
@@ -264,8 +268,7 @@ def _check_training(d: dict[str, Any]) -> None:
     check_skipped_fraction(d["max_skipped_fraction"])
     if d["seq_len"] is None:
         d["seq_len"] = 256 if d["init"] == "random" and d["shape"] == "tiny" else 2048
-    if d["warmup_steps"] is None:
-        d["warmup_steps"] = d["steps"] // 10
+    options_schedule.check(d)
     if d["grad_clip"] < 0:
         raise OptionError(f"--grad-clip: must be >= 0, got {d['grad_clip']}")
     if d["weight_decay"] < 0:
@@ -288,6 +291,6 @@ def _check_training(d: dict[str, Any]) -> None:
         raise OptionError(
             f"--emulate-hosts: {d['emulate_hosts']} hosts must divide --num-workers {d['num_workers']}"
         )
-    if d["profile"] is not None:
+    if d["profile"] is not None and d["steps"] is not None:  # with --epochs: once the steps are known
         d["profile"] = options_metrics.check_profile(d["profile"], d["steps"])
     options_precision.check_packages(d)

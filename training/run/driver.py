@@ -195,8 +195,8 @@ def resolve_data(opts: TrainOptions, vocab_size: int) -> str | None:
         assert opts.prepared_data is not None  # set by parse_args for raw data
         prepare(opts.data, opts.prepared_data, seq_len=opts.seq_len, text_field=opts.text_field,
                 shape=opts.shape, model=opts.model, max_skipped_fraction=opts.max_skipped_fraction,
-                log=lambda line: print(line, flush=True),
-                data_format=opts.data_format, too_long=opts.too_long)  # fmt: skip
+                log=lambda line: print(line, flush=True), data_format=opts.data_format,
+                too_long=opts.too_long, max_dropped_fraction=opts.max_dropped_fraction)  # fmt: skip
         location = shards.join(opts.prepared_data, shards.MANIFEST)
     try:
         manifest = shards.read_manifest(location)
@@ -228,6 +228,29 @@ def resolve_data(opts: TrainOptions, vocab_size: int) -> str | None:
         flush=True,
     )
     return location
+
+
+def epochs_to_steps(opts: TrainOptions, data: str | None, workers: int) -> TrainOptions:
+    """--epochs as a step count: the prepared data's training sequences (less --eval-fraction's
+    held-out blocks) over the global batch."""
+    from training.data import shards
+    from training.methods.evaluate import held_out_split
+    from training.options.schedule import with_epochs
+
+    assert data is not None  # --epochs needs --data (options/schedule.py)
+    blocks = int(shards.read_manifest(data)["blocks"])
+    try:
+        sequences = held_out_split(blocks, opts.eval_fraction) if opts.eval_fraction else blocks
+    except ValueError as exc:
+        raise OptionError(str(exc)) from None
+    global_batch = opts.global_batch_size or (opts.micro_batch_size or 1) * workers
+    opts = with_epochs(opts, sequences=sequences, global_batch=global_batch)
+    print(
+        f"[train] {opts.epochs:g} epochs of {sequences} sequences at {global_batch} a step: "
+        f"{opts.steps} steps, {opts.warmup_steps} of warm-up",
+        flush=True,
+    )
+    return opts
 
 
 def exportable(opts: TrainOptions) -> bool:
@@ -272,7 +295,8 @@ def resolve_eval_data(opts: TrainOptions, train: str | None) -> str | None:
         assert opts.eval_prepared is not None  # set by parse_args for raw eval data
         prepare(opts.eval_data, opts.eval_prepared, seq_len=opts.seq_len, text_field=opts.text_field,
                 shape=opts.shape, model=opts.model, log=lambda line: print(line, flush=True),
-                data_format=opts.data_format, too_long=opts.too_long)  # fmt: skip
+                data_format=opts.data_format, too_long=opts.too_long,
+                max_dropped_fraction=opts.max_dropped_fraction)  # fmt: skip
         location = shards.join(opts.eval_prepared, shards.MANIFEST)
     try:
         evals, trains = shards.read_manifest(location), shards.read_manifest(train)
@@ -288,13 +312,20 @@ def resolve_eval_data(opts: TrainOptions, train: str | None) -> str | None:
     return location
 
 
-def resolve_inputs(opts: TrainOptions, vocab_size: int, record: dict[str, Any]) -> tuple[Any, Any]:
-    """The training and eval data (prepared when raw), then the run record: written only once every
-    input is accepted, so a start refused for its data leaves no run.json."""
+def resolve_inputs(
+    opts: TrainOptions, vocab_size: int, workers: int, record: dict[str, Any] | None
+) -> tuple[TrainOptions, Any, Any, dict[str, Any]]:
+    """The training and eval data (prepared when raw), the options with --epochs become steps (and
+    the run's start decided then: `record` is None until the steps are known), then the run record:
+    written only once every input is accepted, so a start refused for its data leaves no run.json."""
     data = resolve_data(opts, vocab_size)
     eval_data = resolve_eval_data(opts, data)
+    if opts.epochs is not None:
+        opts = epochs_to_steps(opts, data, workers)
+        record = run_state.begin(opts)
+    assert record is not None  # decided before Ray started, or just now
     run_state.record(opts, record)
-    return data, eval_data
+    return opts, data, eval_data, record
 
 
 def _why_it_ended(opts: TrainOptions, exc: Exception) -> Exception:
@@ -321,11 +352,13 @@ def run(opts: TrainOptions) -> dict[str, Any]:
 
     t0 = time.time()
     cfg = check_model(opts)
-    record = run_state.begin(opts)  # a new run, or one to continue: refused before Ray starts
+    # A new run, or one to continue: refused before Ray starts (with --epochs, once the data says
+    # how many steps the run has).
+    record = run_state.begin(opts) if opts.epochs is None else None
     init_ray(opts)
     logs = quiet.driver(prepares=opts.data != "random")  # library chatter to a log file
     workers, use_gpu = resolve_workers(opts)
-    data, eval_data = resolve_inputs(opts, int(cfg.vocab_size), record)
+    opts, data, eval_data, record = resolve_inputs(opts, int(cfg.vocab_size), workers, record)
     verdict: Any = ray.remote(num_cpus=0)(_GateVerdict).remote()
     trainer = TorchTrainer(
         quiet.train_worker,  # training/run/loop.py's train_loop

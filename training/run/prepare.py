@@ -227,20 +227,21 @@ def document_parts(ids: np.ndarray, bos: int | None, eos: int) -> tuple[np.ndarr
     return tokens, flags
 
 
-def write_segment(seg: Segment, settings: Settings, out: str) -> dict[str, Any]:
-    """Tokenize one segment and write its shard and flags; returns the counts for the manifest."""
+def write_segment(
+    seg: Segment, settings: Settings, out: str | None, lengths: list[int] | None = None
+) -> dict[str, Any]:
+    """Tokenize one segment and write its shard and flags (None: count only); returns the counts
+    for the manifest. `lengths` gets each document's token count."""
     key = (settings.shape, settings.model)
     tok = _TOKENIZERS.get(key) or _TOKENIZERS.setdefault(key, load_tokenizer(*key))
     eos, bos = int(tok.eos_token_id), bos_id(tok)
     seq = settings.seq_len
-    fs, path = shards.filesystem(out)
-    _, flags_path = shards.filesystem(out + shards.FLAGS_SUFFIX)
     carry = np.zeros(0, dtype=shards.DTYPE)
     carry_flags = np.zeros(0, dtype=np.uint8)
     docs = blocks = 0
     top = 0  # the largest token id written: the manifest's bound for the vocabulary check
     skipped = corpus.Skipped()
-    with fs.open_output_stream(path) as sink, fs.open_output_stream(flags_path) as flag_sink:
+    with sft.output(out) as sink, sft.output(out, shards.FLAGS_SUFFIX) as flag_sink:
         for texts in _segment_texts(seg, settings.text_field, skipped):
             _strict(skipped, settings)
             parts, flag_parts = [carry], [carry_flags]
@@ -248,6 +249,8 @@ def write_segment(seg: Segment, settings: Settings, out: str) -> dict[str, Any]:
                 tokens, flags = document_parts(ids, bos, eos)
                 parts.append(tokens)
                 flag_parts.append(flags)
+                if lengths is not None:
+                    lengths.append(len(ids))
             docs += len(texts)
             stream, flag_stream = np.concatenate(parts), np.concatenate(flag_parts)
             full = len(stream) // seq * seq
@@ -289,6 +292,27 @@ def shard_name(index: int) -> str:
     return f"{index:05d}.bin"
 
 
+def check_inputs(data: str, settings: Settings, log: Any) -> tuple[dict[str, Any], list[Any], list[str]]:
+    """What preparing (or checking) `data` needs first: its files and format checked, the
+    tokenizer loaded; returns the tokenizer's identity, the inputs and the files left out."""
+    files = check_data_path(data)
+    chat = settings.data_format == "chat"
+    if not chat:
+        check_text_field(files, settings.text_field)
+    ignored = corpus_listing(data)[1]
+    if ignored:
+        log(f"[prepare] ignoring {len(ignored)} files that are not {'/'.join(corpus.JSONL_SUFFIXES)}/"
+            f"{corpus.PARQUET_SUFFIX} (first: {ignored[0]})")  # fmt: skip
+    model = settings.model
+    try:
+        tokenizer = sft.tokenizer_identity(model) if chat else tokenizer_identity(settings.shape, model)
+    except (OptionError, sft.TemplateError) as exc:  # one line of their own, naming --model
+        raise OptionError(str(exc)) from None
+    except Exception as exc:
+        raise OptionError(f"--model: cannot load the tokenizer of {model!r}: {exc}") from None
+    return tokenizer, list_inputs(data), ignored
+
+
 def _check_cluster_can_reach(data: str, out: str) -> None:
     """Local paths exist on this machine only: fine for a local Ray, not for tasks on other nodes."""
     import ray
@@ -302,7 +326,7 @@ def _check_cluster_can_reach(data: str, out: str) -> None:
         )
 
 
-def prepare(  # noqa: PLR0915 (one step after another: check, plan, run, tally, manifest)
+def prepare(
     data: str,
     out: str,
     *,
@@ -315,6 +339,7 @@ def prepare(  # noqa: PLR0915 (one step after another: check, plan, run, tally, 
     log: Any = print,
     data_format: str = "text",
     too_long: str = "drop",
+    max_dropped_fraction: float = sft.DEFAULT_MAX_DROPPED,
 ) -> dict[str, Any]:
     """Prepare `data` into `out` unless a manifest of the same fingerprint is there; returns it.
 
@@ -322,38 +347,19 @@ def prepare(  # noqa: PLR0915 (one step after another: check, plan, run, tally, 
     """
     import ray.data
 
-    files = check_data_path(data)
     chat = data_format == "chat"
-    if not chat:
-        check_text_field(files, text_field)
-    ignored = corpus_listing(data)[1]
-    if ignored:
-        log(f"[prepare] ignoring {len(ignored)} files that are not {'/'.join(corpus.JSONL_SUFFIXES)}/"
-            f"{corpus.PARQUET_SUFFIX} (first: {ignored[0]})")  # fmt: skip
-    settings = Settings(
-        seq_len,
-        text_field,
-        shape,
-        model,
-        max(1, int(segment_mb * 2**20)),
-        max_skipped_fraction=max_skipped_fraction,
-        data_format=data_format,
-        too_long=too_long,
-    )
-    try:
-        tokenizer = sft.tokenizer_identity(model) if chat else tokenizer_identity(shape, model)
-    except (OptionError, sft.TemplateError) as exc:  # one line of their own, naming --model
-        raise OptionError(str(exc)) from None
-    except Exception as exc:
-        raise OptionError(f"--model: cannot load the tokenizer of {model!r}: {exc}") from None
-    inputs = list_inputs(data)
+    settings = Settings(seq_len, text_field, shape, model, max(1, int(segment_mb * 2**20)),
+                        max_skipped_fraction=max_skipped_fraction, data_format=data_format,
+                        too_long=too_long)  # fmt: skip
+    tokenizer, inputs, ignored = check_inputs(data, settings, log)
     fp = fingerprint(inputs, tokenizer, settings)
     try:
         existing = shards.read_manifest(out)
     except shards.ShardError:
         existing = None
     if existing is not None and existing.get("fingerprint") == fp:
-        _check_skipped(data, existing, max_skipped_fraction)  # prepared under a looser threshold?
+        # Prepared under looser thresholds?
+        _check_shares(data, existing, max_skipped_fraction, max_dropped_fraction if chat else 1.0)
         log(f"[prepare] {out}: up to date ({existing['blocks']} blocks of {seq_len} tokens); nothing to do")
         return existing
 
@@ -412,6 +418,7 @@ def prepare(  # noqa: PLR0915 (one step after another: check, plan, run, tally, 
         if chat:
             manifest.update(sft.manifest_counts(counts, too_long))
             log(sft.counts_line(manifest))
+            sft.check_dropped(data, manifest, max_dropped_fraction)
         manifest["checksum"] = shards.manifest_checksum(manifest)  # what write_manifest records
         uri = shards.write_manifest(out, manifest)
     except BaseException:
@@ -471,6 +478,12 @@ def _tally(data: str, counts: list[dict[str, Any]], allowed: float) -> tuple[int
     return docs, summary
 
 
+def _check_shares(data: str, manifest: dict[str, Any], skipped: float, dropped: float) -> None:
+    """A manifest's skipped records and dropped conversations against the thresholds."""
+    _check_skipped(data, manifest, skipped)
+    sft.check_dropped(data, manifest, dropped)
+
+
 def _check_skipped(data: str, manifest: dict[str, Any], allowed: float) -> None:
     """More records skipped than --max-skipped-fraction allows: an error naming the first."""
     info = manifest.get("skipped") or {}
@@ -478,7 +491,7 @@ def _check_skipped(data: str, manifest: dict[str, Any], allowed: float) -> None:
     if n and n > allowed * total:
         first = info.get("first") or {}
         raise DataError(
-            f"{data}: {n} of {total} records ({n / total:.2%}) have no usable text, more than "
+            f"{data}: {n} of {total} records ({n / total:.2%}) were skipped as unusable, more than "
             f"--max-skipped-fraction {allowed:g} allows; first: {first.get('at')}: {first.get('reason')}"
         )
 
@@ -491,7 +504,16 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     p.add_argument("--data", required=True, help="a .jsonl/.parquet file or folder, local or s3://")
-    p.add_argument("--out", required=True, help="where the shards and manifest.json go (dir or s3://)")
+    p.add_argument(
+        "--out", help="where the shards and manifest.json go (dir or s3://); required but with --check"
+    )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="read and render every record as preparing would, print the token lengths, what is too "
+        "long, truncated or dropped, and the tokens and blocks of an epoch, and refuse what preparing "
+        "would refuse; writes nothing, needs no Ray (training/run/data_check.py)",
+    )
     p.add_argument("--seq-len", type=int, default=2048, help="tokens per block (the training --seq-len)")
     p.add_argument("--text-field", default="text")
     p.add_argument(
@@ -507,6 +529,14 @@ def build_parser() -> argparse.ArgumentParser:
         choices=sft.TOO_LONG,
         default="drop",
         help="chat: a conversation longer than --seq-len is dropped or truncated (counted either way)",
+    )
+    p.add_argument(
+        "--max-dropped-fraction",
+        type=float,
+        default=sft.DEFAULT_MAX_DROPPED,
+        metavar="F",
+        help="chat: share of conversations (0 <= F <= 1) that may be dropped as longer than --seq-len "
+        "before preparation stops, saying so (1: never)",
     )
     p.add_argument("--shape", choices=SHAPES, default="qwen2.5-1.5b", help="tiny: byte-level tokenizer")
     p.add_argument("--model", default=DEFAULT_MODEL, help="whose tokenizer (HF id, dir or s3:// prefix)")
@@ -533,6 +563,10 @@ def main(argv: list[str] | None = None) -> int:
             raise OptionError("--seq-len and --segment-mb: must be > 0")
         check_skipped_fraction(args.max_skipped_fraction)
         args.data = location_option("--data", args.data)
+        if args.out is None or args.check:
+            raise OptionError(
+                "--out: where the shards go is required (or --check alone, to check the data only)"
+            )
         args.out = location_option("--out", args.out, output=True)
         from training.run.ray_session import init_ray_at
 
@@ -545,7 +579,8 @@ def main(argv: list[str] | None = None) -> int:
         prepare(args.data, args.out, seq_len=args.seq_len, text_field=args.text_field,
                 shape=args.shape, model=args.model, segment_mb=args.segment_mb,
                 max_skipped_fraction=args.max_skipped_fraction,
-                data_format=data_format, too_long=args.too_long)  # fmt: skip
+                data_format=data_format, too_long=args.too_long,
+                max_dropped_fraction=args.max_dropped_fraction)  # fmt: skip
     except OptionError as exc:
         print(f"python -m training.prepare: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2

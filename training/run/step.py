@@ -3,7 +3,6 @@ loss divided by the step's target tokens), the optimizer and the step's metrics.
 
 from __future__ import annotations
 
-import math
 import resource
 import time
 from typing import TYPE_CHECKING, Any
@@ -13,6 +12,7 @@ import torch.distributed as dist
 
 from training.methods.loss import count_targets, labels_and_positions
 from training.model.build import precompute_float8_scales
+from training.options.schedule import lr_at
 from training.reporting.progress import say
 from training.sizing.flops import mfu
 
@@ -25,15 +25,6 @@ if TYPE_CHECKING:
 # Training steps a process runs with every guard evaluated before --skip-guard-eval applies: the
 # first compiles the layers, the second sees the steady state (gathered parameters, grad sync).
 SKIP_GUARDS_AFTER = 2
-
-
-def lr_at(step: int, opts: TrainOptions) -> float:
-    """Linear warm-up, then cosine decay to 10 % of --lr. A function of the step: nothing to save."""
-    if opts.warmup_steps and step < opts.warmup_steps:
-        return opts.lr * (step + 1) / opts.warmup_steps
-    span = max(1, opts.steps - opts.warmup_steps)
-    frac = min(1.0, (step - opts.warmup_steps) / span)
-    return opts.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * frac)))
 
 
 def _peak_mem_gib(device: torch.device) -> float:

@@ -84,9 +84,9 @@ def test_generation_markers_give_the_same_mask_through_transformers(tok: Any) ->
     ("record", "match"),
     [
         ({"messages": [{"role": "user", "content": "hi"}]}, "field 'messages': no turn with role 'assist"),
-        ({"prompt": "hi"}, "no 'messages' field and no 'prompt' and 'completion' fields"),
+        ({"prompt": "hi"}, r"no 'messages' \(or ShareGPT 'conversations'\) field and no 'prompt' and"),
         ({"messages": [{"role": "user", "content": 3}, {"role": "assistant", "content": "x"}]},
-         r"field messages\[0\].content: text expected, got int"),
+         r"field messages\[0\].content: text or a list of text parts expected, got int"),
         ({"messages": [{"content": "x"}]}, r"field messages\[0\].role: a role name expected"),
         ({"messages": "hello"}, "field 'messages': a non-empty list"),
     ],
@@ -184,19 +184,24 @@ def test_conversations_are_packed_whole_and_overlong_ones_counted(
     assert len(tokens) == 2 and not (flags[0] & shards.FLAG_START)[1:].any()  # the cut answer fills block 0
 
 
-def test_a_bad_line_names_its_file_and_byte(tmp_path: Path, tok_dir: str) -> None:
+def test_a_bad_line_names_its_file_and_line(tmp_path: Path, tok_dir: str) -> None:
     (tmp_path / "tok").symlink_to(tok_dir)
     good = json.dumps(CHATS[0])
-    seg, settings = _write(tmp_path, [CHATS[0], "{not json", CHATS[1]], 256)
+    seg, settings = _write(tmp_path, [CHATS[0], "", "{not json", CHATS[1]], 256)
     with pytest.raises(
         RecordError,
-        match=rf"c.jsonl: line at byte {len(good) + 1}: malformed JSON \(Expecting property name "
-        r"enclosed in double quotes at column 2\)",
+        match=r"c.jsonl line 3: malformed JSON \(Expecting property name enclosed in double quotes at col",
     ):
         write_segment(seg, settings, str(tmp_path / "x.bin"))
     seg, settings = _write(tmp_path, [CHATS[0], "[1, 2]", CHATS[1]], 256)
-    with pytest.raises(RecordError, match=rf"line at byte {len(good) + 1}: not a JSON object$"):
+    with pytest.raises(RecordError, match=r"c.jsonl line 2: not a JSON object$"):
         write_segment(seg, settings, str(tmp_path / "y.bin"))
+    # A record the template refuses is named by its line too.
+    seg, settings = _write(
+        tmp_path, [CHATS[0], CHATS[1], {"messages": [{"role": "user", "content": "x"}]}], 256
+    )
+    with pytest.raises(RecordError, match=r"c.jsonl line 3: field 'messages': no turn with role 'assistant'"):
+        write_segment(seg, settings, str(tmp_path / "z.bin"))
     assert [w for w, _ in segment_records(_write(tmp_path, [CHATS[0], CHATS[1]], 256)[0])] == [
         f"{tmp_path / 'c.jsonl'}: line at byte 0",
         f"{tmp_path / 'c.jsonl'}: line at byte {len(good) + 1}",
@@ -286,10 +291,7 @@ def test_prepare_on_ray_writes_chat_shards_and_refuses_a_bad_record_by_name(
     with pytest.raises(DataError) as err:
         prepare(str(bad), str(tmp_path / "bad-out"), data_format="chat", **kw)
     msg = str(err.value)
-    assert msg == (
-        f"{bad}: line at byte {3 * len(good)}: field 'messages': no turn with role 'assistant' "
-        "(nothing to train on)"
-    )
+    assert msg == (f"{bad} line 4: field 'messages': no turn with role 'assistant' (nothing to train on)")
     assert not (tmp_path / "bad-out" / shards.MANIFEST).exists()  # nothing a later run would trust
 
 
@@ -312,7 +314,7 @@ def test_options_detect_chat_records_and_need_a_chat_tokenizer(tmp_path: Path, t
     assert opts.data_format == "chat" and opts.too_long == "drop"
     text = tmp_path / "text.jsonl"
     text.write_text('{"text": "x"}\n')
-    with pytest.raises(OptionError, match="--data-format chat: no 'messages' field"):
+    with pytest.raises(OptionError, match=r"--data-format chat: no 'messages' \(or ShareGPT"):
         parse_args([*base[:-1], str(text), "--data-format", "chat"])
     with pytest.raises(OptionError, match="--text-field: no field 'text'"):
         parse_args([*base, "--model", tok_dir, "--data-format", "text"])
