@@ -129,6 +129,10 @@ def test_the_lowest_held_out_loss_is_exported_whatever_the_intervals(
     opts = SimpleNamespace(checkpoint_every=checkpoint_every, steps=steps, report_every=1)
     tr: Any = SimpleNamespace(opts=opts, step=0, stopped_early=False, rank=1, history=[])
     tr.save_and_report = lambda metrics: saved.append(best_checkpoint.scored(metrics))
+    # A save at --checkpoint-every that completes at once (nothing left in flight to report later).
+    tr.start_save = tr.save_and_report
+    tr.pending = None
+    tr.finish_pending = lambda wait, now: False
     losses = {s: (1.0 if s == lowest else 2.0 + s / 10) for s in range(1, steps + 1)}
     tr.run_eval = lambda: {"eval_loss": losses[tr.step]}
     early = EarlyStop(0, [])
