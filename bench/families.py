@@ -220,7 +220,8 @@ def _train_and_check(
 
     argv = ["--init", "pretrained", "--model", str(work / "base"), "--data", data, "--data-format", "chat",
             "--seq-len", str(args.seq_len), "--micro-batch-size", "4", "--global-batch-size", "4",
-            "--steps", str(args.steps), "--lr", str(LR[method]), "--warmup-steps", "2",
+            "--steps", str(args.steps), "--lr", str(LR[method]),
+            "--warmup-steps", str(min(2, args.steps - 1)),
             "--eval-fraction", "0.2", "--seed", "0", "--output-dir", str(work / "out"),
             *(["--lora-rank", "16"] if method == "lora" else [])]  # fmt: skip
     opts = parse_args(argv)

@@ -45,7 +45,13 @@ def role_policy(tmp_path_factory: pytest.TempPathFactory) -> dict:
     synthesize(settings, out)
     template = json.loads((out / "dev" / f"{settings.stack_prefix}-Workload.template.json").read_text())
     resources = template["Resources"]
-    (assoc,) = [r for r in resources.values() if r["Type"] == "AWS::EKS::PodIdentityAssociation"]
+    # dev's first team's Ray pods (each team has its own role: docs/teams.md).
+    (assoc,) = [
+        r
+        for r in resources.values()
+        if r["Type"] == "AWS::EKS::PodIdentityAssociation"
+        and r["Properties"]["Namespace"] == settings.deploy_team.namespace
+    ]
     role_id = assoc["Properties"]["RoleArn"]["Fn::GetAtt"][0]
     (doc,) = [
         r["Properties"]["PolicyDocument"]

@@ -164,7 +164,8 @@ def _asset_of(synthesized: Any, resource_type: str, env: str, stack: str) -> Pat
     """The asset folder of the function behind the stack's custom resource of this type."""
     result = synthesized[env]
     template = result.template(stack)
-    (resource,) = [r for r in template["Resources"].values() if r["Type"] == resource_type]
+    # dev's Workload stack drains each team's namespace: one resource per team, one function.
+    resource = next(r for r in template["Resources"].values() if r["Type"] == resource_type)
     function_id = resource["Properties"]["ServiceToken"]["Fn::GetAtt"][0]
     key = template["Resources"][function_id]["Properties"]["Code"]["S3Key"]
     name = f"{result.settings.stack_prefix}-{stack}.assets.json"
