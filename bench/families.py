@@ -102,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run_all(points: list[str], args: argparse.Namespace, work: str, argv: list[str]) -> list[dict[str, Any]]:
     """Each point in its own process, --jobs at once; their JSON lines in the points' order."""
-    pending, running, rows = list(points), {}, {}
+    pending, rows = list(points), {}
+    running: dict[str, Any] = {}
     while pending or running:
         while pending and len(running) < args.jobs:
             point = pending.pop(0)
@@ -235,7 +236,8 @@ def _train_and_check(
     ids, labels, positions = _read(tr.eval_blocks, list(range(len(tr.eval_blocks))))
     tr.model.eval()
     with torch.no_grad():
-        own = tr.model(input_ids=ids.to(device), labels=labels.to(device), position_ids=positions.to(device),
+        own = tr.model(input_ids=ids.to(device), labels=labels.to(device),
+                       position_ids=None if positions is None else positions.to(device),
                        use_cache=False).loss  # fmt: skip
     tr.model.train()
     dcp.save(str(work / "ckpt"), tr.model, tr.optimizer, step=tr.step, position=tr.position,
@@ -269,6 +271,7 @@ def _serve(name: str, method: str, work: Path, tok: Any, device: Any) -> dict[st
 
     out = work / "export"
     export(str(work / "ckpt"), str(out), log=_note)
+    model: Any
     if method == "lora":
         from peft import PeftModel
 

@@ -380,7 +380,9 @@ def run(opts: TrainOptions) -> dict[str, Any]:
             storage_path=opts.storage_path,
             # Preemptions (a notice, then the node's end: training/checkpoint/notice.py) have their
             # own budget: a Spot job is not ended by its failure budget (Ray 2.58 and 2.60).
-            failure_config=FailureConfig(
+            # Train V2's FailureConfig (ray.train's under RAY_TRAIN_V2_ENABLED, the default since 2.58;
+            # ray/train/v2/api/config.py): the type checker reads the V1 class ray.train imports first.
+            failure_config=FailureConfig(  # type: ignore[call-arg]
                 max_failures=opts.max_failures, max_preemption_failures=opts.max_preemptions
             ),
             checkpoint_config=best_checkpoint.checkpoint_config(opts),
