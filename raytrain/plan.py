@@ -138,7 +138,17 @@ def speed(
             {"change": name, "tokens_per_s": alt.tokens_per_s, "vs_now": alt.tokens_per_s / base.tokens_per_s}
         )
     hours = job.steps * base.step_s / 3600
+    # With job.epochs the step count is known only once the data is prepared (`raytrain data check`
+    # prints it): the job's time and cost are then shown per job.steps steps, and said so.
+    per_steps = (
+        None
+        if job.epochs is None
+        else f"job.epochs {job.epochs:g} sets the steps once the data is prepared (`raytrain data check "
+        f"--env {settings.name}` prints them): the job time and cost here are for {job.steps} steps"
+    )
     return {
+        "job_steps": job.steps,
+        "steps_note": per_steps,
         "interruptions": interruptions(settings, base.step_s, per_hour),
         "predicted": base.as_dict(),
         "job_hours": hours,
@@ -215,7 +225,13 @@ def speed_table(result: dict[str, Any]) -> Table:
             f"predicted step: {p['step_s']:.3f} s, {p['tokens_per_s']:,.0f} tokens/s, MFU {p['mfu']:.1%}; "
             f"bottleneck: {p['bottleneck']}\njob: {result['job_hours']:.2f} h, {cost}"
         ),
-        caption="\n".join([result["checked"], *(f"cost: {n}" for n in result.get("cost_notes", []))]),
+        caption="\n".join(
+            [
+                result["checked"],
+                *([result["steps_note"]] if result.get("steps_note") else []),
+                *(f"cost: {n}" for n in result.get("cost_notes", [])),
+            ]
+        ),
     )
     table.add_column("term")
     table.add_column("s", justify="right")

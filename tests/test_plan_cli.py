@@ -317,3 +317,22 @@ def test_compare_suggests_the_catalogue_id_a_variant_name_meant(envdir: Path) ->
         "'Qwen/Qwen3-8B-Base'? Otherwise compare a local copy of its config.json (--compare FILE, or a "
         "folder holding one)"
     ]
+
+
+def test_an_epochs_job_says_its_time_is_per_job_steps(envdir: Path) -> None:
+    """job.epochs: the steps are known once the data is prepared, so the job's hours and cost are
+    shown for job.steps steps, and the plan says so (was: priced as if the default steps ran)."""
+    from ruamel.yaml import YAML
+
+    yaml = YAML()
+    path = envdir / "prod.yaml"
+    data = yaml.load(path.read_text())
+    data["job"].pop("steps", None)
+    data["job"]["epochs"] = 2
+    with path.open("w") as f:
+        yaml.dump(data, f)
+    code, out = run(envdir, "prod")
+    flat = " ".join(out.split())
+    assert code == plan_cmd.EXIT_FITS, out
+    assert "job.epochs 2 sets the steps once the data is prepared (`raytrain data check --env prod`" in flat
+    assert "the job time and cost here are for 200 steps" in flat
