@@ -39,6 +39,8 @@ def test_no_decay_on_biases_or_norm_gains_as_transformers_trainer(name: str) -> 
         assert any("pre_feedforward_layernorm" in n for n in no_decay)
 
 
+# peft: in the image it travels in the code asset (tests/training/test_vendored.py), not in .venv-image.
+@pytest.mark.dev_packages
 def test_lora_decays_its_adapters_and_nothing_frozen() -> None:
     model = build_model("random", narrowed("qwen3-4b"), "", seed=0)
     apply_lora(model, LoraSpec(rank=4, alpha=8, targets=("q_proj", "down_proj")))
