@@ -25,8 +25,9 @@ from urllib.parse import parse_qs, urlparse
 
 import cdk8s
 import pytest
-from test_job import CLUSTER, FakeApi, _Handler, cluster_routes, queue_routes
+from test_job import CLUSTER, FakeApi, _Handler, cluster_routes
 from test_job import run as run_status_side
+from test_job_queue import queue_routes
 from test_job_submit import Kube, job, moto_endpoint, s3  # noqa: F401 - fixtures
 
 from config.loader import load_settings
