@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from bench import chat_tokenizer
-from tests.training.chat.families import FAMILIES, family_tokenizer
+from bench.family_tokenizers import RELEASES, family_tokenizer
 from training.chat.stop_tokens import end_of_turn_ids, stop_token_ids
 from training.checkpoint import dcp as checkpoint
 from training.export.command import export
@@ -89,13 +89,13 @@ def test_greedy_generation_of_an_exported_chat_model_stops_after_its_answer(
     assert talk.startswith("5<|im_end|>") and len(on[0]) - prompt.shape[1] == 24, talk
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", list(RELEASES))
 def test_every_familys_end_of_turn_stops_generation_wherever_its_id_lies(family: str) -> None:
-    """Tokenizers laid out as the releases are (tests/training/chat/families.py): Qwen's <|im_end|>
+    """Tokenizers laid out as the releases are (bench/family_tokenizers.py): Qwen's <|im_end|>
     and Llama 3's <|eot_id|> are added tokens above the tokenizer's vocab_size, Mistral's </s> and
     Gemma's <end_of_turn> inside it; the base releases' EOS is not the end of turn."""
     tok = family_tokenizer(family)
-    spec = FAMILIES[family]
+    spec = RELEASES[family]
     end, eos = tok.convert_tokens_to_ids([spec.end_of_turn, spec.eos])
     assert (end >= tok.vocab_size) == spec.above_vocab
     assert end_of_turn_ids(tok) == [end]

@@ -3,7 +3,7 @@
 trained, multi-turn included, each answer as the template writes it when the model generates it;
 tool calls and tool turns likewise; a field the template cannot render is refused naming it; a
 per-turn train flag makes an answer context. Records go through training/methods/sft.py's reader,
-as preparation reads them, and the families' published templates (tests/training/chat/families.py)."""
+as preparation reads them, and the families' published templates (bench/family_tokenizers.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.training.chat.families import family_tokenizer
+from bench.family_tokenizers import family_tokenizer
 from training.chat.template import ChatRenderer, RecordError
 from training.methods.sft import conversation, record_tools
 

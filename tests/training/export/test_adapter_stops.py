@@ -6,7 +6,7 @@ and a tokenizer naming it its EOS (training/export/lora.py, _serving_files, says
 
 Proved with peft's own loading and transformers' own stopping criterion, on a base laid out as
 Qwen2.5-1.5B is (its control tokens added above the tokenizer's vocab_size), and for every family's
-layout (tests/training/chat/families.py)."""
+layout (bench/family_tokenizers.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.training.chat.families import FAMILIES, save_family_tokenizer
+from bench.family_tokenizers import RELEASES, save_family_tokenizer
 from training.checkpoint import dcp as checkpoint
 from training.export.command import export
 from training.model.lora_spec import LoraSpec
@@ -115,7 +115,7 @@ def test_each_familys_adapter_lists_its_end_of_turn_first_then_the_bases_eos(
     tok = _base(base, family)
     out = tmp_path / "adapter"
     export(str(ckpt), str(out), model=str(base), log=lambda _: None)
-    end, eos = tok.convert_tokens_to_ids([FAMILIES[family].end_of_turn, FAMILIES[family].eos])
+    end, eos = tok.convert_tokens_to_ids([RELEASES[family].end_of_turn, RELEASES[family].eos])
     stops = json.loads((out / "generation_config.json").read_text())["eos_token_id"]
     assert stops == ([end, eos] if end != eos else end)
-    assert AutoTokenizer.from_pretrained(out).eos_token == FAMILIES[family].end_of_turn
+    assert AutoTokenizer.from_pretrained(out).eos_token == RELEASES[family].end_of_turn

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.training.chat.families import save_family_tokenizer
+from bench.family_tokenizers import save_family_tokenizer
 from training.checkpoint import dcp as checkpoint
 from training.model.lora_spec import LoraSpec
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.training.chat.families import save_family_tokenizer
+from bench.family_tokenizers import save_family_tokenizer
 from tests.training.methods.test_sft import _read
 from training.data import shards
 from training.methods.sft import write_segment

@@ -91,8 +91,8 @@ def test_the_trainer_checks_before_it_adds_adapters_for_chat_data_only(
 def test_the_guard_checks_the_templates_end_of_turn_not_the_eos(tmp_path: Any) -> None:
     """A Llama 3.1 base release: EOS <|end_of_text|> (trained: it ends every pretraining document),
     end of turn <|eot_id|> (untrained), both added above the tokenizer's vocab_size
-    (tests/training/chat/families.py)."""
-    from tests.training.chat.families import save_family_tokenizer
+    (bench/family_tokenizers.py)."""
+    from bench.family_tokenizers import save_family_tokenizer
 
     tok = save_family_tokenizer("llama-3.1-base", tmp_path)
     cfg = shape_config("tiny")
