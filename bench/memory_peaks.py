@@ -8,8 +8,9 @@ Calibration data for the memory model (training/sizing/memory_plan.py). Each var
 process (fresh CUDA context, process-wide compiler settings as the job sets them), without Ray: a
 process group of --gpus ranks (NCCL on the GPU, gloo on the CPU), the model built, patched and
 sharded by training.model.build (build_model, apply_liger, apply_fsdp, make_mesh) exactly as the
-RayJob's loop does, fused AdamW, and the loop's step: micro-batches with gradient sync only on
-the last one, loss / accum, backward, gradient clipping, optimizer step, zero_grad(set_to_none).
+RayJob's loop does, its optimizer (training.run.optimizer with the job's default options), and the
+loop's step: micro-batches with gradient sync only on the last one, loss / accum, backward, gradient
+clipping, optimizer step, zero_grad(set_to_none).
 
 For each (variant, micro-batch, accumulation) point it runs --steps steps and prints one JSON line
 from rank 0: the peak of torch.cuda.max_memory_allocated and max_memory_reserved over the last
@@ -185,6 +186,8 @@ def measure_variant(name: str, args: argparse.Namespace, device: Any) -> list[di
     import torch.distributed as dist
 
     from training.model import build as tm
+    from training.options.train import build_parser
+    from training.run.optimizer import build_optimizer
 
     opts = parse_variant(name)
     on_gpu = device.type == "cuda"
@@ -212,8 +215,14 @@ def measure_variant(name: str, args: argparse.Namespace, device: Any) -> list[di
     if on_gpu:
         torch.cuda.synchronize(device)
     sharded = torch.cuda.memory_allocated(device) if on_gpu else 0
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=1e-5, betas=(0.9, 0.95), weight_decay=0.1, fused=True if on_gpu else None
+    # The job's optimizer with the job's defaults: AdamW's parameter groups (weight decay on matrices
+    # only) and its state are what take memory; neither rate changes how much.
+    defaults = build_parser()
+    optimizer = build_optimizer(
+        model,
+        lr=defaults.get_default("lr"),
+        weight_decay=defaults.get_default("weight_decay"),
+        fused=on_gpu,
     )
     mcfg: Any = model.config
     vocab = int(mcfg.vocab_size)
