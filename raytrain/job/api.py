@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from raytrain import verify
 from raytrain.job.common import JobError
@@ -13,6 +13,19 @@ from raytrain.verify import RAY_GROUP, RAY_VERSION, REQUEST_TIMEOUT
 
 # Kueue's API as the Cluster stack installs it (cdk_constructs/kueue.py, k8s/kueue.py).
 KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
+
+
+class _Resource(NamedTuple):
+    group: str
+    version: str
+    plural: str
+    kind: str  # as messages name it
+
+
+_RAYJOBS = _Resource(RAY_GROUP, RAY_VERSION, "rayjobs", "RayJob")
+_RAYCLUSTERS = _Resource(RAY_GROUP, RAY_VERSION, "rayclusters", "RayCluster")
+_LOCALQUEUES = _Resource(KUEUE_GROUP, KUEUE_VERSION, "localqueues", "LocalQueue")
+_WORKLOADS = _Resource(KUEUE_GROUP, KUEUE_VERSION, "workloads", "Kueue Workload")
 
 
 class JobApi:
@@ -24,58 +37,50 @@ class JobApi:
 
     def rayjobs(self, namespace: str, selector: str | None = None) -> list[dict[str, Any]]:
         kwargs = {"label_selector": selector} if selector else {}
-        out = self.api._call(
-            f"listing rayjobs in {namespace}",
-            self.api.custom.list_namespaced_custom_object,
-            RAY_GROUP,
-            RAY_VERSION,
+        return self._list_custom(
+            _RAYJOBS, namespace, what="rayjobs", installed_by="the KubeRay operator", **kwargs
+        )
+
+    def rayjob(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._get_custom(_RAYJOBS, namespace, name)
+
+    def local_queue(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A Kueue LocalQueue (k8s/kueue.py); None when absent."""
+        return self._get_custom(_LOCALQUEUES, namespace, name)
+
+    def workloads(self, namespace: str) -> list[dict[str, Any]]:
+        """Kueue's Workloads in a namespace: one per queued RayJob."""
+        return self._list_custom(_WORKLOADS, namespace, what="Kueue workloads", installed_by="Kueue")
+
+    def _get_custom(self, res: _Resource, namespace: str, name: str) -> dict[str, Any] | None:
+        """One custom object; None when absent."""
+        return self.api._call(
+            f"reading {res.kind} {namespace}/{name}",
+            self.api.custom.get_namespaced_custom_object,
+            res.group,
+            res.version,
             namespace,
-            "rayjobs",
+            res.plural,
+            name,
+        )
+
+    def _list_custom(
+        self, res: _Resource, namespace: str, *, what: str, installed_by: str, **kwargs: Any
+    ) -> list[dict[str, Any]]:
+        """The items of a custom resource in a namespace; one that the API server does not serve
+        (404) is an error naming what installs it."""
+        out = self.api._call(
+            f"listing {what} in {namespace}",
+            self.api.custom.list_namespaced_custom_object,
+            res.group,
+            res.version,
+            namespace,
+            res.plural,
             **kwargs,
         )
         if out is None:
             raise JobError(
-                f"the API at {self.host} has no RayJob resource: is the KubeRay operator installed "
-                "(the Cluster stack)?"
-            )
-        return list(out.get("items") or [])
-
-    def rayjob(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self.api._call(
-            f"reading RayJob {namespace}/{name}",
-            self.api.custom.get_namespaced_custom_object,
-            RAY_GROUP,
-            RAY_VERSION,
-            namespace,
-            "rayjobs",
-            name,
-        )
-
-    def local_queue(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """A Kueue LocalQueue (k8s/kueue.py); None when absent."""
-        return self.api._call(
-            f"reading LocalQueue {namespace}/{name}",
-            self.api.custom.get_namespaced_custom_object,
-            KUEUE_GROUP,
-            KUEUE_VERSION,
-            namespace,
-            "localqueues",
-            name,
-        )
-
-    def workloads(self, namespace: str) -> list[dict[str, Any]]:
-        """Kueue's Workloads in a namespace: one per queued RayJob."""
-        out = self.api._call(
-            f"listing Kueue workloads in {namespace}",
-            self.api.custom.list_namespaced_custom_object,
-            KUEUE_GROUP,
-            KUEUE_VERSION,
-            namespace,
-            "workloads",
-        )
-        if out is None:
-            raise JobError(
-                f"the API at {self.host} has no Kueue Workload resource: is Kueue installed "
+                f"the API at {self.host} has no {res.kind} resource: is {installed_by} installed "
                 "(the Cluster stack)?"
             )
         return list(out.get("items") or [])
@@ -175,15 +180,7 @@ class JobApi:
             ) from None
 
     def raycluster(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self.api._call(
-            f"reading RayCluster {namespace}/{name}",
-            self.api.custom.get_namespaced_custom_object,
-            RAY_GROUP,
-            RAY_VERSION,
-            namespace,
-            "rayclusters",
-            name,
-        )
+        return self._get_custom(_RAYCLUSTERS, namespace, name)
 
     def pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         return self.api.pods(namespace, selector)
