@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import torch
 import torch.distributed as dist
@@ -61,28 +61,32 @@ def emulated_host_id(rank: int, world: int, hosts: int) -> str:
     return f"emulated-host-{rank * hosts // world}"
 
 
-def plan_options(
-    opts: TrainOptions,
-    *,
-    shape: str | Dims,
-    world: int,
-    local_world: int,
-    kernels: tuple[bool, bool, bool],
-    capacity: int,
-) -> dict[str, Any]:
+class PlanPlace(TypedDict):
+    """Where the memory plan is made: the model's shape, the ranks, the layers' kernels, the GPU
+    (the keyword arguments plan_options, planned_micro_batch and planned_reshard share)."""
+
+    shape: str | Dims
+    world: int
+    local_world: int
+    kernels: tuple[bool, bool, bool]
+    capacity: int
+
+
+def plan_options(opts: TrainOptions, **place: Unpack[PlanPlace]) -> dict[str, Any]:
     """The memory plan's arguments (training/sizing/memory_plan.py `plan`) but the micro-batch, its
     accumulation and float8, for these options, the model's `shape` (a built model's, which a
     pretrained --model decides), `world` ranks of `local_world` per node, the layers as the rank
     built them (compiled, Liger loss, Liger layers) and a GPU of `capacity` bytes. Parameters are
     planned resharded after forward unless kept by --no-reshard-after-forward: the micro-batch is
     chosen first."""
-    compiled, liger, liger_layers = kernels
-    mesh = mesh_shape(opts.sharding, world, local_world)
+    compiled, liger, liger_layers = place["kernels"]
+    world = place["world"]
+    mesh = mesh_shape(opts.sharding, world, place["local_world"])
     chunk = opts.loss_chunk_tokens
     if chunk is None:
-        chunk = default_chunk_tokens(capacity / 2**30)
+        chunk = default_chunk_tokens(place["capacity"] / 2**30)
     return dict(
-        shape=shape,
+        shape=place["shape"],
         seq_len=opts.seq_len,
         shard=mesh[-1],
         communicators=0 if world == 1 else 1 if len(mesh) == 1 else 3,
@@ -97,44 +101,24 @@ def plan_options(
 
 
 def planned_micro_batch(
-    opts: TrainOptions,
-    *,
-    shape: str | Dims,
-    world: int,
-    local_world: int,
-    kernels: tuple[bool, bool, bool],
-    capacity: int,
-    float8_at: Callable[[int], bool],
+    opts: TrainOptions, *, float8_at: Callable[[int], bool], **place: Unpack[PlanPlace]
 ) -> int:
     """--micro-batch-size auto on a GPU of `capacity` bytes: the memory plan's choice
     (training/sizing/memory_plan.py auto_micro_batch); the other arguments as `plan_options`."""
     assert opts.global_batch_size is not None
-    common = plan_options(
-        opts, shape=shape, world=world, local_world=local_world, kernels=kernels, capacity=capacity
-    )
-    per_rank = opts.global_batch_size // world
-    return auto_micro_batch(per_rank, capacity, lambda m: {**common, "float8": float8_at(m)})
+    common = plan_options(opts, **place)
+    per_rank = opts.global_batch_size // place["world"]
+    return auto_micro_batch(per_rank, place["capacity"], lambda m: {**common, "float8": float8_at(m)})
 
 
 def planned_reshard(
-    opts: TrainOptions,
-    *,
-    shape: str | Dims,
-    world: int,
-    local_world: int,
-    kernels: tuple[bool, bool, bool],
-    capacity: int,
-    micro: int,
-    accum: int,
-    float8: bool,
+    opts: TrainOptions, *, micro: int, accum: int, float8: bool, **place: Unpack[PlanPlace]
 ) -> bool:
     """--reshard-after-forward's default on a GPU of `capacity` bytes at the chosen micro-batch
     (training/sizing/memory_plan.py auto_reshard_after_forward); the other arguments as `plan_options`."""
-    common = plan_options(
-        opts, shape=shape, world=world, local_world=local_world, kernels=kernels, capacity=capacity
-    )
+    common = plan_options(opts, **place)
     at_micro = {**common, "micro_batch": micro, "accum": accum, "float8": float8}
-    return auto_reshard_after_forward(capacity, at_micro)
+    return auto_reshard_after_forward(place["capacity"], at_micro)
 
 
 class Trainer(Step, Reporting):
@@ -312,6 +296,16 @@ class Trainer(Step, Reporting):
             self.float8 = bool(self.float8_layers) or opts.float8 is not None
         self.reshard_after_forward = self._reshard_after_forward(dims, local_world)
 
+    def _plan_place(self, dims: Dims, local_world: int) -> PlanPlace:
+        """This rank's model, layers and GPU, for the memory plan."""
+        return PlanPlace(
+            shape=dims,
+            world=self.world,
+            local_world=local_world,
+            kernels=(self.compile, self.liger, self.liger_layers),
+            capacity=torch.cuda.get_device_properties(self.device).total_memory,
+        )
+
     def _reshard_after_forward(self, dims: Dims, local_world: int) -> bool:
         """--reshard-after-forward as given, or by the memory plan at the chosen micro-batch
         (training/sizing/memory_plan.py auto_reshard_after_forward); alike on every rank."""
@@ -323,11 +317,7 @@ class Trainer(Step, Reporting):
         per_step = opts.global_batch_size or self.micro * self.world
         mine = planned_reshard(
             opts,
-            shape=dims,
-            world=self.world,
-            local_world=local_world,
-            kernels=(self.compile, self.liger, self.liger_layers),
-            capacity=torch.cuda.get_device_properties(self.device).total_memory,
+            **self._plan_place(dims, local_world),
             micro=self.micro,
             accum=per_step // (self.micro * self.world),
             float8=self.float8,
@@ -353,16 +343,7 @@ class Trainer(Step, Reporting):
             if self.rank == 0:  # the host's memory is not planned: one pass per step
                 say(f"[train] --micro-batch-size auto: {per_rank} x 1 per step on each CPU worker")
             return per_rank
-        capacity = torch.cuda.get_device_properties(self.device).total_memory
-        mine = planned_micro_batch(
-            opts,
-            shape=dims,
-            world=self.world,
-            local_world=local_world,
-            kernels=(self.compile, self.liger, self.liger_layers),
-            capacity=capacity,
-            float8_at=float8_at,
-        )
+        mine = planned_micro_batch(opts, **self._plan_place(dims, local_world), float8_at=float8_at)
         chosen: list[Any] = [None] * self.world
         dist.all_gather_object(chosen, mine)
         micro = min(int(c) for c in chosen)
