@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import os
 import typing
@@ -33,6 +34,21 @@ def environments_dir(directory: Path | None = None) -> Path:
     if directory is not None:
         return Path(directory)
     return Path(os.environ.get(CONFIG_DIR_VARIABLE) or ENVIRONMENTS_DIR)
+
+
+def env_argument(parser: argparse.ArgumentParser) -> None:
+    """--env, as every command that reads one environment file takes it."""
+    parser.add_argument("--env", required=True, help="environment name (config/environments/NAME.yaml)")
+
+
+def config_dir_argument(parser: argparse.ArgumentParser) -> None:
+    """--config-dir, as every command that reads environment files takes it (environments_dir)."""
+    parser.add_argument(
+        "--config-dir",
+        type=Path,
+        default=None,
+        help=f"folder of the environment files (default: ${CONFIG_DIR_VARIABLE}, else config/environments)",
+    )
 
 
 def environment_file(name: str, directory: Path | None = None) -> Path:

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from config.loader import SettingsError, load_settings
+from config.loader import SettingsError, config_dir_argument, env_argument, load_settings
 from k8s.job import check_args
 
 ROOT = Path(__file__).resolve().parents[1]  # where `python -m training` finds the package
@@ -41,13 +41,8 @@ def register(subparsers: Any) -> None:
         description=(__doc__ or "").split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    check.add_argument("--env", required=True, help="environment name (config/environments/NAME.yaml)")
-    check.add_argument(
-        "--config-dir",
-        type=Path,
-        default=None,
-        help="folder of the environment files (default: $RAYTRAIN_CONFIG_DIR, else config/environments)",
-    )
+    env_argument(check)
+    config_dir_argument(check)
     check.add_argument(
         "--data", help="check this file, folder or URI with the job's settings (default: job.data)"
     )

@@ -28,6 +28,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from config.loader import env_argument
+
 EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
 # What the step's own `make setup-cdk` (and local work) leaves in the checkout: not source.
 EXCLUDED_DIRS = frozenset(
@@ -261,7 +263,7 @@ def register(subparsers: Any) -> None:
         help="the pipeline's post-deploy step: run the environment's verification inside its VPC",
         description=(__doc__ or "").split("\n\n", 1)[0],
     )
-    parser.add_argument("--env", required=True, help="environment name (config/environments/NAME.yaml)")
+    env_argument(parser)
     parser.add_argument(
         "--source", type=Path, default=Path("."), help="the repository's checkout (default .)"
     )

@@ -31,6 +31,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from config.loader import env_argument
 from config.names import JOB_DRAIN_RESOURCE_TYPE, JOBS_ANCHOR
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -387,7 +388,7 @@ def register(subparsers: Any) -> None:
         help="offline change review against a git ref or a saved cdk.out, with a replacement guard",
         description=(__doc__ or "").split("\n\n", 1)[0],
     )
-    parser.add_argument("--env", required=True, help="environment name (config/environments/NAME.yaml)")
+    env_argument(parser)
     parser.add_argument(
         "--base",
         default="HEAD",

@@ -22,7 +22,13 @@ from rich.panel import Panel
 from rich.table import Table
 
 from config.costs import estimate, job_nodes
-from config.loader import SettingsError, environment_file, environment_names, load_settings
+from config.loader import (
+    SettingsError,
+    config_dir_argument,
+    environment_file,
+    environment_names,
+    load_settings,
+)
 from config.memory import job_memory
 from config.placeholders import placeholders
 from config.prices import PriceError
@@ -187,12 +193,7 @@ def cost_cell(settings: Settings) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m stacks.synth_all", description=__doc__)
     parser.add_argument("envs", nargs="*", help="environments (default: every file in the config directory)")
-    parser.add_argument(
-        "--config-dir",
-        type=Path,
-        default=None,
-        help="folder of the environment files (default: $RAYTRAIN_CONFIG_DIR, else config/environments)",
-    )
+    config_dir_argument(parser)
     parser.add_argument("--out", default="cdk.out", type=Path, help="output folder (default: cdk.out)")
     args = parser.parse_args(argv)
     console = Console()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import botocore.exceptions as bce
@@ -14,6 +13,8 @@ from rich.console import Console
 from config.catalogue import CATALOGUE
 from config.loader import (
     SettingsError,
+    config_dir_argument,
+    env_argument,
     environment_file,
     load_settings,
     parse_settings,
@@ -75,7 +76,7 @@ def register(subparsers: Any) -> None:
         epilog=EXIT_CODES_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--env", required=True, help="environment name (config/environments/NAME.yaml)")
+    env_argument(parser)
     parser.add_argument(
         "--regions",
         help="comma-separated candidate regions (default: the environment's region)",
@@ -103,12 +104,7 @@ def register(subparsers: Any) -> None:
         "candidate, and --write sets it with placement_group false",
     )
     parser.add_argument("--profile", help="AWS profile (default: the usual credential chain)")
-    parser.add_argument(
-        "--config-dir",
-        type=Path,
-        default=None,
-        help="folder of the environment files (default: $RAYTRAIN_CONFIG_DIR, else config/environments)",
-    )
+    config_dir_argument(parser)
     parser.set_defaults(func=run)
 
 

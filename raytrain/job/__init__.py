@@ -25,9 +25,9 @@ such job. User guide: docs/jobs.md.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
+from config.loader import config_dir_argument, env_argument
 from raytrain.job.common import DASHBOARD_PORT, JobError
 from raytrain.job.control import run_delete, run_stop
 from raytrain.job.dashboard import run_dashboard
@@ -41,13 +41,8 @@ __all__ = ["JobError", "cluster_name", "kuberay_check_name", "register", "select
 
 
 def connection(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--env", required=True, help="environment name (config/environments/NAME.yaml)")
-    p.add_argument(
-        "--config-dir",
-        type=Path,
-        default=None,
-        help="folder of the environment files (default: $RAYTRAIN_CONFIG_DIR, else config/environments)",
-    )
+    env_argument(p)
+    config_dir_argument(p)
     p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
     p.add_argument("--context", help="kubeconfig context (default: the current context)")
     p.add_argument(

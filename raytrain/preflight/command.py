@@ -7,13 +7,12 @@ import datetime as dt
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import boto3
 import botocore.exceptions as bce
 
-from config.loader import SettingsError, load_settings
+from config.loader import SettingsError, config_dir_argument, env_argument, load_settings
 from config.settings import Settings
 from raytrain.aws import CLIENT_CONFIG, AwsError, CapacityApi, credential_problem, session
 from raytrain.hub_access import Access, model_access
@@ -76,19 +75,14 @@ def register(subparsers: Any) -> None:
         epilog=EXIT_CODES_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--env", required=True, help="environment name (config/environments/NAME.yaml)")
+    env_argument(parser)
     parser.add_argument("--profile", help="AWS profile (default: the usual credential chain)")
     parser.add_argument(
         "--role-arn",
         help="assume this role in the environment's account first (the pipeline uses the CDK "
         "bootstrap's read-only lookup role)",
     )
-    parser.add_argument(
-        "--config-dir",
-        type=Path,
-        default=None,
-        help="folder of the environment files (default: $RAYTRAIN_CONFIG_DIR, else config/environments)",
-    )
+    config_dir_argument(parser)
     parser.set_defaults(func=run)
 
 

@@ -30,7 +30,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from config.loader import SettingsError, load_settings
+from config.loader import SettingsError, env_argument, load_settings
 from config.names import STANDING_CLUSTER_NAME
 from config.settings import Settings
 from raytrain.verify.api import RAY_GROUP, RAY_VERSION, REQUEST_TIMEOUT, Api, VerifyError, connect
@@ -72,7 +72,7 @@ def register(subparsers: Any) -> None:
         help="check a deployed environment: GPU/EFA nodes, device plugins, KubeRay, RayCluster",
         description=(__doc__ or "").split("\n\n", 1)[0],
     )
-    parser.add_argument("--env", required=True, help="environment name (config/environments/NAME.yaml)")
+    env_argument(parser)
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
     parser.add_argument("--context", help="kubeconfig context (default: the current context)")
     parser.set_defaults(func=run)
