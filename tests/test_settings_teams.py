@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import copy
-import json
 
 import pytest
 
-from config.loader import SettingsError, parse_settings
 from config.settings.teams import PRIORITIES, team_namespace
-from tests.test_settings import SOURCE, dev_data
+from tests.test_settings import dev_data, error_of, parse
 
 RESEARCH = "arn:aws:iam::111122223333:role/Research"
 APPLIED = "arn:aws:iam::111122223333:role/Applied"
@@ -33,16 +31,8 @@ def two_teams() -> dict:
     }  # fmt: skip
 
 
-def parse(data: dict):
-    return parse_settings(json.dumps(data), name="dev", source=SOURCE)
-
-
 def one_line_error(data: dict) -> str:
-    with pytest.raises(SettingsError) as info:
-        parse(data)
-    message = str(info.value)
-    assert message.startswith(SOURCE), message
-    assert "Traceback" not in message
+    message = error_of(data)
     assert len(message.strip().splitlines()) == 1, message
     return message
 
