@@ -7,6 +7,7 @@ import re
 from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from config.catalogue import CATALOGUE
+from config.gpu_group import subnet_addresses
 from config.memory import fit_problem, valid_micro_batches
 from config.names import VerifyBuild, arn_partition
 from config.network import (
@@ -220,7 +221,7 @@ class Settings(SettingsModel):
                 f"their size): use a /{prefix} or larger, e.g. 10.0.0.0/16",
             ) from None
         gpu, system = self.gpu_nodes, self.system_nodes
-        gpu_node = gpu.instance.subnet_addresses()
+        gpu_node = subnet_addresses(gpu.instances, efa=gpu.efa)
         system_node = CATALOGUE[system.instance_type].subnet_addresses()
         # Worst case: every system node in the GPU zone too.
         need = zone_need([(gpu.max_size, gpu_node), (system.max_size, system_node)])
