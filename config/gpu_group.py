@@ -74,7 +74,9 @@ def member_problem(first: Instance, other: Instance, *, efa: bool) -> str | None
 def partners(first: Instance, *, efa: bool) -> list[str]:
     """The catalogue's types that may share a node group with `first`."""
     return sorted(
-        t.name for t in CATALOGUE.values() if t.name != first.name and member_problem(first, t, efa=efa) is None
+        t.name
+        for t in CATALOGUE.values()
+        if t.name != first.name and member_problem(first, t, efa=efa) is None
     )
 
 
@@ -122,7 +124,9 @@ def subnet_addresses(instances: list[Instance], *, efa: bool) -> NodeAddresses:
     the group's EFA interfaces."""
     group = group_instance(instances, efa=efa)
     each = [
-        dataclasses.replace(t, efa_interfaces=group.efa_interfaces, efa_only=group.efa_only).subnet_addresses()
+        dataclasses.replace(
+            t, efa_interfaces=group.efa_interfaces, efa_only=group.efa_only
+        ).subnet_addresses()
         for t in instances
     ]
     return max(each, key=lambda a: a.per_node)

@@ -38,9 +38,7 @@ def test_h200_types_share_a_spot_group_with_the_efa_interfaces_both_have() -> No
     assert group.efa_interface_layout() == p5en.efa_interface_layout() == p5e.efa_interface_layout()[:16]
     # p5e on half its cards: half its bandwidth; p5en's pod count leaves the least allocatable memory.
     assert group.network_gbps == p5e.network_gbps / 2
-    assert group.allocatable_memory_mib() == min(
-        p5e.allocatable_memory_mib(), p5en.allocatable_memory_mib()
-    )
+    assert group.allocatable_memory_mib() == min(p5e.allocatable_memory_mib(), p5en.allocatable_memory_mib())
     # The order is the user's: the first type names the group.
     assert parse(spot_group(H200[::-1])).gpu_nodes.instance.name == "p5en.48xlarge"
 
@@ -58,15 +56,22 @@ def test_a_different_gpu_count_is_refused() -> None:
     message = error_of(spot_group(["g6e.12xlarge", "g6e.48xlarge"]))
     assert "gpu_nodes.instance_types[1]: g6e.48xlarge has 8 x L40S 48 GB" in message
     # Nothing else in the catalogue has g6e.12xlarge's shape: said so, not an empty list.
-    assert "valid: no other type in config/catalogue.py has 4 x L40S 48 GB, 48 vCPU, 384 GiB and EFA" in message
+    assert (
+        "valid: no other type in config/catalogue.py has 4 x L40S 48 GB, 48 vCPU, 384 GiB and EFA" in message
+    )
 
 
 def test_a_type_without_efa_is_refused_when_efa_is_on(monkeypatch: pytest.MonkeyPatch) -> None:
     # A type EC2 does not sell: p5en's shape without EFA, to reach the EFA rule alone.
-    fake = dataclasses.replace(CATALOGUE["p5en.48xlarge"], name="p5x.48xlarge", efa_interfaces=0, network_cards=1)
+    fake = dataclasses.replace(
+        CATALOGUE["p5en.48xlarge"], name="p5x.48xlarge", efa_interfaces=0, network_cards=1
+    )
     monkeypatch.setitem(CATALOGUE, fake.name, fake)
     message = error_of(spot_group(["p5e.48xlarge", fake.name]))
-    assert "gpu_nodes.instance_types[1]: p5x.48xlarge has no EFA where p5e.48xlarge has 32 (efa is true)" in message
+    assert (
+        "gpu_nodes.instance_types[1]: p5x.48xlarge has no EFA where p5e.48xlarge has 32 (efa is true)"
+        in message
+    )
     assert "valid: p5en.48xlarge" in message
     # Without EFA the same group is one (the placement group and transport follow efa: false).
     assert parse(spot_group(["p5e.48xlarge", fake.name], efa=False)).gpu_nodes.instance.efa_interfaces == 0
@@ -94,5 +99,7 @@ def test_a_type_listed_twice_or_contradicting_instance_type_is_refused() -> None
         spot_group([*H200, "p5e.48xlarge"])
     )
     message = error_of(spot_group(H200, instance_type="p5en.48xlarge"))
-    assert "gpu_nodes.instance_type: 'p5en.48xlarge' differs from instance_types[0] ('p5e.48xlarge')" in message
+    assert (
+        "gpu_nodes.instance_type: 'p5en.48xlarge' differs from instance_types[0] ('p5e.48xlarge')" in message
+    )
     assert "gpu_nodes.instance_types: List should have at least 1 item" in error_of(spot_group([]))
