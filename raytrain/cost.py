@@ -231,8 +231,10 @@ def region_prices(
         )
         spot = None
         if gpu.capacity_type is CapacityType.SPOT:
-            # EKS may launch any of the group's types: the dearest Spot price, not to understate.
-            spot = max(spot_rate(ec2, name, gpu.availability_zone, now) for name in gpu.types)
+            # EKS may launch any of the group's types: the dearest Spot price, not to understate; a
+            # type without a reported price leaves the group at its ceiling (the On-Demand rate).
+            rates = [spot_rate(ec2, name, gpu.availability_zone, now) for name in gpu.types]
+            spot = None if None in rates else max(r for r in rates if r is not None)
     except (bce.ClientError, bce.BotoCoreError) as exc:
         raise PriceError(
             credential_problem(exc) or permission_problem(exc) or f"AWS call failed: {exc}"
@@ -259,10 +261,10 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_UNUSABLE
 
     pull = image_pull(settings, prices)
-    spot = interruption_figures(settings, result)
+    figures = interruption_figures(settings, result)
     if args.json:
         out = result.as_dict()
-        out["interruptions"] = spot
+        out["interruptions"] = figures
         out["image_pull"] = {**asdict(pull), "gb_per_job": pull.gb_per_job,
                              "job_starts_within_quota": pull.job_starts_within_quota}  # fmt: skip
         if tokens is not None:
@@ -302,7 +304,7 @@ def run(args: argparse.Namespace) -> int:
     )
     for note in result.notes:
         console.print(f"note: {note}", markup=False, highlight=False)
-    _print_interruptions(console, settings, spot)
+    _print_interruptions(console, settings, figures)
     _print_image_pull(console, pull)
     if tokens is not None:
         console.print(

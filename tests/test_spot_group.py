@@ -192,3 +192,34 @@ def test_cost_prints_the_interruption_figures_plan_prints(
     text = run(cost, False)
     assert f"checkpoint every {every.steps} steps (spot default:" in text
     assert "On-Demand, uninterrupted" in text and "Spot: ~" in text
+
+
+@pytest.mark.parametrize(
+    ("spot", "want"),
+    [
+        ({"p5en.48xlarge": 31.0, "p5e.48xlarge": 36.5}, 36.5),
+        ({"p5en.48xlarge": 31.0, "p5e.48xlarge": None}, None),
+    ],
+)
+def test_live_prices_ask_for_every_type_and_take_the_dearest_spot_price(
+    monkeypatch: pytest.MonkeyPatch, spot: dict[str, float | None], want: float | None
+) -> None:
+    from raytrain import cost
+    from tests.test_pricing import _pricing_stub
+
+    settings = settings_of()
+    client, stub = _pricing_stub(settings.region, {"p5e.48xlarge": "70.0", "p5en.48xlarge": "63.296",
+                                                   "m7i.xlarge": "0.2016"})  # fmt: skip
+    monkeypatch.setattr(cost, "live_clients", lambda profile, region: (client, object()))
+    asked: list[str] = []
+    monkeypatch.setattr(
+        "raytrain.pricing.spot_rate", lambda ec2, itype, zone, now: asked.append(itype) or spot[itype]
+    )
+    with stub:
+        prices, rate = cost.region_prices(settings, live=True, profile=None)
+    assert sorted(asked) == sorted(TYPES) and rate == want
+    assert prices is not None
+    est = estimate(settings, prices, spot_per_hour=rate)
+    # No Spot price for one type: the group at its ceiling, the dearest On-Demand rate.
+    assert est.gpu_pricing == ("spot" if want else "spot-ceiling")
+    assert est.gpu_node_per_hour - est.gpu_node_on_demand_per_hour == pytest.approx((want or 70.0) - 70.0)
