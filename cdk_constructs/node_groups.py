@@ -185,9 +185,12 @@ class EfaGpuNodeGroup(Construct):
             launch_template_data=ec2.CfnLaunchTemplate.LaunchTemplateDataProperty(
                 metadata_options=_METADATA_OPTIONS,
                 block_device_mappings=[_root_volume(settings.root_volume_gib)],
-                # The type sits in the launch template, not the node group: CDK's node group
+                # One type sits in the launch template, not the node group: CDK's node group
                 # checks AMI/type pairs against a list that lags new GPU types (p5 is missing).
-                instance_type=settings.instance_type,
+                # Several (Spot) go to the node group instead (below): EKS takes "zero or one
+                # Instance type ... in a launch template" or "0-20 instance types" through its API,
+                # not both (EKS User Guide, "Customize managed nodes with launch templates").
+                instance_type=settings.instance_type if len(settings.types) == 1 else None,
                 network_interfaces=network_interfaces,
                 placement=placement,
                 capacity_reservation_specification=reservation,
@@ -232,6 +235,18 @@ class EfaGpuNodeGroup(Construct):
         )
         cfn = self.nodegroup.node.default_child
         assert isinstance(cfn, CfnResource)
+        if len(settings.types) > 1:
+            # "When deploying your node group with the Spot capacity type that's using a custom
+            # launch template, use the API to pass multiple instance types. Don't pass a single
+            # instance type through the launch template." EKS then picks the Spot allocation
+            # strategy itself: "When creating new node groups in a cluster with Kubernetes version
+            # 1.28 or higher, the allocation strategy is set to price-capacity-optimized" (EKS User
+            # Guide, "Managed node group capacity types", https://docs.aws.amazon.com/eks/latest/
+            # userguide/managed-node-groups.html#managed-node-group-capacity-types). The node group
+            # has no property for it, and the launch template sets no InstanceMarketOptions on Spot
+            # (the Auto Scaling group EKS makes holds the Spot settings). Set as an override so CDK's
+            # lagging AMI/type check (above) does not refuse new GPU types.
+            cfn.add_property_override("InstanceTypes", list(settings.types))
         if auto_repair:
             # Like updates, one GPU node at a time: a job loses at most one worker to a repair.
             cfn.add_property_override("NodeRepairConfig.MaxParallelNodesRepairedCount", 1)

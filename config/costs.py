@@ -48,6 +48,8 @@ class CostEstimate:
     # "spot-ceiling" (the On-Demand rate: Spot's default maximum price) or "capacity-block" (paid
     # upfront with the block: no instance-hour charge here).
     gpu_pricing: str = "on-demand"
+    # One GPU node with its root volume at the On-Demand rate: what Spot is compared with.
+    gpu_node_on_demand_per_hour: float = 0.0
     # What these totals leave out or only bound, in a sentence each.
     notes: tuple[str, ...] = ()
 
@@ -62,6 +64,13 @@ class CostEstimate:
     def running_with(self, nodes: int) -> float:
         """Running cost with `nodes` GPU nodes up (those kept at idle count once)."""
         return self.idle_per_hour + max(0, nodes - self.gpu_min_nodes) * self.gpu_node_per_hour
+
+    def running_on_demand_with(self, nodes: int) -> float:
+        """running_with(nodes), every GPU node (the group's minimum too) at the On-Demand rate."""
+        on_demand = self.gpu_node_on_demand_per_hour or self.gpu_node_per_hour
+        return self.running_with(nodes) + max(nodes, self.gpu_min_nodes) * (
+            on_demand - self.gpu_node_per_hour
+        )
 
     @property
     def after_job(self) -> float:
@@ -83,6 +92,7 @@ class CostEstimate:
             "after_job_minutes": self.after_job_minutes,
             "after_job": self.after_job,
             "gpu_pricing": self.gpu_pricing,
+            "gpu_node_on_demand_per_hour": self.gpu_node_on_demand_per_hour,
             "notes": list(self.notes),
         }
 
@@ -99,6 +109,18 @@ def job_nodes(settings: Settings) -> int:
     return settings.job.nodes
 
 
+def gpu_on_demand_rate(settings: Settings, prices: RegionPrices) -> float:
+    """On-Demand $/h of one GPU node: of a group of several types (Spot, gpu_nodes.instance_types) the
+    dearest, since EKS may launch any of them and an estimate should not understate."""
+    return max(instance_per_hour(prices, name) for name in settings.gpu_nodes.types)
+
+
+def gpu_types_label(settings: Settings) -> str:
+    """The GPU group's types as the estimate's lines name them."""
+    types = settings.gpu_nodes.types
+    return types[0] if len(types) == 1 else f"{' or '.join(types)}, priced at the dearest"
+
+
 def gpu_instance_rate(
     settings: Settings, prices: RegionPrices, spot_per_hour: float | None = None
 ) -> tuple[float, str, list[str]]:
@@ -107,14 +129,15 @@ def gpu_instance_rate(
     - On-Demand: the table's rate. A targeted On-Demand Capacity Reservation is billed at that rate
       for every instance it holds, used or not (EC2 User Guide, "Capacity Reservation pricing and
       billing"): not in these totals, since its size is the reservation's.
-    - Spot: a measured price when given (`raytrain cost --live`); otherwise the On-Demand rate, the
-      most a Spot instance is charged with the default maximum price (EC2 User Guide, "Spot Instance
-      pricing history" / "maximum price": the default is the On-Demand price).
+    - Spot: a measured price when given (`raytrain cost --live`: the dearest of the group's types);
+      otherwise the On-Demand rate (the dearest type's), the most a Spot instance is charged with the
+      default maximum price (EC2 User Guide, "Spot Instance pricing history" / "maximum price": the
+      default is the On-Demand price).
     - Capacity Block: paid upfront when the block is bought; its instances add no instance-hour
       charge (EC2 User Guide, "Capacity Blocks for ML", pricing and billing).
     """
     gpu = settings.gpu_nodes
-    on_demand = instance_per_hour(prices, gpu.instance_type)
+    on_demand = gpu_on_demand_rate(settings, prices)
     if gpu.capacity_type is CapacityType.CAPACITY_BLOCK:
         return (
             0.0,
@@ -189,7 +212,7 @@ def estimate(
             endpoints * azs * prices.interface_endpoint_per_az_hour,
         ),
         Line(
-            f"GPU nodes at minimum ({gpu.instance_type})",
+            f"GPU nodes at minimum ({gpu_types_label(settings)})",
             f"{gpu.min_size} × ${gpu_rate:.4f}",
             gpu.min_size * (gpu_rate + gpu_root),
         ),
@@ -198,7 +221,11 @@ def estimate(
     # Nodes the group keeps anyway (its minimum) serve the job too; only the rest are added.
     added = max(0, nodes - gpu.min_size)
     job = [
-        Line(f"GPU nodes of the job ({gpu.instance_type})", f"{added} × ${gpu_rate:.4f}", added * gpu_rate),
+        Line(
+            f"GPU nodes of the job ({gpu_types_label(settings)})",
+            f"{added} × ${gpu_rate:.4f}",
+            added * gpu_rate,
+        ),
         Line("GPU root volumes (gp3)", f"{added} × {gpu.root_volume_gib} GiB", added * gpu_root),
     ]
     return CostEstimate(
@@ -212,5 +239,6 @@ def estimate(
         gpu_min_nodes=gpu.min_size,
         after_job_minutes=empty_gpu_node_minutes(),
         gpu_pricing=gpu_pricing,
+        gpu_node_on_demand_per_hour=gpu_on_demand_rate(settings, prices) + gpu_root,
         notes=(*prices.notes, *notes),
     )

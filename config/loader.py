@@ -306,8 +306,14 @@ def _describe(err: Any) -> str:
         message = "required field is missing"
     elif err["type"] in ("literal_error", "enum"):
         message = f"{message}; got {err.get('input')!r}"
-    # Drop pydantic's internal markers (function-after[...] etc.) from the path.
-    path = ".".join(str(p) for p in loc if not (isinstance(p, str) and "[" in p))
+    # Drop pydantic's internal markers (function-after[...] etc.) from the path; a list's item as
+    # gpu_nodes.instance_types[1].
+    path = ""
+    for p in loc:
+        if isinstance(p, int):
+            path += f"[{p}]"
+        elif "[" not in str(p):
+            path += ("." if path else "") + str(p)
     return f"{path or '(top level)'}: {message}"
 
 

@@ -13,6 +13,7 @@ import re
 import shlex
 from typing import Any
 
+from config.checkpointing import checkpoint_interval
 from config.names import SERVICE_ACCOUNT, STANDING_CLUSTER_NAME
 from config.settings import ClusterMode, Settings
 from k8s.cluster import RAYJOB_CLUSTER_TYPES, SYSTEM_NODE_SELECTOR, ray_cluster_spec
@@ -103,7 +104,9 @@ def training_args(
         # The entry point runs on the head: join the cluster it runs in.
         "--address", "auto",
         "--max-failures", str(job.max_failures),
-        "--checkpoint-every", str(job.checkpoint_every),
+        # As set, or the default for the group's capacity (on Spot sized from the save's time and the
+        # interruption rate): config/checkpointing.py, which `raytrain plan` shows too.
+        "--checkpoint-every", str(checkpoint_interval(settings).steps),
         "--keep-checkpoints", str(job.keep_checkpoints),
         "--model", job.model,
         "--init", job.init.value,

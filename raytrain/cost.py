@@ -227,11 +227,14 @@ def region_prices(
     now = dt.datetime.now(dt.UTC)
     try:
         prices = live_prices(
-            pricing, settings.region, {settings.system_nodes.instance_type, gpu.instance_type}, now.date()
+            pricing, settings.region, {settings.system_nodes.instance_type, *gpu.types}, now.date()
         )
         spot = None
         if gpu.capacity_type is CapacityType.SPOT:
-            spot = spot_rate(ec2, gpu.instance_type, gpu.availability_zone, now)
+            # EKS may launch any of the group's types: the dearest Spot price, not to understate; a
+            # type without a reported price leaves the group at its ceiling (the On-Demand rate).
+            rates = [spot_rate(ec2, name, gpu.availability_zone, now) for name in gpu.types]
+            spot = None if None in rates else max(r for r in rates if r is not None)
     except (bce.ClientError, bce.BotoCoreError) as exc:
         raise PriceError(
             credential_problem(exc) or permission_problem(exc) or f"AWS call failed: {exc}"
@@ -258,8 +261,10 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_UNUSABLE
 
     pull = image_pull(settings, prices)
+    figures = interruption_figures(settings, result)
     if args.json:
         out = result.as_dict()
+        out["interruptions"] = figures
         out["image_pull"] = {**asdict(pull), "gb_per_job": pull.gb_per_job,
                              "job_starts_within_quota": pull.job_starts_within_quota}  # fmt: skip
         if tokens is not None:
@@ -299,6 +304,7 @@ def run(args: argparse.Namespace) -> int:
     )
     for note in result.notes:
         console.print(f"note: {note}", markup=False, highlight=False)
+    _print_interruptions(console, settings, figures)
     _print_image_pull(console, pull)
     if tokens is not None:
         console.print(
@@ -312,6 +318,32 @@ def run(args: argparse.Namespace) -> int:
                 f"${tokens.end_to_end_per_billion_tokens:,.2f} per billion tokens"
             )
     return EXIT_OK
+
+
+def interruption_figures(settings: Settings, est: CostEstimate) -> dict[str, Any]:
+    """What `raytrain plan` prints of the job's checkpoints and interruptions (raytrain/interruptions.py),
+    at the step the step-time model predicts; `{"problem": ...}` where it cannot predict one."""
+    from config.step_prediction import predict
+    from raytrain.interruptions import interruptions
+
+    try:
+        step_s = predict(settings).step_s
+    except (ValueError, LookupError) as exc:
+        return {"problem": f"not predicted: {exc}"}
+    nodes = job_nodes(settings)
+    return interruptions(settings, step_s, est.running_with(nodes), est.running_on_demand_with(nodes))
+
+
+def _print_interruptions(console: Any, settings: Settings, figures: dict[str, Any]) -> None:
+    from config.settings import CapacityType
+    from raytrain.interruptions import lines
+
+    if "problem" in figures:
+        console.print(f"interruptions: {figures['problem']}", markup=False, highlight=False)
+        return
+    spot = settings.gpu_nodes.capacity_type is CapacityType.SPOT
+    for line in lines(figures, spot):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def _print_image_pull(console: Any, pull: ImagePull) -> None:

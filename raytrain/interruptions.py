@@ -7,22 +7,35 @@ from __future__ import annotations
 
 from typing import Any
 
-from config.checkpointing import checkpoint_time, stop_grace_seconds
+from config.checkpointing import (
+    checkpoint_interval,
+    checkpoint_time,
+    periodic_stall_s,
+    spot_interval_steps,
+    stop_grace_seconds,
+)
 from config.settings import Settings
 from config.settings.infrastructure import CapacityType
 from training.sizing.checkpoint_time import (
-    ASYNC_STALL_OF_SYNC,
     GRACE_MARGIN_S,
     NOTICE_POLL_S,
     RESTART_S,
     SPOT_INTERRUPTIONS_PER_HOUR,
     SPOT_NOTICE_S,
     expected_hours,
-    interval_steps,
 )
 
 
-def interruptions(settings: Settings, step_s: float, per_hour_usd: float | None) -> dict[str, Any]:
+def interruptions(
+    settings: Settings,
+    step_s: float,
+    per_hour_usd: float | None,
+    on_demand_per_hour_usd: float | None = None,
+) -> dict[str, Any]:
+    """The figures `raytrain plan` and `raytrain cost` both print. `per_hour_usd`: the job's running
+    cost as priced (Spot at its measured price or its ceiling); `on_demand_per_hour_usd`: the same
+    nodes On-Demand (default: the same rate)."""
+    od_rate = per_hour_usd if on_demand_per_hour_usd is None else on_demand_per_hour_usd
     job = settings.job
     ct = checkpoint_time(settings)
     grace = stop_grace_seconds(settings)
@@ -42,10 +55,9 @@ def interruptions(settings: Settings, step_s: float, per_hour_usd: float | None)
             "On-Demand"
         )
     train_h = job.steps * step_s / 3600
-    # The periodic checkpoints are asynchronous (the loop's default): the step waits for the copy off
-    # the GPU only.
-    stall_s = ct.save_s * ASYNC_STALL_OF_SYNC
-    interval = job.checkpoint_every * step_s
+    stall_s = periodic_stall_s(settings)
+    every = checkpoint_interval(settings)
+    interval = every.steps * step_s
     # With a checkpoint on notice an interruption loses the restart only; without one (the notice
     # too short) half an interval of steps on average too.
     lost_s = RESTART_S + (0 if need <= min(grace, SPOT_NOTICE_S) else interval / 2)
@@ -63,6 +75,8 @@ def interruptions(settings: Settings, step_s: float, per_hour_usd: float | None)
         "warnings": warnings,
         "interval_s": interval,
         "stall_s": stall_s,
+        # Which interval the job runs with, and why (config/checkpointing.py, as the RayJob gets it).
+        "checkpoint_every": {"steps": every.steps, "set_by": every.set_by, "why": every.why},
         "spot": {
             "interruptions_per_hour": rate,
             "lost_s_each": lost_s,
@@ -70,8 +84,8 @@ def interruptions(settings: Settings, step_s: float, per_hour_usd: float | None)
             "on_demand_hours": od_h,
             # No price where the region has none (raytrain plan still shows the hours).
             "expected_cost_usd": None if per_hour_usd is None else spot_h * per_hour_usd,
-            "on_demand_cost_usd": None if per_hour_usd is None else od_h * per_hour_usd,
-            "checkpoint_every_for_spot": interval_steps(stall_s, step_s, rate, job.steps),
+            "on_demand_cost_usd": None if od_rate is None else od_h * od_rate,
+            "checkpoint_every_for_spot": spot_interval_steps(settings, step_s),
         },
     }
 
@@ -81,14 +95,15 @@ def _usd(value: float | None) -> str:
 
 
 def lines(result: dict[str, Any], spot: bool) -> list[str]:
-    s = result["spot"]
+    s, every = result["spot"], result["checkpoint_every"]
     out = [
         f"checkpoint: {result['checkpoint_gb']:.1f} GB, written in ~{result['save_s']:.0f} s and uploaded in "
         f"~{result['upload_s']:.0f} s; worker pods' grace period {result['grace_s']} s "
         f"(a checkpoint on notice needs ~{result['notice_needs_s']:.0f} s)",
         f"{'Spot' if spot else 'on Spot'}: ~{s['expected_hours']:.2f} h, {_usd(s['expected_cost_usd'])} at "
         f"{s['interruptions_per_hour']} interruptions/h (each ~{s['lost_s_each'] / 60:.0f} min lost) "
-        f"against ~{s['on_demand_hours']:.2f} h, {_usd(s['on_demand_cost_usd'])} uninterrupted at the "
-        f"same rate; checkpoint interval for that rate: {s['checkpoint_every_for_spot']} steps",
+        f"against ~{s['on_demand_hours']:.2f} h, {_usd(s['on_demand_cost_usd'])} On-Demand, uninterrupted; "
+        f"checkpoint interval for that rate: {s['checkpoint_every_for_spot']} steps",
+        f"checkpoint every {every['steps']} steps ({every['set_by']}: {every['why']})",
     ]
     return out + [f"[warning] {w}" for w in result["warnings"]]

@@ -37,12 +37,12 @@ from config.prices import PriceError, RegionPrices
 from config.settings import Settings
 from config.settings.infrastructure import CapacityType
 from config.settings.teams import queue_summary
+from config.step_prediction import predict
 from raytrain.cost import estimate, optional_prices
 from raytrain.interruptions import interruptions
 from raytrain.interruptions import lines as interruption_lines
 from raytrain.plan_compare import EXIT_DOES_NOT_FIT, EXIT_FITS, EXIT_UNUSABLE
 from raytrain.plan_compare import run as compare
-from raytrain.prediction import predict
 from training.model.sharding import mesh_shape
 from training.sizing.loss_chunks import LOSS_CHUNK_TOKENS
 from training.sizing.memory_plan import AUTO_HEADROOM, GIB
@@ -97,6 +97,7 @@ def speed(
     base = predict(settings)
     notes = [price_problem] if price_problem else []
     per_hour: float | None
+    od_per_hour: float | None = None
     try:
         est = estimate(settings, prices, spot_per_hour=spot)
     except PriceError as exc:
@@ -104,6 +105,7 @@ def speed(
         notes.append(f"not priced: {exc}")
     else:
         per_hour = est.running_with(job.nodes)
+        od_per_hour = est.running_on_demand_with(job.nodes)
         notes.extend(est.notes)
     world = settings.num_workers
     options = base.inputs
@@ -149,7 +151,7 @@ def speed(
     return {
         "job_steps": job.steps,
         "steps_note": per_steps,
-        "interruptions": interruptions(settings, base.step_s, per_hour),
+        "interruptions": interruptions(settings, base.step_s, per_hour, od_per_hour),
         "predicted": base.as_dict(),
         "job_hours": hours,
         "job_cost_usd": None if per_hour is None else hours * per_hour,

@@ -104,8 +104,8 @@ def rows(
 ) -> list[dict[str, Any]]:
     """One row per model, method and sharding; `usd_per_billion_tokens` is None where no price is
     known (`cost_problem` says why), the fit and the speed are there all the same."""
+    from config.step_prediction import predict
     from raytrain.cost import estimate
-    from raytrain.prediction import predict
 
     # LoRA as the environment sets it, else LoRA's defaults (rank 16 on every linear layer).
     base = load_settings(env, config_dir, check_memory=False).job.lora

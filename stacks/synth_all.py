@@ -123,7 +123,7 @@ def environment_panel(
     )
     grid.add_row(
         "GPU nodes",
-        f"{gpu.instance_type} × {gpu.min_size}–{gpu.max_size} in {gpu.availability_zone}, autoscaled "
+        f"{' | '.join(gpu.types)} × {gpu.min_size}–{gpu.max_size} in {gpu.availability_zone}, autoscaled "
         f"({instance.gpus}× {instance.gpu_model}{efa}); a job uses {job_nodes(settings)}",
     )
     grid.add_row(

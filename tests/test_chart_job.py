@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from config.checkpointing import checkpoint_interval
 from config.settings import Settings
 from k8s import chart as wl
 from k8s import pods
@@ -63,7 +64,7 @@ def test_entrypoint_carries_the_job_settings(name: str) -> None:
         "--num-workers": str(s.job.nodes * s.gpu_nodes.instance.gpus),
         "--address": "auto",
         "--max-failures": str(job.max_failures),
-        "--checkpoint-every": str(job.checkpoint_every),
+        "--checkpoint-every": str(checkpoint_interval(s).steps),
         "--keep-checkpoints": str(job.keep_checkpoints),
         "--model": job.model,
         "--init": job.init.value,

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from config import image
+from config.checkpointing import checkpoint_interval
 from config.loader import environment_names, load_settings
 from k8s.chart import render_manifests
 from k8s.job import deployed_run_name, rayjob_name
@@ -119,7 +120,7 @@ def test_every_entrypoint_parses_into_the_settings(env: str, tmp_path: Path) -> 
     gpu = settings.gpu_nodes.instance
     assert (opts.global_batch_size, opts.micro_batch_size) == (job.global_batch_size, job.micro_batch(gpu))
     assert (opts.checkpoint_every, opts.keep_checkpoints, opts.max_failures) == (
-        job.checkpoint_every,
+        checkpoint_interval(settings).steps,
         job.keep_checkpoints,
         job.max_failures,
     )

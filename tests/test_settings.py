@@ -106,7 +106,7 @@ def test_every_environment_of_the_checkout_is_valid(name):
         ),
         (
             lambda d: d["cluster"].update(public_access_cidrs=["10.0.0.300/8"]),
-            "cluster.public_access_cidrs.0",
+            "cluster.public_access_cidrs[0]",
             "CIDR",
         ),
         (lambda d: d["vpc"].update(cidr="10.0.0.1/16"), "vpc.cidr", "CIDR"),
@@ -178,7 +178,7 @@ def test_every_environment_of_the_checkout_is_valid(name):
         (lambda d: d["vpc"].update(cidr="fd00:10::/56"), "vpc.cidr", "only IPv4 CIDR blocks"),
         (
             lambda d: d["cluster"].update(public_access_cidrs=["2001:db8::/32"]),
-            "cluster.public_access_cidrs.0",
+            "cluster.public_access_cidrs[0]",
             "only IPv4 CIDR blocks",
         ),
         (
@@ -326,7 +326,7 @@ def test_cidrs_must_be_network_addresses(address, prefix):
     try:
         net = ipaddress.IPv4Network(cidr, strict=True)
     except ValueError:
-        assert "cluster.public_access_cidrs.0" in error_of(data)
+        assert "cluster.public_access_cidrs[0]" in error_of(data)
     else:
         if any(net.subnet_of(ipaddress.IPv4Network(n)) for n in not_public):  # test_settings_network.py
             assert "is a private range" in error_of(data)

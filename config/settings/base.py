@@ -13,7 +13,7 @@ SEMVER_RE = re.compile(r"^\d+\.\d+\.\d+$")
 class FieldError(ValueError):
     """A cross-field error that belongs to one field: the loader reports it under that path."""
 
-    def __init__(self, loc: tuple[str, ...], message: str) -> None:
+    def __init__(self, loc: tuple[str | int, ...], message: str) -> None:
         super().__init__(message)
         self.loc = loc
         self.message = message

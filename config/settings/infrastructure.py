@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from config.catalogue import CATALOGUE, Instance
+from config.gpu_group import group_instance, member_problem, valid_partners
 from config.registries import cache_prefix_problem
 from config.settings.base import AZ_RE, SEMVER_RE, FieldError, SettingsModel, cluster_name_problem
 
@@ -231,6 +232,10 @@ class SystemNodeSettings(SettingsModel):
 
 class GpuNodeSettings(SettingsModel):
     instance_type: InstanceTypeName = "g6.12xlarge"
+    # Spot only: the group's types, instance_type's place taken by the first (leave instance_type
+    # out). EKS spreads the group over their Spot capacity pools (price-capacity-optimized); each
+    # must have the first one's GPUs, vCPUs, memory and, with efa, EFA (config/gpu_group.py).
+    instance_types: list[InstanceTypeName] | None = Field(default=None, min_length=1, max_length=20)
     # The single AZ every GPU node lives in: EFA traffic does not cross AZs, and a computed AZ
     # would replace the node group on a later deploy. `raytrain capacity --write` sets it.
     availability_zone: str
@@ -243,6 +248,22 @@ class GpuNodeSettings(SettingsModel):
     placement_group: bool = True
     efa: bool = True
     root_volume_gib: int = Field(default=200, ge=200, le=16384)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _first_type(cls, data: object) -> object:
+        # instance_types' first is the group's instance_type: every reader of instance_type (the
+        # accelerator label, the memory plan, `raytrain capacity`) sees the first listed type.
+        if isinstance(data, dict) and isinstance(data.get("instance_types"), list) and data["instance_types"]:
+            first = data["instance_types"][0]
+            if "instance_type" in data and data["instance_type"] != first:
+                raise FieldError(
+                    ("instance_type",),
+                    f"{data['instance_type']!r} differs from instance_types[0] ({first!r}): set "
+                    "instance_types alone (its first type is the group's instance_type)",
+                )
+            data = {**data, "instance_type": first}
+        return data
 
     @field_validator("capacity_reservation_id")
     @classmethod
@@ -265,6 +286,7 @@ class GpuNodeSettings(SettingsModel):
                 f"{self.instance_type!r} has no EFA but efa is true; "
                 f"EFA GPU types: {', '.join(efa_types)} (or set efa: false)",
             )
+        self._check_types()
         if self.capacity_reservation_id and self.placement_group:
             raise FieldError(
                 ("placement_group",),
@@ -277,9 +299,44 @@ class GpuNodeSettings(SettingsModel):
             raise FieldError(("capacity_reservation_id",), "cannot be used with capacity_type SPOT")
         return self
 
+    def _check_types(self) -> None:
+        types = self.types
+        if len(types) == 1:
+            return
+        if self.capacity_type is not CapacityType.SPOT:
+            # On-Demand, EKS would launch them in the order listed ("prioritized"): a fallback to a
+            # type that is not the one planned and priced, where `raytrain capacity` finds a zone
+            # with the first; a Capacity Block holds one type.
+            raise FieldError(
+                ("instance_types",),
+                f"lists {len(types)} types but capacity_type is {self.capacity_type.value}: several types "
+                "are for SPOT, where EKS spreads the group over their capacity pools; list one type "
+                "(or run `raytrain capacity` to find a zone that has it)",
+            )
+        first = CATALOGUE[types[0]]
+        for i, name in enumerate(types[1:], start=1):
+            if name in types[:i]:
+                raise FieldError(("instance_types", i), f"{name} is listed twice")
+            problem = member_problem(first, CATALOGUE[name], efa=self.efa)
+            if problem:
+                raise FieldError(
+                    ("instance_types", i), f"{problem}; valid: {valid_partners(first, efa=self.efa)}"
+                )
+
+    @property
+    def types(self) -> list[str]:
+        """Every instance type of the group, instance_type first."""
+        return list(self.instance_types or [self.instance_type])
+
+    @property
+    def instances(self) -> list[Instance]:
+        return [CATALOGUE[name] for name in self.types]
+
     @property
     def instance(self) -> Instance:
-        return CATALOGUE[self.instance_type]
+        """The group as one type (config/gpu_group.py): instance_type's catalogue entry when it is
+        the only one, else what every listed type is sure to offer."""
+        return group_instance(self.instances, efa=self.efa)
 
 
 class AddonSettings(SettingsModel):

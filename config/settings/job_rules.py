@@ -1,6 +1,6 @@
 """Rules of the job settings kept out of workload.py: the length and learning-rate schedule, checked by
 the training command's own rules (training/options/schedule.py: steps or epochs, warmup_steps or
-warmup_ratio, one schedule name), and where the job's data may lie."""
+warmup_ratio, one schedule name), the checkpoint interval, and where the job's data may lie."""
 
 from __future__ import annotations
 
@@ -9,6 +9,10 @@ from typing import Any
 from config.settings.base import FieldError
 from training.common.hub_token import SECRET_ARN_RE
 from training.options.schedule import SCHEDULES
+
+# job.checkpoint_every when unset on On-Demand or Capacity Block nodes (on Spot: sized from the save's
+# time and the interruption rate, config/checkpointing.py).
+ON_DEMAND_CHECKPOINT_EVERY = 50
 
 
 def check_token_secret(value: str | None) -> str | None:
@@ -33,6 +37,7 @@ def check_lr_schedule(value: str | None) -> str | None:
 def check(job: Any) -> None:
     """Every rule of this module on a JobSettings (which imports it); FieldError naming the field."""
     check_length_and_warmup(job)
+    check_checkpoint_every(job.checkpoint_every, job, default=False)
     check_data_reach(job)
     check_token_use(job)
 
@@ -80,3 +85,16 @@ def check_length_and_warmup(job: Any) -> None:
             f"{job.warmup_steps} is not fewer than steps ({job.steps}): the learning rate would "
             "never reach lr; lower it or use warmup_ratio",
         )
+
+
+def check_checkpoint_every(every: int | None, job: Any, *, default: bool) -> None:
+    """A periodic checkpoint within the run's steps: job.checkpoint_every as set (`default`: the
+    On-Demand default, which Settings checks, knowing the capacity type)."""
+    if every is None or job.epochs is not None or every <= job.steps:
+        return
+    what = f"left unset, the On-Demand default {every} is" if default else f"{every} is"
+    raise FieldError(
+        ("checkpoint_every",),
+        f"{what} more than steps ({job.steps}): the run would never checkpoint; set it to at most "
+        f"{job.steps}",
+    )

@@ -7,6 +7,7 @@ import re
 from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from config.catalogue import CATALOGUE
+from config.gpu_group import subnet_addresses
 from config.memory import fit_problem, valid_micro_batches
 from config.names import VerifyBuild, arn_partition
 from config.network import (
@@ -19,9 +20,11 @@ from config.network import (
     zone_need,
 )
 from config.registries import ImageSource, cache_prefix_problem, split_image, split_tag
+from config.settings import job_rules
 from config.settings.base import AZ_RE, FieldError, SettingsModel, environment_name_problem
 from config.settings.infrastructure import (
     AddonSettings,
+    CapacityType,
     ClusterSettings,
     GpuNodeSettings,
     RegistrySettings,
@@ -29,11 +32,13 @@ from config.settings.infrastructure import (
     SystemNodeSettings,
     VpcSettings,
 )
+from config.settings.job_rules import ON_DEMAND_CHECKPOINT_EVERY
 from config.settings.observability import ObservabilitySettings
 from config.settings.pipeline import PipelineSettings
 from config.settings.teams import Team, TeamSettings, team_name_problem, team_problem, teams_of
 from config.settings.workload import IMAGE, JobSettings, Transport, WorkloadSettings, check_kms_key_arn
 from training.sizing.batch import accumulation_steps
+from training.sizing.step_time import modelled_gpu
 
 _ACCOUNT_RE = re.compile(r"^\d{12}$")
 _REGION_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
@@ -220,7 +225,7 @@ class Settings(SettingsModel):
                 f"their size): use a /{prefix} or larger, e.g. 10.0.0.0/16",
             ) from None
         gpu, system = self.gpu_nodes, self.system_nodes
-        gpu_node = gpu.instance.subnet_addresses()
+        gpu_node = subnet_addresses(gpu.instances, efa=gpu.efa)
         system_node = CATALOGUE[system.instance_type].subnet_addresses()
         # Worst case: every system node in the GPU zone too.
         need = zone_need([(gpu.max_size, gpu_node), (system.max_size, system_node)])
@@ -263,6 +268,29 @@ class Settings(SettingsModel):
                 "needs its tag too (image:TAG): an image not yet cached is not found by digest "
                 "through the cache (aws/containers-roadmap#2837), so the deploy pulls it by tag first",
             )
+        return self
+
+    @model_validator(mode="after")
+    def _checkpoint_default(self) -> Settings:
+        # job.checkpoint_every left unset: the On-Demand default must fall within the steps; on Spot
+        # the interval is sized from the step-time model's step (config/checkpointing.py), which
+        # must know the GPU.
+        job, gpu = self.job, self.gpu_nodes
+        if job.checkpoint_every is not None:
+            return self
+        if gpu.capacity_type is CapacityType.SPOT:
+            model = str(gpu.instance.gpu_model)
+            if not modelled_gpu(model):
+                raise FieldError(
+                    ("job", "checkpoint_every"),
+                    f"left unset on Spot, it is sized from the predicted step, but the step-time model "
+                    f"has no figures for {model} (training/sizing/step_time.py): set job.checkpoint_every",
+                )
+            return self
+        try:
+            job_rules.check_checkpoint_every(ON_DEMAND_CHECKPOINT_EVERY, job, default=True)
+        except FieldError as exc:
+            raise FieldError(("job", *exc.loc), exc.message) from None
         return self
 
     @model_validator(mode="after")

@@ -353,7 +353,9 @@ class JobSettings(SettingsModel):
     weight_decay: float | None = Field(default=None, ge=0)
     grad_clip: float | None = Field(default=None, ge=0)
     seed: int = Field(default=0, ge=0)
-    checkpoint_every: int = Field(default=50, ge=1)
+    # Unset: every 50 steps (ON_DEMAND_CHECKPOINT_EVERY), on a Spot group the interval sized from the
+    # save's time and the interruption rate (config/checkpointing.py checkpoint_interval).
+    checkpoint_every: int | None = Field(default=None, ge=1)
     # At least 2: a preemption while writing the newest checkpoint leaves the previous one.
     keep_checkpoints: int = Field(default=2, ge=2)
     # Ray Train restarts of the worker group inside one RayJob (from the latest checkpoint).
@@ -543,11 +545,6 @@ class JobSettings(SettingsModel):
                 f"{self.micro_batch_size} is larger than global_batch_size ({self.global_batch_size})",
             )
         job_rules.check(self)
-        if self.epochs is None and self.checkpoint_every > self.steps:
-            raise FieldError(
-                ("checkpoint_every",),
-                f"{self.checkpoint_every} is more than steps ({self.steps}): the run would never checkpoint",
-            )
         if self.input_kms_keys and not self.s3_inputs_set:
             raise FieldError(
                 ("input_kms_keys",),

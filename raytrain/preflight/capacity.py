@@ -27,15 +27,7 @@ SPOT_QUOTAS: dict[str, QuotaClass] = {
 
 def capacity_checks(settings: Settings, api: CapacityApi) -> Iterator[Check]:
     gpu = settings.gpu_nodes
-    itype, zone = gpu.instance_type, gpu.availability_zone
-    if zone in api.offered_zones(itype):
-        yield ok("gpu offering", f"{itype} is offered in {zone}")
-    else:
-        yield problem(
-            "gpu offering",
-            f"{itype} is not offered in {zone}",
-            f"`raytrain capacity --env {settings.name} --write` pins a zone that offers it",
-        )
+    yield _offering(settings, api)
     need = Need(gpu.instance, gpu.max_size, gpu.min_size)
     if gpu.capacity_type is CapacityType.CAPACITY_BLOCK or gpu.capacity_reservation_id:
         # Reserved capacity: the reservation, not the On-Demand quota, decides (a Capacity Block's
@@ -45,6 +37,32 @@ def capacity_checks(settings: Settings, api: CapacityApi) -> Iterator[Check]:
         yield from _spot_quota(settings, api, need)
     else:
         yield from _on_demand_quota(settings, api, need)
+
+
+def _offering(settings: Settings, api: CapacityApi) -> Check:
+    """Every listed type offered in the pinned zone; of a Spot group of several, one not offered is a
+    warning (the group launches the others, from fewer Spot pools), none offered a problem."""
+    gpu = settings.gpu_nodes
+    zone, types = gpu.availability_zone, gpu.types
+    offered = [t for t in types if zone in api.offered_zones(t)]
+    missing = [t for t in types if t not in offered]
+    if not missing:
+        return ok(
+            "gpu offering", f"{' and '.join(types)} {'is' if len(types) == 1 else 'are'} offered in {zone}"
+        )
+    fix = f"`raytrain capacity --env {settings.name} --write` pins a zone that offers {types[0]}"
+    if not offered:
+        return problem(
+            "gpu offering",
+            f"{' nor '.join(types)} {'is' if len(types) == 1 else 'are'} not offered in {zone}",
+            fix,
+        )
+    return warn(
+        "gpu offering",
+        f"{', '.join(missing)} not offered in {zone}: the group launches only {', '.join(offered)}, from "
+        "fewer Spot capacity pools",
+        f"drop {', '.join(missing)} from gpu_nodes.instance_types, or {fix.replace(types[0], 'all of them')}",
+    )
 
 
 def _reservation(settings: Settings, api: CapacityApi, need: Need) -> Iterator[Check]:
@@ -71,25 +89,31 @@ def _reservation(settings: Settings, api: CapacityApi, need: Need) -> Iterator[C
 
 
 def _spot_quota(settings: Settings, api: CapacityApi, need: Need) -> Iterator[Check]:
-    itype = settings.gpu_nodes.instance_type
-    qclass = quota_class(itype)
-    if qclass is None:
-        yield warn(
-            "gpu spot vcpu quota", f"no vCPU quota code is known for {itype}", "check it in the console"
-        )
-        return
-    spot = SPOT_QUOTAS[qclass.code]
-    limit = api.quota_value(spot.code)
+    """The Spot vCPU quota of every listed type's class: the group may launch max_size nodes of any of
+    them (all have the same vCPUs, config/gpu_group.py)."""
     name = "gpu spot vcpu quota"
-    if limit >= need.vcpus:
-        yield ok(name, f"{spot.name}: {limit:g} vCPUs covers max_size {need.count} x {need.instance.vcpus}")
-    else:
-        yield problem(
-            name,
-            f"{spot.name} is {limit:g} vCPUs; max_size {need.count} x {itype} needs {need.vcpus}",
-            f"aws service-quotas request-service-quota-increase --region {settings.region} "
-            f"--service-code ec2 --quota-code {spot.code} --desired-value {need.vcpus}",
-        )
+    classes: dict[str, list[str]] = {}
+    for itype in settings.gpu_nodes.types:
+        qclass = quota_class(itype)
+        if qclass is None:
+            yield warn(name, f"no vCPU quota code is known for {itype}", "check it in the console")
+            continue
+        classes.setdefault(qclass.code, []).append(itype)
+    for code, types in classes.items():
+        spot = SPOT_QUOTAS[code]
+        limit = api.quota_value(spot.code)
+        if limit >= need.vcpus:
+            yield ok(
+                name, f"{spot.name}: {limit:g} vCPUs covers max_size {need.count} x {need.instance.vcpus}"
+            )
+        else:
+            yield problem(
+                name,
+                f"{spot.name} is {limit:g} vCPUs; max_size {need.count} x {' or '.join(types)} needs "
+                f"{need.vcpus}",
+                f"aws service-quotas request-service-quota-increase --region {settings.region} "
+                f"--service-code ec2 --quota-code {spot.code} --desired-value {need.vcpus}",
+            )
 
 
 def _on_demand_quota(settings: Settings, api: CapacityApi, need: Need) -> Iterator[Check]:

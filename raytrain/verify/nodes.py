@@ -52,7 +52,7 @@ def _is_gpu_node(node: dict[str, Any], settings: Settings) -> bool:
     capacity = (node.get("status") or {}).get("capacity") or {}
     return (
         labels.get(NODE_ROLE_LABEL) == GPU_NODE_ROLE
-        or labels.get(INSTANCE_TYPE_LABEL) == settings.gpu_nodes.instance_type
+        or labels.get(INSTANCE_TYPE_LABEL) in settings.gpu_nodes.types
         or _quantity(capacity.get(GPU_RESOURCE)) > 0
     )
 
@@ -63,7 +63,7 @@ def check_nodes(api: Api, settings: Settings, checks: list[Check]) -> list[dict[
     nodes = [n for n in api.nodes() if _is_gpu_node(n, settings)]
     ready = [n for n in nodes if _condition(n, "Ready") == "True"]
     want = gpu.min_size
-    subject = f"{gpu.instance_type} × {len(nodes)} (min {gpu.min_size}, max {gpu.max_size}, autoscaled)"
+    subject = f"{' | '.join(gpu.types)} × {len(nodes)} (min {gpu.min_size}, max {gpu.max_size}, autoscaled)"
     if not nodes and want == 0:
         # Scaled to zero between jobs, as intended: nothing to prove now.
         checks.append(
@@ -97,8 +97,10 @@ def check_nodes(api: Api, settings: Settings, checks: list[Check]) -> list[dict[
         for key, value in GPU_NODE_LABELS.items():
             if labels.get(key) != value:
                 problems.append(f"label {key}={value} missing (has {labels.get(key)!r})")
-        if labels.get(INSTANCE_TYPE_LABEL) not in (None, gpu.instance_type):
-            problems.append(f"instance type {labels[INSTANCE_TYPE_LABEL]}, settings say {gpu.instance_type}")
+        if labels.get(INSTANCE_TYPE_LABEL) not in (None, *gpu.types):
+            problems.append(
+                f"instance type {labels[INSTANCE_TYPE_LABEL]}, settings say {' or '.join(gpu.types)}"
+            )
         if labels.get(ZONE_LABEL) not in (None, gpu.availability_zone):
             problems.append(f"in {labels[ZONE_LABEL]}, settings pin {gpu.availability_zone}")
         gpus = _quantity(alloc.get(GPU_RESOURCE))
@@ -106,6 +108,7 @@ def check_nodes(api: Api, settings: Settings, checks: list[Check]) -> list[dict[
             problems.append(f"allocatable {GPU_RESOURCE} {gpus}, catalogue {itype.gpus}")
         efa = _quantity(alloc.get(EFA_RESOURCE))
         if gpu.efa and efa != itype.efa_interfaces:
+            # The group's launch template's interfaces: of several types, the ones all have.
             problems.append(f"allocatable {EFA_RESOURCE} {efa}, catalogue {itype.efa_interfaces}")
         detail = "; ".join(problems) or (
             f"Ready; {GPU_RESOURCE} {gpus}" + (f", {EFA_RESOURCE} {efa}" if gpu.efa else "")

@@ -104,6 +104,12 @@ SMS = {"H200": 132, "H100": 132, "L4": 58, "L40S": 142, "A100": 108, "A10G": 80}
 # A10G: no NVIDIA data sheet of its own (training/sizing/flops.py leaves it out); the A10's 125 is used.
 PEAK = {**{k: v for k, v in PEAK_BF16_TFLOPS if v}, "A10G": 125.0}
 
+
+def modelled_gpu(gpu: str) -> bool:
+    """Whether the model has figures for this GPU (peak, memory bandwidth, SMs): step_time needs them."""
+    return gpu in PEAK and gpu in MEM_GBYTES and gpu in SMS
+
+
 # Calibration on the H200 (BENCHMARKS.md; one 2048-token sequence of Qwen2.5-1.5B: 21.1 TFLOP).
 SEQ_MS_H200 = 35.8  # GPU ms per sequence at large micro-batches: (621 - 335) / 8
 # Penalty 1 + K / u^2: 47.2 ms of token work at u = 2048 / 132 (micro-batch 1: 108.6 ms busy, less

@@ -1,7 +1,7 @@
 """The step-time model's prediction for an environment's job (training/sizing/step_time.py): what
-`raytrain plan` and its --compare table both print. Apart from raytrain/plan.py so that the
-comparison (raytrain/plan_compare.py), which plan.py runs, and plan.py share it without importing
-each other."""
+`raytrain plan` and its --compare table print, and the step a Spot job's default checkpoint interval is
+sized from (config/checkpointing.py), which the chart (k8s/job.py) puts in the RayJob. In config, below
+both, so that the interval is computed once."""
 
 from __future__ import annotations
 
