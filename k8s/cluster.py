@@ -35,7 +35,7 @@ from k8s.pods import (
     resources,
 )
 from training.common.hub_token import HF_TOKEN_SECRET_ENV
-from training.common.stop_notice import PRESTOP_MARGIN_S, prestop_script
+from training.common.stop_notice import PRESTOP_MARGIN_S, head_prestop_script, prestop_script
 from training.network.probe import GATE_LOG_ENV
 from training.sizing.checkpoint_time import NOTICE_POLL_S
 
@@ -128,12 +128,24 @@ def _head_group(types: SpecTypes, settings: Settings, service_account_name: str)
             t("SpecContainersVolumeMounts")(name="ray-tmp", mount_path=RAY_TMP),
         ],
         security_context=container_security(t, []),
+        # The driver and Ray Train's controller run here: told to stop (the RayCluster deleted by a
+        # Kueue preemption or `raytrain job stop`, its system node drained), drain the run's GPU
+        # workers and outlive their checkpoint on notice (training/checkpoint/notice.py).
+        lifecycle=t("SpecContainersLifecycle")(
+            pre_stop=t("SpecContainersLifecyclePreStop")(
+                exec=t("SpecContainersLifecyclePreStopExec")(
+                    command=["/bin/bash", "-c", head_prestop_script(stop_grace_seconds(settings))]
+                )
+            )
+        ),
     )
     spec = t("Spec")(
         init_containers=[pod_identity_check(t, settings.ray_image_ref)],
         containers=[container],
         # A failed pod is replaced by KubeRay, not restarted in place (k8s/pods.py, pod_identity_check).
         restart_policy="Never",
+        # The workers' grace period: the head waits within it for their checkpoint on notice.
+        termination_grace_period_seconds=stop_grace_seconds(settings),
         node_selector=dict(SYSTEM_NODE_SELECTOR),
         service_account_name=service_account_name,
         # Pod Identity mounts its own projected token; the Ray pods never call the Kubernetes API.

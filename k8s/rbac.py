@@ -66,7 +66,8 @@ SUBMITTER_RULES = (
     # queue: the team's LocalQueue (quota in use) and Kueue's Workloads of its jobs (position, why
     # pending); both namespaced, so a team sees only its own (k8s/kueue.py).
     Rule("kueue.x-k8s.io", "localqueues", ("get",)),
-    Rule("kueue.x-k8s.io", "workloads", ("list",)),
+    # stop: deactivates a running job's Workload (spec.active), so that it checkpoints on notice.
+    Rule("kueue.x-k8s.io", "workloads", ("list", "patch")),
 )
 
 # The drainer (cdk_constructs/job_drain.py): delete the submitted RayJobs and watch them go.

@@ -8,7 +8,7 @@ import pytest
 
 from config.checkpointing import STEP_ALLOWANCE_S, checkpoint_time, stop_grace_seconds, trained_params
 from tests.chart_render import ALL, env_of, head_pod, settings_of, worker_container, worker_group
-from training.common.stop_notice import NOTICE_DIR, PRESTOP_MARGIN_S, SAVED_FILE
+from training.common.stop_notice import DRIVER_FILE, NOTICE_DIR, PRESTOP_MARGIN_S, SAVED_FILE, WORKERS_FILE
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -33,6 +33,22 @@ def test_worker_prestop_drains_its_ray_node_and_waits_for_the_save(name: str) ->
     assert "ray drain-node" in script and "--reason DRAIN_NODE_REASON_PREEMPTION" in script
     assert f"--deadline-remaining-seconds {grace - PRESTOP_MARGIN_S}" in script
     assert f"{NOTICE_DIR}" in script and f'"$d/{SAVED_FILE}"' in script
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_the_head_outlives_the_workers_checkpoint_on_notice(name: str) -> None:
+    """Deleting the RayCluster (Kueue preemption, job stop) deletes head and workers at once: the head,
+    where the driver and Ray Train's controller run, drains the run's workers itself and waits for
+    the registered checkpoint within the workers' own grace period."""
+    grace = worker_group(name)["template"]["spec"]["terminationGracePeriodSeconds"]
+    pod = head_pod(name)
+    assert pod["terminationGracePeriodSeconds"] == grace
+    command = pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[:2] == ["/bin/bash", "-c"]
+    script = command[2]
+    assert f'"$d/{DRIVER_FILE}"' in script and f'"$d/{WORKERS_FILE}"' in script
+    assert "ray drain-node" in script and f"--deadline-remaining-seconds {grace - PRESTOP_MARGIN_S}" in script
+    assert f'"$d/{SAVED_FILE}"' in script and NOTICE_DIR in script
 
 
 def test_a_lora_checkpoint_is_the_adapters_and_a_full_one_every_parameter() -> None:

@@ -58,6 +58,7 @@ class Kube(ThreadingHTTPServer):
         self.ns = namespace
         self.jobs: dict[str, dict[str, Any]] = {}
         self.clusters: dict[str, dict[str, Any]] = {}
+        self.workloads: dict[str, dict[str, Any]] = {}  # Kueue's, by name
         self.anchor = True
         self.requests: list[tuple[str, str, Any]] = []  # method, path?query, body
         self.refuse_create: tuple[int, str] | None = None
@@ -105,6 +106,10 @@ class _Handler(BaseHTTPRequestHandler):
                 if all(j["metadata"].get("labels", {}).get(k) == v for k, v in want.items())
             ]
             return self._send(200, {"kind": "RayJobList", "items": copy.deepcopy(items)})
+        if url.path == f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{s.ns}/workloads":
+            return self._send(
+                200, {"kind": "WorkloadList", "items": copy.deepcopy(list(s.workloads.values()))}
+            )
         if url.path.startswith(base + "rayjobs/") and url.path.rsplit("/", 1)[1] in s.jobs:
             return self._send(200, s.jobs[url.path.rsplit("/", 1)[1]])
         if url.path.startswith(base + "rayclusters/") and url.path.rsplit("/", 1)[1] in s.clusters:
@@ -124,7 +129,8 @@ class _Handler(BaseHTTPRequestHandler):
         if name in s.jobs:
             return self._status(409, "AlreadyExists", f'rayjobs.ray.io "{name}" already exists')
         if parse_qs(url.query).get("dryRun") != ["All"]:
-            s.jobs[name] = {**body, "status": {"jobDeploymentStatus": "Initializing"}}
+            meta = {**body["metadata"], "uid": f"uid-{name}"}  # the API server's
+            s.jobs[name] = {**body, "metadata": meta, "status": {"jobDeploymentStatus": "Initializing"}}
         self._send(201, body)
 
     def do_DELETE(self) -> None:
@@ -139,6 +145,8 @@ class _Handler(BaseHTTPRequestHandler):
         s, body = self.server, self._body()
         s.requests.append(("PATCH", self.path, {"type": self.headers["Content-Type"], "patch": body}))
         name = urlparse(self.path).path.rsplit("/", 1)[1]
+        if "/workloads/" in self.path:
+            return self._patch_workload(name, body)
         cluster = s.clusters.get(name)
         if cluster is None:
             return self._status(404, "NotFound", "not found")
@@ -146,6 +154,24 @@ class _Handler(BaseHTTPRequestHandler):
             _, _, _, index, field = op["path"].split("/")
             cluster["spec"]["workerGroupSpecs"][int(index)][field] = op["value"]
         self._send(200, cluster)
+
+    def _patch_workload(self, name: str, body: Any) -> None:
+        """A JSON patch of a Workload's spec. Deactivating an admitted one stands for what Kueue and
+        KubeRay then do (the Workload CRD: "Changing active from true to false will evict any
+        running workloads"; KubeRay suspends the evicted RayJob and deletes its cluster): the
+        owning RayJob's deployment status becomes Suspended."""
+        s, workload = self.server, self.server.workloads.get(name)
+        if workload is None:
+            return self._status(404, "NotFound", "not found")
+        for op in body:
+            assert op["op"] in {"add", "replace"} and op["path"] == "/spec/active", op
+            workload["spec"]["active"] = op["value"]
+        if workload["spec"]["active"] is False:
+            for owner in workload["metadata"]["ownerReferences"]:
+                job = next((j for j in s.jobs.values() if j["metadata"].get("uid") == owner["uid"]), None)
+                if job is not None:
+                    job["status"] = {"jobDeploymentStatus": "Suspended", "jobStatus": ""}
+        self._send(200, workload)
 
 
 @pytest.fixture(autouse=True)
@@ -397,6 +423,63 @@ def test_stop_deletes_a_running_job_and_releases_a_ray_stopped_ones_workers(
     assert rc == 2 and "no RayJob 'nope'" in text and "stopped" in text
     rc, text = job(kube, "delete", "--job", "stopped", "--wait")
     assert rc == 0 and "are gone" in text and not kube.jobs
+
+
+def admitted_workload(kube: Kube, job_name: str) -> str:
+    """Kueue's Workload of a submitted RayJob, admitted (as Kueue writes it: owner, conditions)."""
+    owner = kube.jobs[job_name]["metadata"]
+    name = f"rayjob-{job_name}-1a2b3"
+    kube.workloads[name] = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Workload",
+        "metadata": {
+            "name": name,
+            "namespace": kube.ns,
+            "ownerReferences": [
+                {
+                    "apiVersion": "ray.io/v1",
+                    "kind": "RayJob",
+                    "name": job_name,
+                    "uid": owner["uid"],
+                    "controller": True,
+                },
+            ],
+        },
+        "spec": {"active": True, "queueName": owner["labels"]["kueue.x-k8s.io/queue-name"]},
+        "status": {"conditions": [{"type": "Admitted", "status": "True"}]},
+    }
+    kube.jobs[job_name]["status"] = {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"}
+    return name
+
+
+def test_stop_of_an_admitted_queued_job_checkpoints_on_notice_first(
+    kube: Kube, s3: Any, settings: Any
+) -> None:
+    """Deactivated through Kueue (the pods' preStop hooks then write a checkpoint), deleted once its
+    cluster is gone; a queued job not yet admitted, or one already stopped, is deleted at once."""
+    assert job(kube, "submit", "--name", "admitted")[0] == 0
+    workload = admitted_workload(kube, "admitted")
+    rc, text = job(kube, "stop", "--job", "admitted", "--poll-seconds", "0.01")
+    assert rc == 0, text
+    assert "checkpoint on" in " ".join(text.split()) and "deactivated" in text
+    writes = [(m, p, b) for m, p, b in kube.requests if m in {"PATCH", "DELETE"}]
+    assert [(m, p.split("?")[0].rsplit("/", 2)[-2]) for m, p, _ in writes] == [
+        ("PATCH", "workloads"),
+        ("DELETE", "rayjobs"),
+    ]
+    assert writes[0][2] == {
+        "type": "application/json-patch+json",
+        "patch": [{"op": "add", "path": "/spec/active", "value": False}],
+    }
+    assert kube.workloads[workload]["spec"]["active"] is False and "admitted" not in kube.jobs
+    # Pending in its queue (not admitted): nothing runs, nothing to checkpoint.
+    assert job(kube, "submit", "--name", "pending")[0] == 0
+    pending = admitted_workload(kube, "pending")
+    kube.workloads[pending]["status"]["conditions"] = [{"type": "QuotaReserved", "status": "False"}]
+    kube.requests.clear()
+    rc, text = job(kube, "stop", "--job", "pending")
+    assert rc == 0 and "deactivated" not in text
+    assert [m for m, _, _ in kube.requests if m in {"PATCH", "DELETE"}] == ["DELETE"]
 
 
 def test_submitted_entrypoint_and_runtime_env_are_synthesis_own(synthesized: Any) -> None:

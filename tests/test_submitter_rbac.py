@@ -28,7 +28,7 @@ import pytest
 from test_job import CLUSTER, FakeApi, _Handler, cluster_routes
 from test_job import run as run_status_side
 from test_job_queue import queue_routes
-from test_job_submit import Kube, job, moto_endpoint, s3  # noqa: F401 - fixtures
+from test_job_submit import Kube, admitted_workload, job, moto_endpoint, s3  # noqa: F401 - fixtures
 
 from config.loader import load_settings
 from config.names import JOB_DRAINER_GROUP, JOB_SUBMITTER_GROUP
@@ -240,6 +240,7 @@ def _requests_of_submit_side(kube: Kube) -> list[tuple[str, str]]:
         ]
         == 0
     )
+    admitted_workload(kube, "running")  # stop deactivates its Workload first: a checkpoint on notice
     assert job(kube, "stop", "--job", "running")[0] == 0
     assert (
         job(kube, "submit", "--name", "stopped", "--set", "job.steps=10", "--set", "job.checkpoint_every=5")[

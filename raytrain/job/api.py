@@ -160,6 +160,25 @@ class JobApi:
             _content_type="application/json-patch+json",
         )
 
+    def deactivate_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """Set a Kueue Workload's `spec.active` to false: Kueue evicts it ("Changing active from
+        true to false will evict any running workloads", the Workload CRD, v0.19.2) and never
+        admits it again; the RayJob is suspended, and KubeRay deletes its cluster (the pods'
+        preStop hooks write the checkpoint on notice: training/checkpoint/notice.py). A JSON patch
+        of that one field."""
+        return self._write(
+            f"deactivating Kueue workload {namespace}/{name}",
+            self.api.custom.patch_namespaced_custom_object,
+            KUEUE_GROUP,
+            KUEUE_VERSION,
+            namespace,
+            "workloads",
+            name,
+            [{"op": "add", "path": "/spec/active", "value": False}],
+            _content_type="application/json-patch+json",
+            missing_ok=True,
+        )
+
     def _write(self, what: str, fn: Any, *args: Any, missing_ok: bool = False, **kwargs: Any) -> Any:
         """A write; the API server's own message on refusal (409 exists, 422 invalid)."""
         from kubernetes.client.exceptions import ApiException

@@ -10,6 +10,14 @@ the RayJob goes (rayjob_controller.go, Reconcile on deletionTimestamp), and its 
 and GPU workers) and submitter Job go with it by owner reference. Checkpoints stay in S3: a new
 job with the same run_name and job.resume continues from the latest one.
 
+A running queued job is stopped the way Kueue preempts one, first, so that it checkpoints on notice:
+its Workload is deactivated (`spec.active: false`, which Kueue's Workload CRD documents as evicting
+it and never admitting it again), KubeRay deletes the suspended job's cluster without stopping the
+Ray job ("KubeRay doesn't stop the Ray job before suspending the RayJob", rayjob_controller.go,
+v1.7.0), and the pods' preStop hooks write the checkpoint (training/checkpoint/notice.py). The
+RayJob is deleted once its cluster is gone. A job on a standing cluster is stopped by deletion
+only: the Ray job ends at once, and the run continues from its last periodic checkpoint.
+
 A job that already ended holds no GPU worker: a queued job's cluster goes when it ends, STOPPED from
 Ray included (shutdownAfterJobFinishes acts on deployment status Complete or Failed, k8s/job.py).
 A cluster that still has workers after its job ended (one deployed before Kueue, with deletion
@@ -26,13 +34,19 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from config.checkpointing import stop_grace_seconds
 from config.names import DEPLOYED, ORIGIN_LABEL
 from config.settings import Settings
+from k8s.kueue import QUEUE_LABEL
 from raytrain import verify
 from raytrain.job.api import JobApi
 from raytrain.job.common import EXIT_OK, JobError, consoles
 from raytrain.job.entry import guarded
 from raytrain.job.find import Target, _meta, finished
+
+# Beyond the pods' grace period: KubeRay's and Kueue's reconcile loops, and the API server's
+# garbage collection of the cluster's pods.
+STOP_MARGIN_S = 60
 
 
 def run_stop(args: argparse.Namespace, console: Console | None = None) -> int:
@@ -63,7 +77,8 @@ def run_stop(args: argparse.Namespace, console: Console | None = None) -> int:
                 highlight=False,
             )
             return EXIT_OK
-        _delete(api, ns, job, console, "stopping")
+        if not _checkpoint_then_stop(settings, api, ns, job, console, poll_s=args.poll_seconds):
+            _delete(api, ns, job, console, "stopping")
         console.print(
             f"its Ray job is stopped and its cluster deleted; checkpoints stay under the run "
             f"{escape(str((_meta(job, 'labels') or {}).get('ray-train/run-name', '?')))}: a job "
@@ -86,6 +101,64 @@ def run_delete(args: argparse.Namespace, console: Console | None = None) -> int:
         return _maybe_wait(args, api, target.namespace, str(_meta(job, "name")), console)
 
     return guarded(args, console, body, err=err)
+
+
+def _admitted_workload(api: JobApi, ns: str, job: dict[str, Any]) -> dict[str, Any] | None:
+    """The active, admitted Kueue Workload of a queued job that has its own cluster; else None."""
+    if (job.get("spec") or {}).get("clusterSelector") or QUEUE_LABEL not in (_meta(job, "labels") or {}):
+        return None
+    uid = _meta(job, "uid")
+    for w in api.workloads(ns):
+        owners = (w.get("metadata") or {}).get("ownerReferences") or []
+        if not any(o.get("kind") == "RayJob" and o.get("uid") == uid for o in owners):
+            continue
+        admitted = any(
+            c.get("type") == "Admitted" and c.get("status") == "True"
+            for c in (w.get("status") or {}).get("conditions") or []
+        )
+        active = (w.get("spec") or {}).get("active", True)
+        return w if admitted and active else None
+    return None
+
+
+def _checkpoint_then_stop(
+    settings: Settings, api: JobApi, ns: str, job: dict[str, Any], console: Console, *, poll_s: float
+) -> bool:
+    """Stop an admitted queued job the way a preemption does, so that it writes a checkpoint on
+    notice: deactivate its Workload (Kueue evicts it and suspends the RayJob; KubeRay deletes the
+    cluster without stopping the Ray job first, and the pods' preStop hooks drain the workers and
+    keep the head until the checkpoint is registered: training/checkpoint/notice.py). Deleting the
+    RayJob at once would not: KubeRay's finalizer stops the Ray job, driver and workers, before
+    the pods go. Then, once the cluster is gone (the RayJob Suspended) or the pods' grace period
+    and a margin have passed, delete the RayJob. False when the job is not such a job."""
+    workload = _admitted_workload(api, ns, job)
+    if workload is None:
+        return False
+    name, grace = str(_meta(job, "name")), stop_grace_seconds(settings)
+    api.deactivate_workload(ns, str(workload["metadata"]["name"]))
+    console.print(
+        f"RayJob {ns}/{escape(name)}: its Kueue workload deactivated; its pods write a checkpoint on "
+        f"notice before they go (up to {grace} s)",
+        highlight=False,
+        soft_wrap=True,
+    )
+    deadline = time.monotonic() + grace + STOP_MARGIN_S
+    while time.monotonic() < deadline:
+        current = api.rayjob(ns, name)
+        if current is None:
+            return True
+        if (current.get("status") or {}).get("jobDeploymentStatus") == "Suspended":
+            break
+        time.sleep(poll_s)
+    else:
+        console.print(
+            f"[yellow]its cluster was not gone {grace + STOP_MARGIN_S} s later[/]: deleting the RayJob "
+            "now; the newest complete checkpoint is what a rerun continues from",
+            highlight=False,
+            soft_wrap=True,
+        )
+    _delete(api, ns, job, console, "stopping")
+    return True
 
 
 def _job(target: Target) -> dict[str, Any]:

@@ -24,6 +24,18 @@ Pods"), and SIGKILL at the end of terminationGracePeriodSeconds. Two paths make 
   when it is the container's first process, and KubeRay starts it under a shell. The hook then waits
   until the ranks there wrote the checkpoint (SAVED_FILE) before it lets the SIGTERM come.
 
+The head goes with the job (a Kueue preemption suspends the RayJob and KubeRay deletes its RayCluster,
+every pod at once: KubeRay "doesn't stop the Ray job before suspending the RayJob. If users want to
+stop the Ray job by SIGTERM, users need to set the Pod's preStop hook by themselves",
+ray-operator/controllers/ray/rayjob_controller.go, v1.7.0; `raytrain job stop` the same way; a drained
+system node). The driver and Ray Train's controller run there (the controller on the driver's node:
+ray/train/v2/api/data_parallel_trainer.py), and the checkpoint on notice counts only once the
+controller registered it. So the head pod's preStop (`head_prestop_script`) drains the run's GPU
+worker nodes itself and waits, within the same grace period, until the controller's `HeadNotice`
+callback saw the on-notice report (SAVED_FILE on the head); the driver leaves its pid there
+(DRIVER_FILE, `driver_running`), and the callback the workers' node ids (WORKERS_FILE, from each
+worker group's first report).
+
 A rank that saved on notice trains no further: the steps it would take die with the node. It waits for
 Ray Train to tear the worker group down at the deadline (or for the node to go), then Ray Train starts a
 new group, which resumes from that checkpoint (`max_preemption_failures` allowing), or the run ends as
@@ -36,20 +48,31 @@ import contextlib
 import json
 import os
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
 from training.common.stop_notice import (  # noqa: F401  (the names tests and the chart use, from here too)
+    DRAIN_REASON,
+    DRIVER_FILE,
     NODE_FILE,
     NOTICE_DIR,
     NOTICE_DIR_ENV,
     PRESTOP_MARGIN_S,
     SAVED_FILE,
+    WORKERS_FILE,
+    head_prestop_script,
     prestop_script,
 )
 from training.reporting.progress import say
 
 PREEMPTIONS_FILE = "preemptions.json"  # under the run's storage: every notice, saved or not
+# After the checkpoint on notice, the worker group ends this soon (Notice.end_drain), not at the
+# notice's own deadline: Ray Train's preemption poll (RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S) and its
+# controller's next poll come within a few seconds after it.
+END_AFTER_SAVE_S = 1
+NODE_METRIC = "ray_node"  # each rank's Ray node id, in a worker group's first report
+SAVED_METRIC = "saved_on_notice"  # the step of the checkpoint on notice, once every rank wrote it
 
 
 def notice_dir() -> str:
@@ -147,19 +170,99 @@ class Notice:
         }
 
     def saved(self, info: Any, step: int, save_s: float) -> None:
-        """After the on-notice checkpoint is complete on every rank: tell the pod's preStop."""
+        """After the on-notice checkpoint is complete on every rank: tell the pod's preStop, and end
+        the worker group now rather than at the notice's deadline (`end_drain`)."""
         self.saved_for = info
         if self.local_rank == 0:
-            with open(os.path.join(self.dir, SAVED_FILE), "w") as f:
-                f.write(str(step))
+            _write(os.path.join(self.dir, SAVED_FILE), str(step))
+            if self.node_id in set(getattr(info, "preempted_node_ids", [])):
+                self.end_drain(step)
         if self.rank == 0:
             say(f"[train] checkpoint on notice at step {step} written in {save_s:.1f}s; waiting for the stop")
+
+    def end_drain(self, step: int) -> None:
+        """Drain this node again with a deadline END_AFTER_SAVE_S away: the checkpoint is in.
+
+        Why: a run ends as preempted only through Ray Train's own rule. Once a node is draining, the
+        controller keeps the workers running until every rank ends or the drain's deadline passes,
+        and then raises PreemptionError; a rank that fails first fails the run unless its actor's
+        death says `preempted` (Ray 2.58 and 2.60: controller.py, _handle_preempting_state). How
+        the node's processes die decides that: `ray start --block`, when the SIGTERM reaches it,
+        drains its node until that same deadline and then stops the raylet, whose own death record
+        ("received SIGTERM": not preempted) can come first on a busy machine (seen with Ray 2.58).
+        A second drain request replaces the first one's deadline (GCS's draining nodes, which Ray
+        Train's PreemptionWatcher polls and merges by the earliest deadline: preemption.py), so the
+        controller ends the group as preempted before any process of the node dies. The call is the
+        one `ray drain-node` and `ray start` make (ray/scripts/scripts.py drain_node,
+        ray/_private/node.py _drain_node_before_shutdown)."""
+        import ray
+        from ray.core.generated import autoscaler_pb2
+
+        deadline_ms = int((time.time() + END_AFTER_SAVE_S) * 1000)
+        try:
+            accepted, why = ray._private.worker.global_worker.gcs_client.drain_node(
+                self.node_id,
+                autoscaler_pb2.DrainNodeReason.Value(DRAIN_REASON),
+                f"checkpoint on notice written at step {step}",
+                deadline_ms,
+            )
+        except Exception as exc:  # the notice's own deadline still ends the group
+            accepted, why = False, str(exc)
+        if not accepted:
+            say(f"[train] warning: could not shorten the drain of node {self.node_id[:12]} ({why})")
 
     @staticmethod
     def wait_for_stop() -> None:
         """Train no further: Ray Train ends this worker group at the drain deadline (or the node goes)."""
         while True:
             time.sleep(1)
+
+
+def _write(path: str, text: str) -> None:
+    """Whole or not at all: the preStop hook reads it any time."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def driver_running() -> Iterator[None]:
+    """The driver's pid on its node (the head), while the run goes: the head's preStop waits only
+    while it is alive."""
+    d = notice_dir()
+    os.makedirs(d, exist_ok=True)
+    for name in (SAVED_FILE, WORKERS_FILE):  # a previous run's, in the same pod
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(d, name))
+    _write(os.path.join(d, DRIVER_FILE), str(os.getpid()))
+    try:
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(d, DRIVER_FILE))
+
+
+def head_notice() -> Any:
+    """The Ray Train callback that tells the head's preStop what it needs (it runs in the controller,
+    on the driver's node: ray/train/v2/api/callback.py, UserCallback, "called on the Ray Train
+    controller process"; after_report comes after the checkpoint manager registered the report's
+    checkpoint, controller.py's ReportCallbackHandler order, Ray 2.58 and 2.60)."""
+    from ray.train import UserCallback
+
+    class HeadNotice(UserCallback):
+        def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
+            nodes = sorted({str(m[NODE_METRIC]) for m in metrics if m.get(NODE_METRIC)})
+            d = notice_dir()
+            if nodes or any(SAVED_METRIC in m for m in metrics):
+                os.makedirs(d, exist_ok=True)
+            if nodes:
+                _write(os.path.join(d, WORKERS_FILE), " ".join(nodes))
+            saved = next((m[SAVED_METRIC] for m in metrics if SAVED_METRIC in m), None)
+            if saved is not None:
+                _write(os.path.join(d, SAVED_FILE), str(saved))
+
+    return HeadNotice()
 
 
 def is_preemption(exc: BaseException) -> bool:

@@ -13,7 +13,7 @@ from typing import Any
 
 from training.checkpoint import best as best_checkpoint
 from training.checkpoint import run_state
-from training.checkpoint.notice import is_preemption
+from training.checkpoint.notice import driver_running, head_notice, is_preemption
 from training.common.errors import find_input_error
 from training.options.train import OptionError, TrainOptions, batch_split_error
 from training.reporting import summary as summary_mod
@@ -386,12 +386,13 @@ def run(opts: TrainOptions) -> dict[str, Any]:
                 max_failures=opts.max_failures, max_preemption_failures=opts.max_preemptions
             ),
             checkpoint_config=best_checkpoint.checkpoint_config(opts),
-            callbacks=[stop_on_input_error()],
+            callbacks=[stop_on_input_error(), head_notice()],
             **quiet.train_logging_config(),
         ),
     )
     try:
-        result = trainer.fit()
+        with driver_running():  # what the head pod's preStop waits on (training/checkpoint/notice.py)
+            result = trainer.fit()
     except Exception as exc:
         raise _why_it_ended(opts, exc) from None
     failure = ray.get(verdict.get.remote())

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from training.checkpoint.notice import Notice, record_notice
+from training.checkpoint.notice import NODE_METRIC, SAVED_METRIC, Notice, record_notice
 from training.checkpoint.reporter import Reporting, eval_into, report
 from training.methods.evaluate import EarlyStop
 from training.network.probe import TransportGateError, run_transport_gate
@@ -97,11 +97,12 @@ class StepProfiler:
         return [trace, table_path]
 
 
-def _shown(tr: Reporting, metrics: dict[str, Any], first: bool) -> dict[str, Any]:
+def _shown(tr: Reporting, metrics: dict[str, Any], first: bool, node: str) -> dict[str, Any]:
     """The step's metrics with what the first step's report and the progress line carry besides:
-    the transport verdict, once; the preemptions so far with the steps each cost."""
+    the transport verdict and this rank's Ray node (for the head's preStop: notice.head_notice),
+    once; the preemptions so far with the steps each cost."""
     if first:
-        metrics = {**metrics, "transport": tr.transport}
+        metrics = {**metrics, "transport": tr.transport, NODE_METRIC: node}
     if tr.preemptions:
         metrics["preemptions"] = [p.get("lost_steps") for p in tr.preemptions]
     return metrics
@@ -110,9 +111,11 @@ def _shown(tr: Reporting, metrics: dict[str, Any], first: bool) -> dict[str, Any
 def checkpoint_on_notice(tr: Reporting, notice: Notice, metrics: dict[str, Any], checkpointed: bool) -> None:
     """Collective, after every step: on a stop notice (every rank sees it at the same step: the
     check is a barrier) the step in flight has finished; save it (unless this step just
-    checkpointed), tell the pod's preStop, and train no further."""
+    checkpointed), tell the pods' preStop hooks (this node's, and the head's through the report the
+    controller registers), and train no further."""
     import time
 
+    import ray.train
     import torch.distributed as dist
 
     info = notice.check()
@@ -127,8 +130,10 @@ def checkpoint_on_notice(tr: Reporting, notice: Notice, metrics: dict[str, Any],
         except OSError as exc:
             say(f"[train] warning: could not record the notice ({exc})")
     tr.preemptions.append(entry)
-    if not checkpointed:
-        tr.save_and_report({**metrics, "preempted": True})
+    if checkpointed:  # this step's whole checkpoint is registered already: say so to the head
+        ray.train.report({"step": tr.step, SAVED_METRIC: tr.step})
+    else:
+        tr.save_and_report({**metrics, "preempted": True, SAVED_METRIC: tr.step})
     dist.barrier()  # every rank's part is written and reported
     notice.saved(info, tr.step, time.perf_counter() - t0)
     notice.wait_for_stop()
@@ -192,7 +197,7 @@ def train_loop(config: dict[str, Any]) -> None:
             emf.publish(opts, tr.rank, metrics)
             for written in profiler.after_step(tr.step):
                 say(f"[train] profile: wrote {written}")
-            metrics = _shown(tr, metrics, first)
+            metrics = _shown(tr, metrics, first, notice.node_id)
             if tr.rank == 0 and (tr.step % opts.log_every == 0 or tr.step == opts.steps):
                 say(progress.line(metrics, opts.steps, tr.history[-tr.steps_here :]))
             checkpointed = report(tr, metrics, first, improved)

@@ -4,6 +4,9 @@ the steps each preemption cost as a resume sees them, and the driver's reading o
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -34,13 +37,63 @@ def test_a_resume_counts_what_each_preemption_cost() -> None:
 
 
 def test_the_prestop_script_waits_for_the_save_and_skips_pods_without_training(tmp_path: Path) -> None:
-    import subprocess
 
     script = notice.prestop_script(40, directory=str(tmp_path))
     assert "--deadline-remaining-seconds 35" in script
     # No training in the pod (no node id written): nothing to drain, nothing to wait for.
     done = subprocess.run(["/bin/bash", "-c", script], capture_output=True, timeout=10, check=False)
     assert done.returncode == 0 and done.stdout == b""
+
+
+def test_the_head_prestop_waits_only_while_a_driver_runs(tmp_path: Path) -> None:
+    import subprocess
+
+    script = notice.head_prestop_script(40, directory=str(tmp_path))
+    assert "--deadline-remaining-seconds 35" in script
+
+    def hook() -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(["/bin/bash", "-c", script], capture_output=True, timeout=10, check=False)
+
+    # No run on this head, or its driver gone (its pid no longer alive): nothing to wait for.
+    assert hook().returncode == 0
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    (tmp_path / notice.DRIVER_FILE).write_text(str(gone.pid))
+    done = hook()
+    assert done.returncode == 0 and done.stdout == b""
+    # A live driver whose controller already registered the checkpoint on notice: the wait ends at
+    # once, but only for a SAVED_FILE written after the hook began (an earlier one is removed).
+    (tmp_path / notice.DRIVER_FILE).write_text(str(os.getpid()))
+    (tmp_path / notice.SAVED_FILE).write_text("7")
+    waiting = subprocess.Popen(["/bin/bash", "-c", script])
+
+    time.sleep(2)
+    assert waiting.poll() is None and not (tmp_path / notice.SAVED_FILE).exists()
+    (tmp_path / notice.SAVED_FILE).write_text("9")
+    assert waiting.wait(timeout=10) == 0
+
+
+def test_the_controller_callback_tells_the_head_which_nodes_and_when_saved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("ray")
+
+    monkeypatch.setenv(notice.NOTICE_DIR_ENV, str(tmp_path))
+    with notice.driver_running():
+        assert (tmp_path / notice.DRIVER_FILE).read_text() == str(os.getpid())
+        cb = notice.head_notice()
+        cb.after_report(
+            None, [{"step": 1, notice.NODE_METRIC: "n2"}, {"step": 1, notice.NODE_METRIC: "n1"}], None
+        )
+        assert (tmp_path / notice.WORKERS_FILE).read_text() == "n1 n2"
+        cb.after_report(None, [{"step": 2}, {"step": 2}], None)  # later reports carry no node
+        assert (tmp_path / notice.WORKERS_FILE).read_text() == "n1 n2"
+        assert not (tmp_path / notice.SAVED_FILE).exists()
+        cb.after_report(None, [{"step": 9, notice.SAVED_METRIC: 9}] * 2, object())
+        assert (tmp_path / notice.SAVED_FILE).read_text() == "9"
+    assert not (
+        tmp_path / notice.DRIVER_FILE
+    ).exists()  # the run ended: the head's preStop has nothing to wait for
 
 
 def test_preemptions_are_told_from_failures() -> None:

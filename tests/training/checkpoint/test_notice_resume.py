@@ -1,13 +1,23 @@
-"""Real processes on a two-node local Ray cluster started as the pods start it (`ray start --block`: a
-head without CPUs, a worker node with the two training workers). SIGTERM to the worker node's process,
-as Kubernetes sends its pod's, mid-run: Ray drains the node (reason PREEMPTION), every rank writes a
-checkpoint at the same step, the run ends as preempted (exit 75, --max-preemptions 0), and the rerun of
-the same job on a fresh node resumes at that step and ends with the losses of an uninterrupted run.
+"""Real processes on local Ray clusters started as the pods start them (`ray start --block`: a head
+without CPUs, a worker node with the two training workers), stopped as Kubernetes stops the pods: the
+pod's preStop hook (the chart's own script, with the real `ray drain-node`) and then SIGKILL (KubeRay
+runs `ray start` under a shell, the container's first process, which ignores SIGTERM: the kubelet's
+SIGKILL at the end of the grace period ends it; here it comes at once, the harder case).
 
-Its own cluster, not the shared `ray_session`: that one turns Ray Train's preemption watcher off."""
+1. A GPU worker pod is deleted alone (Spot reclaim, node drain): its preStop drains its Ray node, every
+   rank writes a checkpoint at the same step, the run ends as preempted (exit 75, --max-preemptions 0).
+2. The same job runs again on a new node and resumes; then the whole RayCluster is deleted (a Kueue
+   preemption, `raytrain job stop`): head and worker preStops run at once, the head's drains the run's
+   worker and waits until the controller registered the checkpoint on notice, then every pod and the
+   driver are killed.
+3. The same job runs again on a new cluster, resumes at that step, counts two preemptions that cost no
+   step, and ends with the losses of an uninterrupted run.
+
+Its own clusters, not the shared `ray_session`: that one turns Ray Train's preemption watcher off."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -17,12 +27,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from training.checkpoint import notice
+from training.common.stop_notice import PRESTOP_MARGIN_S, head_prestop_script, prestop_script
 
 pytestmark = [pytest.mark.ray, pytest.mark.filterwarnings("ignore::DeprecationWarning:ray.*")]
 
@@ -43,42 +54,73 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+GRACE_S = 40  # the pods' terminationGracePeriodSeconds here (the chart sizes it from the checkpoint)
+
+
+class Pod:
+    """A Ray node's `ray start --block` process, with its pod's own notice folder."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], env: dict[str, str]) -> None:
+        self.proc, self.env = proc, env
+
+    @property
+    def notice_dir(self) -> Path:
+        return Path(self.env[notice.NOTICE_DIR_ENV])
+
+    def prestop(self, script: str) -> subprocess.Popen[bytes]:
+        """The pod's preStop hook: in the container, with the image's bash and ray CLI."""
+        return subprocess.Popen(["/bin/bash", "-c", script], env=self.env, start_new_session=True)
+
+    def kill(self) -> None:
+        """The pod's end: every process of it (its group: `ray start` and what it started)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=60)
+
+
 class LocalCluster:
     """`ray start` processes as on the pods: the head, and worker nodes added and removed."""
 
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
+    def __init__(self, tmp: Path, name: str) -> None:
+        self.tmp = tmp / name
+        self.tmp.mkdir()
         # Short: Ray's Unix sockets live under it (a socket path holds at most 107 bytes).
         self.ray_tmp = tempfile.mkdtemp(prefix="rt-", dir="/tmp")
+        self.address = f"127.0.0.1:{_free_port()}"
         self.env = {
             **os.environ,
             "RAY_AUTH_MODE": "disabled",
             "RAY_TMPDIR": self.ray_tmp,
+            # KubeRay sets it in every Ray container (ray-operator/controllers/ray/common/pod.go,
+            # v1.7.0): what `ray drain-node` in the preStop hooks connects to.
+            "RAY_ADDRESS": self.address,
             "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
             "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2",
             "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "0.5",
             "RAY_TRAIN_METRICS_ENABLED": "0",
             "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "1",
             # The pod's grace period less the preStop's margin, as k8s/cluster.py sets it.
-            "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "20",
-            notice.NOTICE_DIR_ENV: str(tmp / "notice"),
+            "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": str(GRACE_S - PRESTOP_MARGIN_S),
         }
-        self.address = f"127.0.0.1:{_free_port()}"
-        self.nodes: list[subprocess.Popen[bytes]] = []
-        self._start(["--head", f"--port={self.address.split(':')[1]}", "--num-cpus=0",
-                     f"--ray-client-server-port={_free_port()}",
-                     f"--dashboard-agent-listen-port={_free_port()}",
-                     "--include-dashboard=false", f"--temp-dir={self.ray_tmp}"])  # fmt: skip
+        self.pods: list[Pod] = []
+        self.driver: subprocess.Popen[str] | None = None
+        self.head = self._start("head", [
+            "--head", f"--port={self.address.split(':')[1]}", "--num-cpus=0",
+            f"--ray-client-server-port={_free_port()}", f"--dashboard-agent-listen-port={_free_port()}",
+            "--include-dashboard=false", f"--temp-dir={self.ray_tmp}",
+        ])  # fmt: skip
 
-    def _start(self, args: list[str]) -> subprocess.Popen[bytes]:
-        log = open(self.tmp / f"node-{len(self.nodes)}.log", "wb")  # noqa: SIM115 (the process's)
+    def _start(self, name: str, args: list[str]) -> Pod:
+        env = {**self.env, notice.NOTICE_DIR_ENV: str(self.tmp / f"{name}-notice")}
+        log = open(self.tmp / f"{name}.log", "wb")  # noqa: SIM115 (the process's)
         proc = subprocess.Popen(
             [sys.executable, "-m", "ray.scripts.scripts", "start", "--block", "--node-ip-address=127.0.0.1",
              *args],
-            env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
-        self.nodes.append(proc)
-        return proc
+        self.pods.append(Pod(proc, env))
+        return self.pods[-1]
 
     def _cpu_nodes(self) -> dict[str, bool]:
         """Node id -> alive, of the nodes with CPUs (the head has none)."""
@@ -94,53 +136,59 @@ class LocalCluster:
             if n.resources_total.get("CPU", 0) > 0
         }
 
-    def add_worker_node(self) -> subprocess.Popen[bytes]:
+    def add_worker_node(self) -> Pod:
         """A node with 2 CPUs, returned once the cluster counts it as the one alive node with CPUs (a
         driver started earlier would see none, or the node just removed)."""
         known = set(self._cpu_nodes())
-        proc = self._start([f"--address={self.address}", "--num-cpus=2",
-                            f"--dashboard-agent-listen-port={_free_port()}"])  # fmt: skip
+        args = [f"--address={self.address}", "--num-cpus=2", f"--dashboard-agent-listen-port={_free_port()}"]
+        pod = self._start(f"worker-{len(self.pods)}", args)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             alive = {k for k, up in self._cpu_nodes().items() if up}
             if len(alive) == 1 and not alive & known:
-                return proc
+                return pod
             time.sleep(0.5)
         raise AssertionError("the worker node did not join")
 
-    def remove(self, proc: subprocess.Popen[bytes]) -> None:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=60)
-
     def shutdown(self) -> None:
-        for proc in reversed(self.nodes):
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in self.nodes:
+        if self.driver is not None and self.driver.poll() is None:
+            self.driver.kill()
+        for pod in reversed(self.pods):
+            if pod.proc.poll() is None:
+                os.killpg(pod.proc.pid, signal.SIGTERM)
+        for pod in self.pods:
             try:
-                proc.wait(timeout=30)
+                pod.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+                pod.kill()
         shutil.rmtree(self.ray_tmp, ignore_errors=True)
 
-    def train(self, tmp: Path, name: str, *extra: str) -> subprocess.Popen[str]:
-        argv = [*ARGS, "--run-name", name, "--storage-path", str(tmp / "storage"),
-                "--output-dir", str(tmp / name), "--address", self.address, *extra]  # fmt: skip
-        return subprocess.Popen(
-            [sys.executable, "-m", "training", *argv], cwd=ROOT, env=self.env, text=True,
+    def train(self, storage: Path, name: str, *extra: str) -> subprocess.Popen[str]:
+        """The job's driver, on the head (its notice folder: where the head's preStop looks)."""
+        out = storage.parent / f"out-{name}"
+        argv = [*ARGS, "--run-name", name, "--storage-path", str(storage),
+                "--output-dir", str(out), "--address", self.address, *extra]  # fmt: skip
+        self.driver = subprocess.Popen(
+            [sys.executable, "-m", "training", *argv], cwd=ROOT, env=self.head.env, text=True,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         )  # fmt: skip
+        return self.driver
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+@pytest.fixture
+def clusters(tmp_path: Path) -> Iterator[Callable[[str], LocalCluster]]:
     pytest.importorskip("ray")
-    c = LocalCluster(tmp_path_factory.mktemp("notice-cluster"))
+    made: list[LocalCluster] = []
+
+    def make(name: str) -> LocalCluster:
+        made.append(LocalCluster(tmp_path, name))
+        return made[-1]
+
     try:
-        yield c
+        yield make
     finally:
-        c.shutdown()
+        for c in made:
+            c.shutdown()
 
 
 def _gist(out: str) -> str:
@@ -149,70 +197,97 @@ def _gist(out: str) -> str:
     return "\n".join(x[:300] for x in out.splitlines() if any(k in x for k in keep))[-6000:]
 
 
-def _finish(proc: subprocess.Popen[str], timeout: float = 400) -> tuple[int, str]:
-    out, _ = proc.communicate(timeout=timeout)
-    return proc.returncode, out
-
-
-def _ray_before_2_60() -> bool:
-    import ray
-
-    return tuple(int(x) for x in ray.__version__.split(".")[:2]) < (2, 60)
-
-
-# Passed on Ray 2.60 (.venv); on the image's Ray 2.58 (make test-image) the run with the preemption
-# watcher on failed with a WorkerGroupError (2026-12-04, CI log): not yet understood. Issue 53 stays
-# open for it; until then the notice path is proven on 2.60 only.
-@pytest.mark.skipif(_ray_before_2_60(), reason="checkpoint on notice fails on Ray 2.58 (issue 53, open)")
-def test_sigterm_checkpoints_on_notice_ends_preempted_and_rerun_resumes(
-    cluster: LocalCluster, tmp_path: Path
-) -> None:
-    node = cluster.add_worker_node()
-    rc, out = _finish(cluster.train(tmp_path, "reference"))
-    assert rc == 0, out[-3000:]
-    reference = json.loads((tmp_path / "reference" / "summary.json").read_text())
-    assert reference["preemptions"] == []
-
-    # The run ends at the first notice (Ray Train would otherwise wait for a new node: the restart
-    # path), and the same job run again continues it.
-    job = ["--job-id", "rj-notice-0123456789", "--max-preemptions", "0"]
-    proc = cluster.train(tmp_path, "noticed", *job)
+def _until_step(proc: subprocess.Popen[str], step: int) -> list[str]:
+    """The driver's output up to rank 0's progress line of `step` (relayed behind a Ray prefix)."""
     assert proc.stdout is not None
     lines: list[str] = []
-    for line in proc.stdout:  # the driver relays rank 0's progress lines
+    for line in proc.stdout:
         lines.append(line)
-        if "[train] step 5/" in line:  # rank 0 relayed by the driver, behind a Ray prefix
-            break
-    os.kill(node.pid, signal.SIGTERM)  # what Kubernetes sends the pod (after its preStop hook)
-    rest, _ = proc.communicate(timeout=400)
-    out = "".join(lines) + rest
-    (tmp_path / "noticed-first.log").write_text(out)
-    assert proc.returncode == 75, _gist(out)
-    assert "checkpoint on notice at step" in out, out[-4000:]
-    noticed = next(
-        int(x.split("checkpoint on notice at step ")[1].split()[0])
-        for x in out.splitlines()
-        if "checkpoint on notice at step" in x
-    )
-    assert 5 <= noticed < 50  # between the periodic checkpoints: written on notice
-    run_dir = tmp_path / "storage" / "noticed"
-    snapshot = json.loads((run_dir / "checkpoint_manager_snapshot.json").read_text())
-    assert snapshot["latest_checkpoint_result"]["metrics"]["step"] == noticed
-    record = json.loads((run_dir / "run.json").read_text())
-    assert record["starts"][-1]["ended"] == "preempted" and record["starts"][-1]["at_step"] == noticed
-    notices = json.loads((run_dir / notice.PREEMPTIONS_FILE).read_text())
-    assert [n["step"] for n in notices] == [noticed] and notices[0]["ranks"] == [0, 1]
-    assert (Path(cluster.env[notice.NOTICE_DIR_ENV]) / notice.SAVED_FILE).read_text() == str(noticed)
+        if f"[train] step {step}/" in line:
+            return lines
+    raise AssertionError(f"the run ended before step {step}:\n{_gist(''.join(lines))}")
 
-    # The reclaimed node goes; a new one comes; the same job runs again and continues.
-    cluster.remove(node)
-    cluster.add_worker_node()
-    rc, out = _finish(cluster.train(tmp_path, "noticed", *job))
-    assert rc == 0, out[-4000:]
-    summary = json.loads((tmp_path / "noticed" / "summary.json").read_text())
-    assert [r["from_step"] for r in summary["resumes"]] == [noticed]
-    assert len(summary["preemptions"]) == 1
-    assert summary["preemptions"][0]["step"] == noticed and summary["preemptions"][0]["lost_steps"] == 0
+
+def _stop_pods(*stops: tuple[Pod, str]) -> None:
+    """Kubernetes deleting these pods: each preStop hook runs (all at once), then the container gets
+    SIGTERM (`ray start` drains its own node on it, should it be the container's first process), and
+    SIGKILL at the end of the grace period (`_kill_all`)."""
+    hooks = [(pod, pod.prestop(script)) for pod, script in stops]
+    for pod, hook in hooks:
+        assert hook.wait(timeout=GRACE_S + 30) == 0
+        if pod.proc.poll() is None:
+            pod.proc.send_signal(signal.SIGTERM)
+
+
+def _kill_all(*pods: Pod) -> None:
+    for pod in pods:
+        pod.kill()
+
+
+def _saved(pod: Pod) -> int:
+    return int((pod.notice_dir / notice.SAVED_FILE).read_text())
+
+
+def test_stop_notices_checkpoint_end_preempted_and_the_job_resumes(
+    clusters: Callable[[str], LocalCluster], tmp_path: Path
+) -> None:
+    first = clusters("first")
+    node = first.add_worker_node()
+    rc = first.train(tmp_path / "reference-storage", "reference").wait(timeout=400)
+    assert rc == 0
+    reference = json.loads((tmp_path / "out-reference" / "summary.json").read_text())
+    assert reference["preemptions"] == []
+
+    # 1. The worker pod deleted alone. The run ends at the first notice (Ray Train would otherwise
+    # wait for a new node: the restart path).
+    storage, job = tmp_path / "storage", ["--job-id", "rj-notice-0123456789", "--max-preemptions", "0"]
+    proc = first.train(storage, "noticed", *job)
+    lines = _until_step(proc, 5)
+    _stop_pods((node, prestop_script(GRACE_S, str(node.notice_dir))))
+    rest, _ = proc.communicate(timeout=400)
+    _kill_all(node)
+    out = "".join(lines) + rest
+    assert proc.returncode == 75, _gist(out)
+    one = _saved(node)
+    assert 5 <= one < 50, _gist(out)  # between the periodic checkpoints: written on notice
+    assert f"checkpoint on notice at step {one}" in out
+    run_dir = storage / "noticed"
+    snapshot = json.loads((run_dir / "checkpoint_manager_snapshot.json").read_text())
+    assert snapshot["latest_checkpoint_result"]["metrics"]["step"] == one
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["starts"][-1]["ended"] == "preempted" and record["starts"][-1]["at_step"] == one
+    notices = json.loads((run_dir / notice.PREEMPTIONS_FILE).read_text())
+    assert [n["step"] for n in notices] == [one] and notices[0]["ranks"] == [0, 1]
+
+    # 2. A new node; the same job again resumes; then the whole RayCluster goes at once.
+    node = first.add_worker_node()
+    proc = first.train(storage, "noticed", *job)
+    lines = _until_step(proc, one + 5)
+    assert any(f"[train] resumed from step {one} " in x for x in lines), _gist("".join(lines))
+    _stop_pods(
+        (first.head, head_prestop_script(GRACE_S, str(first.head.notice_dir))),
+        (node, prestop_script(GRACE_S, str(node.notice_dir))),
+    )
+    proc.kill()  # the driver goes with the head pod
+    proc.wait(timeout=60)
+    _kill_all(first.head, node)
+    two = _saved(first.head)  # the head's preStop waited for the registered checkpoint
+    assert one + 5 <= two < 50 and _saved(node) == two
+    snapshot = json.loads((run_dir / "checkpoint_manager_snapshot.json").read_text())
+    assert snapshot["latest_checkpoint_result"]["metrics"]["step"] == two
+    notices = json.loads((run_dir / notice.PREEMPTIONS_FILE).read_text())
+    assert [n["step"] for n in notices] == [one, two]
+    first.shutdown()
+
+    # 3. Kueue admits the job again: a new cluster, the same entry point.
+    second = clusters("second")
+    second.add_worker_node()
+    proc = second.train(storage, "noticed", *job)
+    out, _ = proc.communicate(timeout=400)
+    assert proc.returncode == 0, _gist(out)
+    summary = json.loads((tmp_path / "out-noticed" / "summary.json").read_text())
+    assert [r["from_step"] for r in summary["resumes"]] == [one, two]
+    assert [(p["step"], p["lost_steps"]) for p in summary["preemptions"]] == [(one, 0), (two, 0)]
     assert [h["step"] for h in summary["history"]] == list(range(1, STEPS + 1))
     assert [h["loss"] for h in summary["history"]] == [h["loss"] for h in reference["history"]]
-    assert "preempted 1 (lost 0 steps)" in out
+    assert "preempted 2 (lost 0, 0 steps)" in out, _gist(out)
