@@ -199,10 +199,13 @@ class Notice:
         from ray.core.generated import autoscaler_pb2
 
         deadline_ms = int((time.time() + END_AFTER_SAVE_S) * 1000)
+        # Ray's private names, typed loosely by its stubs (the worker's GCS client, protobuf enums).
+        worker: Any = ray._private.worker.global_worker
+        reasons: Any = getattr(autoscaler_pb2, "DrainNodeReason")  # noqa: B009 (generated: no stub)
         try:
-            accepted, why = ray._private.worker.global_worker.gcs_client.drain_node(
+            accepted, why = worker.gcs_client.drain_node(
                 self.node_id,
-                autoscaler_pb2.DrainNodeReason.Value(DRAIN_REASON),
+                reasons.Value(DRAIN_REASON),
                 f"checkpoint on notice written at step {step}",
                 deadline_ms,
             )
