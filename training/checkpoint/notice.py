@@ -13,8 +13,10 @@ _is_preemption_failure).
 What drains a node is a Ray Core drain with reason PREEMPTION and a deadline (GcsClient.drain_node).
 A pod being deleted (a node drain or eviction, a Spot interruption the managed node group turns into
 a drain, a Kueue preemption deleting the RayCluster, `raytrain job stop`) runs its preStop hook, then
-sends SIGTERM to the container's first process (Kubernetes docs, "Pod Lifecycle: Termination of
-Pods"), and SIGKILL at the end of terminationGracePeriodSeconds. Two paths make that drain:
+sends SIGTERM to the container's first process, and SIGKILL at the end of terminationGracePeriodSeconds,
+whose countdown "begins before the PreStop hook is executed" (Kubernetes docs, Container Lifecycle
+Hooks, https://kubernetes.io/docs/concepts/containers/container-lifecycle-hooks/; Pod Lifecycle,
+"Termination of Pods"). Two paths make that drain:
 - `ray start --block` drains its own node on SIGTERM, reason PREEMPTION, for
   RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S (default 30 s), and waits that long for its raylet before it
   kills the node's processes (Ray 2.58 and 2.60: ray/_private/node.py, _drain_node_before_shutdown);

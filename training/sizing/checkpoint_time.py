@@ -14,8 +14,9 @@ for the upload S3's guidance of up to ~100 Gb/s per instance across parallel con
 
 The interval: with a checkpoint every T seconds costing C seconds, and interruptions at a rate of
 lambda per hour, the expected loss per hour is C/T (checkpointing) + lambda*T/2 (half an interval of work
-lost per interruption); it is least at T* = sqrt(2 C / lambda) (Young, "A first order approximation to
-the optimum checkpoint interval", CACM 17(9), 1974). With a checkpoint on notice most interruptions
+lost per interruption); it is least at T* = sqrt(2 C / lambda) (J. W. Young, "A first order approximation
+to the optimum checkpoint interval", CACM 17(9), 1974, doi:10.1145/361147.361115: Tc = sqrt(2 Ts Tf) for a
+save of Ts and a mean time between failures Tf = 1/lambda). With a checkpoint on notice most interruptions
 lose nothing; the interval guards the ones that come without notice.
 """
 
@@ -34,7 +35,10 @@ UPLOAD_BYTES_PER_S = 3.0e9  # per node to S3: see above
 NOTICE_POLL_S = 1  # Ray Train's preemption watcher's poll (RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S on the pods)
 GRACE_MARGIN_S = 15  # the drain call, Ray's barrier, and the preStop's own margin
 MIN_GRACE_S = 30  # Kubernetes' default terminationGracePeriodSeconds
-SPOT_NOTICE_S = 120  # EC2 Spot interruption notice ("Spot Instance interruption notices", EC2 User Guide)
+# "A warning that is issued two minutes before Amazon EC2 stops or terminates your Spot Instance"
+# (EC2 User Guide, Spot Instance interruption notices:
+# https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/spot-instance-termination-notices.html).
+SPOT_NOTICE_S = 120
 
 
 @dataclass(frozen=True)
