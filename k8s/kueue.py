@@ -1,8 +1,9 @@
 """Kueue's objects for the teams (config/settings/teams.py), in the v1beta2 API (served and stored
 by v0.19; the only version v0.20 serves): ResourceFlavors from the node groups, a ClusterQueue per
-team in one cohort, a LocalQueue in each team's namespace, the WorkloadPriorityClasses, and the
+team in one cohort, a LocalQueue in each team's namespace, the WorkloadPriorityClasses, the
 ProvisioningRequest admission check that asks the Cluster Autoscaler for a job's GPU nodes before
-the job is admitted.
+the job is admitted, and, where the settings turn on topology-aware placement (`topology`, only
+for GPU types with EC2 topology data), the Topology the GPU flavor names.
 
 Plain dicts (the API's own field names): the cluster stack applies them after Kueue's chart, and
 tests validate each against the CRD rendered from that chart (schema and CEL rules).

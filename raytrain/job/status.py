@@ -12,6 +12,7 @@ from rich.table import Table
 
 from config.names import ORIGIN_LABEL, RUN_NAME_LABEL
 from config.settings import ClusterMode, Settings
+from config.startup import PODS_READY_TIMEOUT_SECONDS
 from raytrain import verify
 from raytrain.job.api import JobApi
 from raytrain.job.common import EXIT_FAILED, EXIT_OK, JOBS_SELECTOR, JobError, consoles
@@ -164,8 +165,8 @@ def waiting_lines(target: Target) -> list[str]:
             lines.append(
                 f"[yellow]waiting for GPU nodes:[/] this job needs {mine}, other unfinished jobs hold "
                 f"{sum(others.values())} ({held}) of gpu_nodes.max_size {settings.gpu_nodes.max_size}; "
-                f"it starts when they end, or fails after job.start_timeout_seconds "
-                f"({settings.job.start_timeout_seconds} s) without running"
+                "Kueue requeues it if its pods are not ready within "
+                f"{PODS_READY_TIMEOUT_SECONDS} s of admission (waitForPodsReady, config/startup.py)"
             )
     return lines
 
