@@ -56,6 +56,7 @@ from config.names import EFA_RESOURCE, GPU_RESOURCE, SYSTEM_NODE_LABELS
 
 # Scale-down timing: config/provisioned.py (the cost estimate counts it too).
 from config.provisioned import SCALE_DOWN_DELAY_AFTER_ADD, SCALE_DOWN_UNNEEDED
+from config.startup import max_node_provision_time
 
 REPOSITORY = "https://kubernetes.github.io/autoscaler"
 CHART = "cluster-autoscaler"
@@ -118,6 +119,10 @@ def chart_values(
             # "enable-provisioning-requests", default false). The chart's ClusterRole already
             # grants provisioningrequests and their status (templates/clusterrole.yaml, 9.59.0).
             "enable-provisioning-requests": True,
+            # How long it waits for a requested node to register before giving up on it (default
+            # 15m, FAQ.md). Kueue's waitForPodsReady timeout counts this part too
+            # (config/startup.py): one figure, so neither gives up while the other still waits.
+            "max-node-provision-time": max_node_provision_time(),
         },
         "resources": {
             "requests": {"cpu": "100m", "memory": "300Mi"},

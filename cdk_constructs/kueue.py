@@ -25,6 +25,7 @@ from aws_cdk import Duration
 from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
+from config import startup
 from config.names import QUEUED_NAMESPACE_LABEL, SYSTEM_NODE_LABELS
 from config.registries import ImageSource
 
@@ -48,16 +49,16 @@ PROVISIONING_REQUEST_CRD = (
 
 # waitForPodsReady: an admitted job whose pods are not all ready within this is evicted (its
 # cluster deleted) and requeued with backoff, so a half-started job does not hold GPUs forever.
-# Counted from admission, which with the provisioning check comes once the autoscaler has raised
-# the GPU group: the window covers a cold g6 node's EC2 launch and EKS join, the NVIDIA and EFA
-# device plugins advertising their resources (the AL2023 NVIDIA AMI carries the driver: nothing
-# is installed at boot), and the ~20 GB Ray image pull. Not measured here (no AWS account): 20
-# minutes, below the jobs' own start budget (job.start_timeout_seconds, 30 minutes by default,
-# KubeRay's preRunningDeadlineSeconds), so Kueue requeues before KubeRay fails the attempt. Measure
-# it on the first deploy (docs/teams.md) and change it here.
-PODS_READY_TIMEOUT_SECONDS = 1200
+# The timeout is the sum of a cold GPU node's start-up parts, each cited in config/startup.py
+# (node launch within the autoscaler's max-node-provision-time, device plugins, the ~20 GB image
+# pull, Ray's readiness): 24 minutes. Kueue's own default is 30 (apis/config/v1beta2/defaults.go
+# DefaultWaitForPodsReadyTimeout, v0.19.2). The jobs' start budget (job.start_timeout_seconds) is
+# checked to be longer (config/settings/queueing.py), so Kueue requeues before KubeRay fails.
+PODS_READY_TIMEOUT_SECONDS = startup.PODS_READY_TIMEOUT_SECONDS
 # Requeue backoff after such an eviction: base * 2^(n-1) (+jitter) up to the max, no limit on count
-# (kueue apis/config/v1beta2 RequeuingStrategy; site docs "Setup All-or-nothing with ready Pods").
+# (kueue apis/config/v1beta2 RequeuingStrategy, v0.19.2: defaults base 60 s, max 3600 s, count
+# unlimited; site docs "Setup All-or-nothing with ready Pods"). 30 minutes at most between tries
+# (a node start's worth), not Kueue's hour.
 REQUEUE_BACKOFF_BASE_SECONDS = 60
 REQUEUE_BACKOFF_MAX_SECONDS = 1800
 

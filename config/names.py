@@ -94,6 +94,11 @@ PART_OF = "ray-train"
 # Label of the team namespaces whose RayJobs Kueue manages even without a queue label (they stay
 # suspended until given a queue): the namespaces of own-cluster jobs (cdk_constructs/kueue.py).
 QUEUED_NAMESPACE_LABEL = "ray-train/queued"
+# The job submitter pod of every RayJob (K8sJobMode: it only runs `ray job submit` and follows the
+# logs): its requests (k8s/job.py), which Kueue counts beside the head on the system flavor
+# (k8s/kueue.py) and the system node group must hold (config/settings/queueing.py).
+SUBMITTER_CPU_MILLIS = 500
+SUBMITTER_MEMORY_MIB = 1024
 # The standing RayCluster's name (job.cluster: standing).
 STANDING_CLUSTER_NAME = "ray-train"
 # Labels of every RayJob: its checkpoint run name, and who applied it (the Workload stack's

@@ -228,7 +228,14 @@ def _worker_group(types: SpecTypes, settings: Settings, service_account_name: st
         max_replicas=nodes,
         # num-gpus from the same number as the GPU request; whole CPUs of the pod for Ray tasks.
         ray_start_params={"num-gpus": str(gpu.gpus), "num-cpus": str(cpu_millis // 1000)},
-        template=t("")(metadata=t("Metadata")(labels=labels(WORKER)), spec=spec),
+        # Kueue's topology-aware placement, where the settings ask for it (config/settings/queueing.py).
+        template=t("")(
+            metadata=t("Metadata")(
+                labels=labels(WORKER),
+                annotations=settings.topology.worker_annotations(settings.gpu_nodes.instance_type) or None,
+            ),
+            spec=spec,
+        ),
     )
 
 

@@ -14,7 +14,12 @@ import shlex
 from typing import Any
 
 from config.checkpointing import checkpoint_interval
-from config.names import SERVICE_ACCOUNT, STANDING_CLUSTER_NAME
+from config.names import (
+    SERVICE_ACCOUNT,
+    STANDING_CLUSTER_NAME,
+    SUBMITTER_CPU_MILLIS,
+    SUBMITTER_MEMORY_MIB,
+)
 from config.settings import ClusterMode, Settings
 from k8s.cluster import RAYJOB_CLUSTER_TYPES, SYSTEM_NODE_SELECTOR, ray_cluster_spec
 from k8s.imports.raycluster.io import ray as rc
@@ -29,9 +34,12 @@ from k8s.pods import (
     resources,
 )
 
-# The job submitter only runs `ray job submit` and follows the logs.
-SUBMITTER_CPU = "500m"
-SUBMITTER_MEMORY = "1Gi"
+# The job submitter only runs `ray job submit` and follows the logs (config/names.py).
+SUBMITTER_CPU = f"{SUBMITTER_CPU_MILLIS}m"
+# Written as before ("1Gi"): the RayJob's name hashes its spec text.
+SUBMITTER_MEMORY = (
+    f"{SUBMITTER_MEMORY_MIB // 1024}Gi" if SUBMITTER_MEMORY_MIB % 1024 == 0 else f"{SUBMITTER_MEMORY_MIB}Mi"
+)
 SUBMITTER_TYPES = SpecTypes(rj, "RayJobSpecSubmitterPodTemplate")
 
 

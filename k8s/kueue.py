@@ -1,8 +1,9 @@
 """Kueue's objects for the teams (config/settings/teams.py), in the v1beta2 API (served and stored
 by v0.19; the only version v0.20 serves): ResourceFlavors from the node groups, a ClusterQueue per
-team in one cohort, a LocalQueue in each team's namespace, the WorkloadPriorityClasses, and the
+team in one cohort, a LocalQueue in each team's namespace, the WorkloadPriorityClasses, the
 ProvisioningRequest admission check that asks the Cluster Autoscaler for a job's GPU nodes before
-the job is admitted.
+the job is admitted, and, where the settings turn on topology-aware placement (`topology`, only
+for GPU types with EC2 topology data), the Topology the GPU flavor names.
 
 Plain dicts (the API's own field names): the cluster stack applies them after Kueue's chart, and
 tests validate each against the CRD rendered from that chart (schema and CEL rules).
@@ -27,11 +28,14 @@ from config.names import (
     GPU_TAINT_VALUE,
     PART_OF,
     PART_OF_LABEL,
+    SUBMITTER_CPU_MILLIS,
+    SUBMITTER_MEMORY_MIB,
     SYSTEM_NODE_LABELS,
     accelerator_label_value,
 )
 from config.settings import Settings
 from config.settings.teams import PRIORITIES, Team
+from config.topology import HOSTNAME_LABEL, layer_label, network_layers
 
 API = "kueue.x-k8s.io/v1beta2"
 COHORT = "ray-train"
@@ -54,15 +58,36 @@ PROVISIONING_CONTROLLER = "kueue.x-k8s.io/provisioning-request"
 # orchestrator/executor.go increaseSize), one SetDesiredCapacity that EC2 may fill in part.
 PROVISIONING_CLASS = "best-effort-atomic-scale-up.autoscaling.x-k8s.io"
 
-# The submitter pod of every RayJob (k8s/job.py SUBMITTER_CPU / SUBMITTER_MEMORY), which Kueue
-# counts beside the head.
-SUBMITTER_CPU_MILLIS = 500
-SUBMITTER_MEMORY_MIB = 1024
-
 
 def gpu_flavor_name(settings: Settings) -> str:
-    """The GPU flavor is named after the node group's instance type (g6.12xlarge -> g6-12xlarge)."""
-    return settings.gpu_nodes.instance_type.replace(".", "-")
+    """The GPU flavor is named after the node group's instance type (g6.12xlarge -> g6-12xlarge),
+    with `-tas` when it carries a topology: a flavor's topologyName, node labels and tolerations
+    cannot change once it has a topology (CRD transition rules: "topologyName is immutable when
+    topologyName is set"), so turning placement on or off makes a new flavor instead."""
+    name = settings.gpu_nodes.instance_type.replace(".", "-")
+    return f"{name}-tas" if settings.topology.on else name
+
+
+def topology_name(settings: Settings) -> str:
+    """`aws-network-<layers>`: a Topology's levels cannot change (CRD: "field is immutable"), so a
+    type with another number of layers gets another Topology."""
+    return f"aws-network-{network_layers(settings.gpu_nodes.instance_type)}"
+
+
+def topology(settings: Settings) -> dict[str, Any]:
+    """Kueue's Topology of the GPU nodes: EKS's network-node-layer labels top-down (config/topology.py),
+    then the host. With `kubernetes.io/hostname` lowest, Kueue assigns pods to nodes itself, which
+    it needs to respect node taints and to replace a failed node ("Taints on nodes are only
+    respected if this label is the lowest topology level", site/static/examples/tas/
+    sample-gpu-queues.yaml; "Hot swap support", TAS concepts, v0.19.2)."""
+    layers = network_layers(settings.gpu_nodes.instance_type)
+    levels = [layer_label(i) for i in range(1, layers + 1)] + [HOSTNAME_LABEL]
+    return {
+        "apiVersion": API,
+        "kind": "Topology",
+        "metadata": _meta(topology_name(settings)),
+        "spec": {"levels": [{"nodeLabel": label} for label in levels]},
+    }
 
 
 def _meta(name: str, namespace: str | None = None) -> dict[str, Any]:
@@ -98,6 +123,9 @@ def resource_flavors(settings: Settings) -> list[dict[str, Any]]:
                 # The labels of cdk_constructs/node_groups.py gpu_node_labels.
                 "nodeLabels": {**GPU_NODE_LABELS, ACCELERATOR_LABEL: accelerator_label_value(gpu.gpu_model)},
                 "nodeTaints": [{"key": GPU_TAINT_KEY, "value": GPU_TAINT_VALUE, "effect": "NoSchedule"}],
+                # Topology-aware scheduling on this flavor (settings `topology`): Kueue then reads
+                # the nodes' topology labels and places workers that ask for it.
+                **({"topologyName": topology_name(settings)} if settings.topology.on else {}),
             },
         },
     ]
@@ -277,8 +305,10 @@ def provisioning_check() -> list[dict[str, Any]]:
 
 
 def cluster_objects(settings: Settings) -> list[dict[str, Any]]:
-    """The cluster-scoped objects: flavors, priorities, the provisioning check, a ClusterQueue per team."""
+    """The cluster-scoped objects: the Topology (where placement is on), flavors, priorities, the
+    provisioning check, a ClusterQueue per team."""
     return [
+        *([topology(settings)] if settings.topology.on else []),
         *resource_flavors(settings),
         *priority_classes(),
         *provisioning_check(),

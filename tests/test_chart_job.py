@@ -311,7 +311,8 @@ def test_changed_code_gets_a_new_name() -> None:
         {"system_nodes": {"max_size": 3}},
         {"storage": {"removal_policy": "retain"}},
         {"cluster": {"public_access_cidrs": ["198.51.100.0/24"]}},
-        {"gpu_nodes": {"max_size": 4, "root_volume_gib": 400}},
+        # Up to 4 queued jobs at once then: their heads need 4 system nodes (config/settings/queueing.py).
+        {"gpu_nodes": {"max_size": 4, "root_volume_gib": 400}, "system_nodes": {"max_size": 4}},
         {"addons": {"nvidia_device_plugin": "0.20.1"}},
     ],
     ids=",".join,

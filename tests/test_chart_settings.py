@@ -176,6 +176,8 @@ def test_batch_sizes_must_divide_evenly_over_workers(
     itype = CATALOGUE[instance_type]
     data = dev_data(
         gpu_nodes={"instance_type": instance_type, "efa": itype.efa, "max_size": 4},
+        # A Ray head's room for each of the 4 jobs that can run at once (config/settings/queueing.py).
+        system_nodes={"max_size": 4},
         # Short sequences, so every micro-batch here fits the GPU's memory (config/memory.py): the
         # subject is divisibility.
         job={"nodes": nodes, "micro_batch_size": micro, "global_batch_size": global_batch, "seq_len": 256},

@@ -20,6 +20,7 @@ from config import provisioned
 from config.catalogue import CATALOGUE
 from config.loader import environment_names, load_settings
 from config.settings import KUBECTL_LAYERS
+from config.startup import max_node_provision_time
 
 ENVS = ["dev", "prod", "p5"]
 CHART_VERSION = load_settings("dev").addons.cluster_autoscaler
@@ -357,6 +358,8 @@ def test_rendered_deployment_runs_on_system_nodes_with_our_service_account(rende
     assert f"--scale-down-delay-after-add={ca.SCALE_DOWN_DELAY_AFTER_ADD}" in args
     # Kueue's provisioning admission check (k8s/kueue.py) needs the autoscaler to handle requests.
     assert "--enable-provisioning-requests=true" in args
+    # Kueue's ready timeout counts the same node wait (config/startup.py).
+    assert f"--max-node-provision-time={max_node_provision_time()}" in args
     env = {e["name"]: e.get("value") for e in container.get("env", [])}
     assert env.get("AWS_REGION") == "us-west-2"
     assert container["securityContext"]["readOnlyRootFilesystem"] is True

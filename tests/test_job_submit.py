@@ -368,6 +368,8 @@ def test_a_run_name_in_use_and_a_taken_name_are_refused(kube: Kube, s3: Any, set
     # Two jobs that need more GPU nodes than the group's max: the second is told it waits.
     rc, text = job(kube, "submit", "--name", "second", "--set", "job.run_name=other")
     assert rc == 0 and "waits for GPU nodes" in text and "first (2)" in text
+    # Queued, not failing on a start budget: Kueue's timeout only counts once it is admitted.
+    assert "Kueue queue" in text and "start_timeout_seconds" not in text
 
 
 def test_a_finished_runs_name_is_refused_unless_resumed(kube: Kube, s3: Any, settings: Any) -> None:

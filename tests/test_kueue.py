@@ -12,6 +12,7 @@ from ruamel.yaml import YAML
 
 from cdk_constructs import kueue
 from cdk_constructs.addons import values_file
+from config import startup
 from config.loader import environment_names, load_settings
 from config.names import EFA_RESOURCE, GPU_RESOURCE
 from config.settings import Settings
@@ -125,8 +126,31 @@ def test_manager_manages_only_rayjobs_and_waits_for_ready_pods(installed):
     assert config["managedJobsNamespaceSelector"] == {"matchLabels": {"ray-train/queued": "true"}}
     ready = config["waitForPodsReady"]
     assert ready["timeout"] == f"{kueue.PODS_READY_TIMEOUT_SECONDS}s"
+    assert ready["recoveryTimeout"] == ready["timeout"]
+    assert ready["blockAdmission"] is False
     assert ready["requeuingStrategy"]["backoffBaseSeconds"] > 0
     assert "backoffLimitCount" not in ready["requeuingStrategy"]  # requeued for as long as it takes
+
+
+def _minutes(duration: str) -> int:
+    return int(duration[:-1]) if duration.endswith("m") else int(duration[:-1]) // 60
+
+
+def test_kueues_ready_timeout_covers_the_autoscalers_node_wait_and_the_rest(installed, synthesized):
+    """The rendered Kueue configuration's timeout is the sum of the start-up parts
+    (config/startup.py), one of which is the autoscaler's --max-node-provision-time as the Cluster
+    template sets it: Kueue never evicts a job whose nodes the autoscaler still waits for."""
+    settings, docs = installed
+    env = settings.name
+    timeout = manager_configuration(docs)["waitForPodsReady"]["timeout"]
+    assert timeout == f"{60 * sum(startup.START_PARTS.values())}s"
+    autoscaler = helm_releases(synthesized[env].template("Cluster"))["cluster-autoscaler"]
+    node_wait = _minutes(autoscaler.values["extraArgs"]["max-node-provision-time"])
+    assert node_wait == startup.NODE_PROVISION_MINUTES
+    others = startup.DEVICE_PLUGIN_MINUTES + startup.IMAGE_PULL_MINUTES + startup.RAY_READY_MINUTES
+    assert int(timeout[:-1]) >= 60 * (node_wait + others)
+    # Each part named and positive: a part dropped to 0 would hide behind the sum.
+    assert all(minutes > 0 for minutes in startup.START_PARTS.values()) and len(startup.START_PARTS) == 4
 
 
 def test_pods_ready_timeout_fits_inside_the_jobs_start_budget():

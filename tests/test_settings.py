@@ -286,6 +286,8 @@ def test_sizes_valid_iff_ordered(min_size, nodes, max_size):
         a for t in data.pop("teams").values() for a in t["submitters"]
     ]
     data["gpu_nodes"].update(min_size=min_size, max_size=max_size)
+    # Room for every job's Ray head (one per GPU node at most: tests/test_settings_queueing.py).
+    data["system_nodes"]["max_size"] = 20
     data["job"] = {**data.get("job", {}), "nodes": nodes}
     # The group scales between min and max; a job needs at least one node, at most max.
     if min_size <= max_size and 1 <= nodes <= max_size:

@@ -35,6 +35,7 @@ from config.settings.infrastructure import (
 from config.settings.job_rules import ON_DEMAND_CHECKPOINT_EVERY
 from config.settings.observability import ObservabilitySettings
 from config.settings.pipeline import PipelineSettings
+from config.settings.queueing import TopologySettings, queueing_problem
 from config.settings.teams import Team, TeamSettings, team_name_problem, team_problem, teams_of
 from config.settings.workload import IMAGE, JobSettings, Transport, WorkloadSettings, check_kms_key_arn
 from training.sizing.batch import accumulation_steps
@@ -70,6 +71,8 @@ class Settings(SettingsModel):
     observability: ObservabilitySettings = Field(default_factory=ObservabilitySettings)
     # Teams sharing the cluster through Kueue (config/settings/teams.py); none: one implicit team.
     teams: dict[str, TeamSettings] = Field(default_factory=dict)
+    # Kueue topology-aware placement of a job's GPU workers (config/settings/queueing.py).
+    topology: TopologySettings = Field(default_factory=TopologySettings)
     # Only the environment that hosts the pipeline needs (and enables) this section.
     pipeline: PipelineSettings | None = None
     termination_protection: bool = False
@@ -375,6 +378,14 @@ class Settings(SettingsModel):
                 f"{job.global_batch_size} is not a multiple of {split}workers ({workers} = "
                 f"{job.nodes} nodes x {gpu.gpus} GPUs); valid: {fixes}",
             )
+        return self
+
+    @model_validator(mode="after")
+    def _queueing(self) -> Settings:
+        # After _cross: a head that fits no system node at all is reported there, by its field.
+        problem = queueing_problem(self)
+        if problem is not None:
+            raise FieldError(*problem)
         return self
 
     @model_validator(mode="after")

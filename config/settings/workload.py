@@ -377,11 +377,11 @@ class JobSettings(SettingsModel):
     float8: bool | None = None
     output_dir: str | None = None
     expect_transport: Transport = Transport.AUTO
-    # Lifecycle, "own" mode: when the job ends (succeeded or failed) its GPU workers are deleted
-    # at once, and its Ray head (dashboard, logs) stays this long for inspection before the whole
-    # cluster goes (KubeRay deletion rules, k8s/job.py). The head runs on a system node, so this
-    # time costs no GPU node. Must be 0 in "standing" mode: the job never deletes that cluster.
-    # At most 2^31 - 1: the rules' ttlSeconds is an int32 in the CRD.
+    # No effect since own-cluster jobs are queued: Kueue needs shutdownAfterJobFinishes, so a job's
+    # whole cluster goes when it ends (TTL 0, k8s/job.py QUEUED_TTL_SECONDS); the driver log stays
+    # in the submitter pod. Kept so older files load. Must be 0 in "standing" mode (the job never
+    # deletes that cluster). Was how long the head stayed for inspection (KubeRay deletion rules);
+    # at most 2^31 - 1: the rules' ttlSeconds is an int32 in the CRD.
     ttl_seconds_after_finished: int = Field(default=3600, ge=0, le=2**31 - 1)
     # Wall-clock limit of one RayJob attempt, cluster start-up included.
     active_deadline_seconds: int = Field(default=6 * 3600, ge=60)

@@ -4,7 +4,8 @@ lifecycle, through the Kubernetes API, beside the infrastructure's (CloudFormati
 - `submit`: render the RayJob with the chart's code (k8s/chart.py) from the environment's
   settings plus `--set job.FIELD=VALUE` overrides, upload the training code as a content-addressed
   zip, create the RayJob; `--wait` follows it to its end. (submit.py)
-- `list`: every RayJob of the environment, deployed or submitted. (status.py)
+- `list`: every RayJob of the team, deployed or submitted; `--all-teams` every team's, for a
+  cluster admin. (status.py)
 - `queue`: the team's Kueue queue: its quota, use and borrowing, each job admitted or pending with
   its position and Kueue's reason. (queue.py)
 - `status`: the environment's RayJobs and, for the newest unfinished one (or `--job NAME`), its
@@ -67,8 +68,13 @@ def register(subparsers: Any) -> None:
 
     _submit_parser(actions, connection)
 
-    listing = actions.add_parser("list", help="every RayJob of the environment, newest first")
+    listing = actions.add_parser("list", help="every RayJob of the team (or of every team), newest first")
     connection(listing)
+    listing.add_argument(
+        "--all-teams",
+        action="store_true",
+        help="every team's RayJobs in one table (a cluster admin: a team's submitters may list only theirs)",
+    )
     listing.set_defaults(func=run_list)
 
     queue = actions.add_parser(

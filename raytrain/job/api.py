@@ -52,6 +52,31 @@ class JobApi:
         """Kueue's Workloads in a namespace: one per queued RayJob."""
         return self._list_custom(_WORKLOADS, namespace, what="Kueue workloads", installed_by="Kueue")
 
+    def may(self, verb: str, group: str, resource: str, namespace: str) -> bool:
+        """Whether the caller's RBAC allows `verb` on `resource` in `namespace`: a
+        SelfSubjectAccessReview, which every authenticated user may create (the built-in
+        system:basic-user ClusterRole; Kubernetes docs, "Checking API access")."""
+        from kubernetes import client
+
+        review = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SelfSubjectAccessReview",
+            "spec": {
+                "resourceAttributes": {
+                    "namespace": namespace,
+                    "verb": verb,
+                    "group": group,
+                    "resource": resource,
+                }
+            },
+        }
+        out = self.api._call(
+            f"asking whether you may {verb} {resource} in {namespace}",
+            client.AuthorizationV1Api(self.api._client).create_self_subject_access_review,
+            review,
+        )
+        return bool(((out or {}).get("status") or {}).get("allowed"))
+
     def _get_custom(self, res: _Resource, namespace: str, name: str) -> dict[str, Any] | None:
         """One custom object; None when absent."""
         return self.api._call(

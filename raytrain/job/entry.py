@@ -27,7 +27,7 @@ def team_view(args: argparse.Namespace, settings: Settings) -> Settings:
     teams = [t.name for t in settings.team_list]
     name = getattr(args, "team", None)
     if name is None:
-        if len(teams) > 1:
+        if len(teams) > 1 and not getattr(args, "all_teams", False):
             raise JobError(f"--team: {settings.name} has the teams {', '.join(teams)}: name yours")
         name = teams[0]
     if name not in teams:

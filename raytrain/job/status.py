@@ -12,6 +12,7 @@ from rich.table import Table
 
 from config.names import ORIGIN_LABEL, RUN_NAME_LABEL
 from config.settings import ClusterMode, Settings
+from config.startup import PODS_READY_TIMEOUT_SECONDS
 from raytrain import verify
 from raytrain.job.api import JobApi
 from raytrain.job.common import EXIT_FAILED, EXIT_OK, JOBS_SELECTOR, JobError, consoles
@@ -164,8 +165,8 @@ def waiting_lines(target: Target) -> list[str]:
             lines.append(
                 f"[yellow]waiting for GPU nodes:[/] this job needs {mine}, other unfinished jobs hold "
                 f"{sum(others.values())} ({held}) of gpu_nodes.max_size {settings.gpu_nodes.max_size}; "
-                f"it starts when they end, or fails after job.start_timeout_seconds "
-                f"({settings.job.start_timeout_seconds} s) without running"
+                "Kueue requeues it if its pods are not ready within "
+                f"{PODS_READY_TIMEOUT_SECONDS} s of admission (waitForPodsReady, config/startup.py)"
             )
     return lines
 
@@ -210,18 +211,25 @@ def progress_text(target: Target) -> str | None:
 
 def run_list(args: argparse.Namespace, console: Console | None = None) -> int:
     console, err = consoles(console)
+    every = getattr(args, "all_teams", False)
 
     def body(settings: Settings, api: JobApi) -> int:
-        ns = settings.workload.namespace
-        jobs = api.rayjobs(ns, JOBS_SELECTOR)
+        teams = settings.team_list if every else (settings.active_team,)
+        if every:
+            _check_may_list(api, settings)
+        where = ", ".join(t.namespace for t in teams)
         table = Table(
-            title=f"RayJobs of {settings.name} in {ns} ({settings.cluster.name}, {settings.region})"
+            title=f"RayJobs of {settings.name} in {where} ({settings.cluster.name}, {settings.region})"
         )
-        for col in ("job", "from", "run", "GPU nodes", "deployment", "ray job", "created", "ended"):
+        columns = ("job", "from", "run", "GPU nodes", "deployment", "ray job", "created", "ended")
+        for col in ("team", *columns) if every else columns:
             table.add_column(col, overflow="fold")
-        for job in sorted(jobs, key=lambda j: (_created(j), str(_meta(j, "name"))), reverse=True):
+        found = [(team, job) for team in teams for job in api.rayjobs(team.namespace, JOBS_SELECTOR)]
+        for team, job in sorted(
+            found, key=lambda tj: (_created(tj[1]), str(_meta(tj[1], "name"))), reverse=True
+        ):
             st, labels = job.get("status") or {}, _meta(job, "labels") or {}
-            table.add_row(
+            cells = [
                 escape(str(_meta(job, "name"))),
                 escape(str(labels.get(ORIGIN_LABEL, "-"))),
                 escape(str(labels.get(RUN_NAME_LABEL, "-"))),
@@ -230,15 +238,29 @@ def run_list(args: argparse.Namespace, console: Console | None = None) -> int:
                 _styled(st.get("jobStatus")),
                 _styled(_created(job)),
                 _styled(st.get("endTime")),
-            )
+            ]
+            table.add_row(*([escape(team.name)] if every else []), *cells)
         console.print(table)
-        if not jobs:
+        if not found:
             console.print(
-                f"no RayJob in namespace {ns!r}: `raytrain job submit --env {settings.name}` starts one"
+                f"no RayJob in namespace(s) {where}: `raytrain job submit --env {settings.name}` starts one"
             )
         return EXIT_OK
 
     return guarded(args, console, body, err=err)
+
+
+def _check_may_list(api: JobApi, settings: Settings) -> None:
+    """--all-teams lists every team's namespace: only for a caller RBAC lets list RayJobs in each
+    (a cluster admin's access entry). A team's submitters are bound in their own namespace only
+    (k8s/rbac.py), so for them it is refused up front, naming the namespace, not half-listed."""
+    for team in settings.team_list:
+        if not api.may("list", verify.RAY_GROUP, "rayjobs", team.namespace):
+            raise JobError(
+                f"--all-teams: your access entry may not list RayJobs in {team.namespace} (team "
+                f"{team.name}): a team's submitters see only their own namespace; every team's jobs "
+                "are for cluster admins (cluster.admin_principal_arns). Use --team TEAM"
+            )
 
 
 def _queue_line(api: JobApi, target: Target) -> str | None:

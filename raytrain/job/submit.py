@@ -31,6 +31,7 @@ from config.locations import S3Input, checkpoint_bucket_name, checkpoint_prefix,
 from config.names import DEPLOYED_JOB_PREFIX, JOBS_ANCHOR, RUN_NAME_LABEL
 from config.settings import ClusterMode, Settings
 from config.settings.teams import priority_problem
+from config.startup import PODS_READY_TIMEOUT_SECONDS
 from raytrain.job import code
 from raytrain.job.api import JobApi
 from raytrain.job.common import EXIT_FAILED, EXIT_OK, EXIT_UNUSABLE, JOBS_SELECTOR, JobError, consoles
@@ -379,9 +380,10 @@ def capacity_lines(jobs: list[dict[str, Any]], settings: Settings) -> list[str]:
     others = ", ".join(f"{k} ({v})" for k, v in sorted(held.items()))
     return [
         f"[yellow]waits for GPU nodes:[/] it needs {settings.job.nodes}, gpu_nodes.max_size is {cap} "
-        f"and unfinished jobs hold {in_use}: {others}. Its pods stay Pending until nodes free up; "
-        f"it fails if not running within job.start_timeout_seconds ({settings.job.start_timeout_seconds} s). "
-        "`raytrain job status` shows why it waits."
+        f"and unfinished jobs hold {in_use}: {others}. It waits, suspended, in its team's Kueue queue "
+        "until its nodes are free (no start budget runs meanwhile); once admitted, Kueue requeues it if "
+        f"its pods are not ready within {PODS_READY_TIMEOUT_SECONDS} s (waitForPodsReady, "
+        "config/startup.py). `raytrain job queue` and `raytrain job status` show why it waits."
     ]
 
 

@@ -112,13 +112,27 @@ def _check_cluster(cluster: dict[str, Any], ns: str, settings: Settings, want_gp
     status = cluster.get("status") or {}
     groups = _worker_groups(cluster)
     if workers_released(cluster):
+        # Only a RayJob with deletion rules leaves its head behind: one made before the namespace's
+        # jobs were queued (or by hand). Queued jobs delete their whole cluster when they end
+        # (shutdownAfterJobFinishes, TTL 0: k8s/job.py), whatever job.ttl_seconds_after_finished says.
         head = "head pod ready" if _condition(cluster, "HeadPodReady") == "True" else "head pod not ready"
+        owner = next(
+            (o.get("name") for o in (cluster.get("metadata") or {}).get("ownerReferences") or []
+             if o.get("kind") == "RayJob"),
+            None,
+        )  # fmt: skip
+        gone = (
+            f"kubectl -n {ns} delete rayjob {owner}"
+            if owner
+            else f"kubectl -n {ns} delete raycluster {_name(cluster)}"
+        )
         return Check(
             "RayCluster",
             f"{ns}/{_name(cluster)}",
             INFO,
-            f"its job has ended: GPU workers released, {head}; the cluster goes after "
-            f"job.ttl_seconds_after_finished ({settings.job.ttl_seconds_after_finished} s)",
+            f"its job has ended: GPU workers released, {head}; the head stays until its RayJob's "
+            f"own deletion rule fires (a job from before the queues: today's jobs delete their whole "
+            f"cluster when they end), or: {gone}",
         )
     replicas = sum(int(g.get("replicas") or 0) for g in groups)
     ready_workers = int(status.get("readyWorkerReplicas") or 0)

@@ -251,6 +251,14 @@ def test_cluster_whose_job_ended_is_a_note(api_server: FakeApi, settings: Settin
     assert not [c for c in checks if c.result == verify.FAIL], checks
     (rc,) = [c for c in checks if c.name == "RayCluster"]
     assert rc.result == verify.INFO and "GPU workers released" in rc.detail
+    # Queued jobs have no inspection time (TTL 0): the note says how the head goes, not a setting
+    # that no longer does anything.
+    assert "ttl_seconds_after_finished" not in rc.detail
+    (owner,) = [o["name"] for o in cluster["metadata"]["ownerReferences"] if o["kind"] == "RayJob"]
+    assert f"kubectl -n {ns} delete rayjob {owner}" in rc.detail
+    del cluster["metadata"]["ownerReferences"]  # a cluster made by hand
+    (rc,) = [c for c in verify.verify(api, zero) if c.name == "RayCluster"]
+    assert f"kubectl -n {ns} delete raycluster {cluster['metadata']['name']}" in rc.detail
     # One group still running is a cluster like any other: checked, and failing when short.
     cluster["spec"]["workerGroupSpecs"][0]["suspend"] = False
     (rc,) = [c for c in verify.verify(api, zero) if c.name == "RayCluster"]
