@@ -8,7 +8,14 @@ import pytest
 
 from config.checkpointing import STEP_ALLOWANCE_S, checkpoint_time, stop_grace_seconds, trained_params
 from tests.chart_render import ALL, env_of, head_pod, settings_of, worker_container, worker_group
-from training.common.stop_notice import DRIVER_FILE, NOTICE_DIR, PRESTOP_MARGIN_S, SAVED_FILE, WORKERS_FILE
+from training.common.stop_notice import (
+    DRIVER_PREFIX,
+    NOTICE_DIR,
+    PRESTOP_MARGIN_S,
+    SAVED_FILE,
+    SAVED_PREFIX,
+    WORKERS_PREFIX,
+)
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -46,9 +53,9 @@ def test_the_head_outlives_the_workers_checkpoint_on_notice(name: str) -> None:
     command = pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
     assert command[:2] == ["/bin/bash", "-c"]
     script = command[2]
-    assert f'"$d/{DRIVER_FILE}"' in script and f'"$d/{WORKERS_FILE}"' in script
+    assert f'"$d"/{DRIVER_PREFIX}*' in script and f'"$d/{WORKERS_PREFIX}$p"' in script
     assert "ray drain-node" in script and f"--deadline-remaining-seconds {grace - PRESTOP_MARGIN_S}" in script
-    assert f'"$d/{SAVED_FILE}"' in script and NOTICE_DIR in script
+    assert f'"$d/{SAVED_PREFIX}$p"' in script and NOTICE_DIR in script
 
 
 def test_a_lora_checkpoint_is_the_adapters_and_a_full_one_every_parameter() -> None:

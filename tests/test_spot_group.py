@@ -36,6 +36,8 @@ def h200_spot_data(**job: object) -> dict:
     gpu = {k: v for k, v in data["gpu_nodes"].items() if k != "instance_type"}
     data["gpu_nodes"] = {**gpu, "availability_zone": "us-east-2c", "capacity_type": "SPOT",
                          "instance_types": TYPES, "placement_group": False, "max_size": 3}  # fmt: skip
+    # Three concurrent jobs' heads and submitters, one pair per m7i.xlarge (the system headroom rule).
+    data["system_nodes"] = {**data["system_nodes"], "max_size": 3}
     data["job"] = {k: v for k, v in data["job"].items() if k != "checkpoint_every"}
     data["job"].update({"model": "Qwen/Qwen2.5-7B", "steps": 3000, "seq_len": 4096, "global_batch_size": 64})
     data["job"].update(job)

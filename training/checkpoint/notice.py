@@ -34,9 +34,9 @@ system node). The driver and Ray Train's controller run there (the controller on
 ray/train/v2/api/data_parallel_trainer.py), and the checkpoint on notice counts only once the
 controller registered it. So the head pod's preStop (`head_prestop_script`) drains the run's GPU
 worker nodes itself and waits, within the same grace period, until the controller's `HeadNotice`
-callback saw the on-notice report (SAVED_FILE on the head); the driver leaves its pid there
-(DRIVER_FILE, `driver_running`), and the callback the workers' node ids (WORKERS_FILE, from each
-worker group's first report).
+callback saw the on-notice report; the driver leaves its pid there (`driver_running`), and the callback
+the workers' node ids (from each worker group's first report), in files named by the driver's pid:
+several jobs may share a standing cluster's head.
 
 A rank that saved on notice trains no further: the steps it would take die with the node. It waits for
 Ray Train to tear the worker group down at the deadline (or for the node to go), then Ray Train starts a
@@ -56,13 +56,14 @@ from typing import Any
 
 from training.common.stop_notice import (  # noqa: F401  (the names tests and the chart use, from here too)
     DRAIN_REASON,
-    DRIVER_FILE,
+    DRIVER_PREFIX,
     NODE_FILE,
     NOTICE_DIR,
     NOTICE_DIR_ENV,
     PRESTOP_MARGIN_S,
     SAVED_FILE,
-    WORKERS_FILE,
+    SAVED_PREFIX,
+    WORKERS_PREFIX,
     head_prestop_script,
     prestop_script,
 )
@@ -234,38 +235,46 @@ def _write(path: str, text: str) -> None:
 @contextlib.contextmanager
 def driver_running() -> Iterator[None]:
     """The driver's pid on its node (the head), while the run goes: the head's preStop waits only
-    while it is alive."""
-    d = notice_dir()
+    for runs whose driver is alive."""
+    d, pid = notice_dir(), os.getpid()
     os.makedirs(d, exist_ok=True)
-    for name in (SAVED_FILE, WORKERS_FILE):  # a previous run's, in the same pod
+    for prefix in (SAVED_PREFIX, WORKERS_PREFIX):  # an earlier driver's of the same pid
         with contextlib.suppress(FileNotFoundError):
-            os.remove(os.path.join(d, name))
-    _write(os.path.join(d, DRIVER_FILE), str(os.getpid()))
+            os.remove(os.path.join(d, f"{prefix}{pid}"))
+    mine = os.path.join(d, f"{DRIVER_PREFIX}{pid}")
+    _write(mine, str(pid))
     try:
         yield
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(os.path.join(d, DRIVER_FILE))
+        for path in (mine, *(os.path.join(d, f"{p}{pid}") for p in (SAVED_PREFIX, WORKERS_PREFIX))):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
 
 
-def head_notice() -> Any:
-    """The Ray Train callback that tells the head's preStop what it needs (it runs in the controller,
-    on the driver's node: ray/train/v2/api/callback.py, UserCallback, "called on the Ray Train
-    controller process"; after_report comes after the checkpoint manager registered the report's
-    checkpoint, controller.py's ReportCallbackHandler order, Ray 2.58 and 2.60)."""
+def head_notice(driver_pid: int | None = None) -> Any:
+    """The Ray Train callback that tells the head's preStop what it needs about this driver's run
+    (it runs in the controller, on the driver's node: ray/train/v2/api/callback.py, UserCallback,
+    "called on the Ray Train controller process"; after_report comes after the checkpoint manager
+    registered the report's checkpoint, controller.py's ReportCallbackHandler order, Ray 2.58 and
+    2.60)."""
     from ray.train import UserCallback
+
+    pid = os.getpid() if driver_pid is None else driver_pid
 
     class HeadNotice(UserCallback):
         def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
             nodes = sorted({str(m[NODE_METRIC]) for m in metrics if m.get(NODE_METRIC)})
-            d = notice_dir()
-            if nodes or any(SAVED_METRIC in m for m in metrics):
-                os.makedirs(d, exist_ok=True)
-            if nodes:
-                _write(os.path.join(d, WORKERS_FILE), " ".join(nodes))
             saved = next((m[SAVED_METRIC] for m in metrics if SAVED_METRIC in m), None)
+            if not nodes and saved is None:
+                return
+            d = notice_dir()
+            os.makedirs(d, exist_ok=True)
+            if nodes:  # a worker group's start: an earlier group's checkpoint on notice is history
+                _write(os.path.join(d, f"{WORKERS_PREFIX}{pid}"), " ".join(nodes))
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(os.path.join(d, f"{SAVED_PREFIX}{pid}"))
             if saved is not None:
-                _write(os.path.join(d, SAVED_FILE), str(saved))
+                _write(os.path.join(d, f"{SAVED_PREFIX}{pid}"), str(saved))
 
     return HeadNotice()
 

@@ -45,9 +45,8 @@ def test_the_prestop_script_waits_for_the_save_and_skips_pods_without_training(t
     assert done.returncode == 0 and done.stdout == b""
 
 
-def test_the_head_prestop_waits_only_while_a_driver_runs(tmp_path: Path) -> None:
-    import subprocess
-
+def test_the_head_prestop_waits_only_for_runs_whose_driver_is_alive(tmp_path: Path) -> None:
+    """Two runs' drivers on one head (a standing cluster), files named by each driver's pid."""
     script = notice.head_prestop_script(40, directory=str(tmp_path))
     assert "--deadline-remaining-seconds 35" in script
 
@@ -58,19 +57,26 @@ def test_the_head_prestop_waits_only_while_a_driver_runs(tmp_path: Path) -> None
     assert hook().returncode == 0
     gone = subprocess.Popen(["true"])
     gone.wait()
-    (tmp_path / notice.DRIVER_FILE).write_text(str(gone.pid))
+    (tmp_path / f"{notice.DRIVER_PREFIX}{gone.pid}").write_text(str(gone.pid))
     done = hook()
     assert done.returncode == 0 and done.stdout == b""
-    # A live driver whose controller already registered the checkpoint on notice: the wait ends at
-    # once, but only for a SAVED_FILE written after the hook began (an earlier one is removed).
-    (tmp_path / notice.DRIVER_FILE).write_text(str(os.getpid()))
-    (tmp_path / notice.SAVED_FILE).write_text("7")
-    waiting = subprocess.Popen(["/bin/bash", "-c", script])
-
-    time.sleep(2)
-    assert waiting.poll() is None and not (tmp_path / notice.SAVED_FILE).exists()
-    (tmp_path / notice.SAVED_FILE).write_text("9")
-    assert waiting.wait(timeout=10) == 0
+    # Two live drivers: the wait ends once each one's controller registered its checkpoint on
+    # notice, or its driver ended.
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        for pid in (os.getpid(), other.pid):
+            (tmp_path / f"{notice.DRIVER_PREFIX}{pid}").write_text(str(pid))
+        (tmp_path / f"{notice.SAVED_PREFIX}{os.getpid()}").write_text("7")
+        waiting = subprocess.Popen(["/bin/bash", "-c", script])
+        time.sleep(2)
+        assert waiting.poll() is None  # the other run has not saved
+        other.kill()
+        other.wait()
+        assert waiting.wait(timeout=10) == 0  # ... and its driver is gone
+        # A live driver whose run saved: at once.
+        assert hook().returncode == 0
+    finally:
+        other.kill()
 
 
 def test_the_controller_callback_tells_the_head_which_nodes_and_when_saved(
@@ -79,21 +85,23 @@ def test_the_controller_callback_tells_the_head_which_nodes_and_when_saved(
     pytest.importorskip("ray")
 
     monkeypatch.setenv(notice.NOTICE_DIR_ENV, str(tmp_path))
+    pid = os.getpid()
+    workers, saved = tmp_path / f"{notice.WORKERS_PREFIX}{pid}", tmp_path / f"{notice.SAVED_PREFIX}{pid}"
     with notice.driver_running():
-        assert (tmp_path / notice.DRIVER_FILE).read_text() == str(os.getpid())
+        assert (tmp_path / f"{notice.DRIVER_PREFIX}{pid}").read_text() == str(pid)
         cb = notice.head_notice()
-        cb.after_report(
-            None, [{"step": 1, notice.NODE_METRIC: "n2"}, {"step": 1, notice.NODE_METRIC: "n1"}], None
-        )
-        assert (tmp_path / notice.WORKERS_FILE).read_text() == "n1 n2"
+        first = [{"step": 1, notice.NODE_METRIC: "n2"}, {"step": 1, notice.NODE_METRIC: "n1"}]
+        cb.after_report(None, first, None)
+        assert workers.read_text() == "n1 n2"
         cb.after_report(None, [{"step": 2}, {"step": 2}], None)  # later reports carry no node
-        assert (tmp_path / notice.WORKERS_FILE).read_text() == "n1 n2"
-        assert not (tmp_path / notice.SAVED_FILE).exists()
+        assert workers.read_text() == "n1 n2" and not saved.exists()
         cb.after_report(None, [{"step": 9, notice.SAVED_METRIC: 9}] * 2, object())
-        assert (tmp_path / notice.SAVED_FILE).read_text() == "9"
-    assert not (
-        tmp_path / notice.DRIVER_FILE
-    ).exists()  # the run ended: the head's preStop has nothing to wait for
+        assert saved.read_text() == "9"
+        # Ray Train restarts the group on a new node: that checkpoint on notice is history.
+        cb.after_report(None, [{"step": 10, notice.NODE_METRIC: "n3"}] * 2, None)
+        assert workers.read_text() == "n3" and not saved.exists()
+    # The run ended: nothing of it is left for the head's preStop.
+    assert not list(tmp_path.iterdir())
 
 
 def test_preemptions_are_told_from_failures() -> None:

@@ -266,7 +266,8 @@ def test_stop_notices_checkpoint_end_preempted_and_the_job_resumes(
     proc.kill()  # the driver goes with the head pod
     proc.wait(timeout=60)
     _kill_all(first.head, node)
-    two = _saved(first.head)  # the head's preStop waited for the registered checkpoint
+    # The head's preStop waited for the checkpoint the driver's controller registered.
+    two = int((first.head.notice_dir / f"{notice.SAVED_PREFIX}{proc.pid}").read_text())
     assert one + 5 <= two < 50 and _saved(node) == two
     snapshot = json.loads((run_dir / "checkpoint_manager_snapshot.json").read_text())
     assert snapshot["latest_checkpoint_result"]["metrics"]["step"] == two
