@@ -59,6 +59,10 @@ class Kube(ThreadingHTTPServer):
         self.jobs: dict[str, dict[str, Any]] = {}
         self.clusters: dict[str, dict[str, Any]] = {}
         self.workloads: dict[str, dict[str, Any]] = {}  # Kueue's, by name
+        # Pods still terminating after their RayCluster went (in their preStop hooks): listed this
+        # many more times, then gone (the garbage collector's background deletion).
+        self.pods: list[dict[str, Any]] = []
+        self.pod_lists_left = 0
         self.anchor = True
         self.requests: list[tuple[str, str, Any]] = []  # method, path?query, body
         self.refuse_create: tuple[int, str] | None = None
@@ -106,6 +110,14 @@ class _Handler(BaseHTTPRequestHandler):
                 if all(j["metadata"].get("labels", {}).get(k) == v for k, v in want.items())
             ]
             return self._send(200, {"kind": "RayJobList", "items": copy.deepcopy(items)})
+        if url.path == f"/api/v1/namespaces/{s.ns}/pods":
+            selector = parse_qs(url.query).get("labelSelector", [""])[0]
+            want = dict(p.split("=", 1) for p in selector.split(",") if p)
+            if s.pod_lists_left <= 0:
+                s.pods = []
+            s.pod_lists_left -= 1
+            items = [p for p in s.pods if all(p["metadata"]["labels"].get(k) == v for k, v in want.items())]
+            return self._send(200, {"kind": "PodList", "items": items})
         if url.path == f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{s.ns}/workloads":
             return self._send(
                 200, {"kind": "WorkloadList", "items": copy.deepcopy(list(s.workloads.values()))}
@@ -450,7 +462,11 @@ def admitted_workload(kube: Kube, job_name: str) -> str:
         "spec": {"active": True, "queueName": owner["labels"]["kueue.x-k8s.io/queue-name"]},
         "status": {"conditions": [{"type": "Admitted", "status": "True"}]},
     }
-    kube.jobs[job_name]["status"] = {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"}
+    kube.jobs[job_name]["status"] = {
+        "jobDeploymentStatus": "Running",
+        "jobStatus": "RUNNING",
+        "rayClusterName": f"{job_name}-abcde",
+    }
     return name
 
 
@@ -461,9 +477,20 @@ def test_stop_of_an_admitted_queued_job_checkpoints_on_notice_first(
     cluster is gone; a queued job not yet admitted, or one already stopped, is deleted at once."""
     assert job(kube, "submit", "--name", "admitted")[0] == 0
     workload = admitted_workload(kube, "admitted")
+    # Its pods outlive the RayCluster object (Suspended comes first): the stop waits for them.
+    labels = {"ray.io/cluster": "admitted-abcde"}
+    kube.pods = [{"metadata": {"name": f"admitted-abcde-{k}", "labels": labels}} for k in ("head", "gpu")]
+    kube.pod_lists_left = 3
     rc, text = job(kube, "stop", "--job", "admitted", "--poll-seconds", "0.01")
     assert rc == 0, text
     assert "checkpoint on" in " ".join(text.split()) and "deactivated" in text
+    pods_path = f"/api/v1/namespaces/{kube.ns}/pods"
+    pod_lists = [i for i, r in enumerate(kube.requests) if urlparse(r[1]).path == pods_path]
+    delete = next(i for i, r in enumerate(kube.requests) if r[0] == "DELETE")
+    assert len(pod_lists) == 4 and pod_lists[-1] < delete  # three with pods, then none: then the delete
+    assert parse_qs(urlparse(kube.requests[pod_lists[0]][1]).query)["labelSelector"] == [
+        "ray.io/cluster=admitted-abcde"
+    ]
     writes = [(m, p, b) for m, p, b in kube.requests if m in {"PATCH", "DELETE"}]
     assert [(m, p.split("?")[0].rsplit("/", 2)[-2]) for m, p, _ in writes] == [
         ("PATCH", "workloads"),

@@ -40,7 +40,7 @@ from config.settings import Settings
 from k8s.kueue import QUEUE_LABEL
 from raytrain import verify
 from raytrain.job.api import JobApi
-from raytrain.job.common import EXIT_OK, JobError, consoles
+from raytrain.job.common import CLUSTER_LABEL, EXIT_OK, JobError, consoles
 from raytrain.job.entry import guarded
 from raytrain.job.find import Target, _meta, finished
 
@@ -129,13 +129,16 @@ def _checkpoint_then_stop(
     cluster without stopping the Ray job first, and the pods' preStop hooks drain the workers and
     keep the head until the checkpoint is registered: training/checkpoint/notice.py). Deleting the
     RayJob at once would not: KubeRay's finalizer stops the Ray job, driver and workers, before
-    the pods go. Then, once the cluster is gone (the RayJob Suspended) or the pods' grace period
-    and a margin have passed, delete the RayJob. False when the job is not such a job."""
+    the pods go. Then, once the cluster's pods are gone (or the pods' grace period and a margin have
+    passed), delete the RayJob. False when the job is not such a job (then it is only deleted)."""
     workload = _admitted_workload(api, ns, job)
     if workload is None:
         return False
     name, grace = str(_meta(job, "name")), stop_grace_seconds(settings)
-    api.deactivate_workload(ns, str(workload["metadata"]["name"]))
+    # KubeRay clears the name once Suspended (rayjob_controller.go v1.7.0): read it now.
+    cluster = (job.get("status") or {}).get("rayClusterName")
+    if api.deactivate_workload(ns, str(workload["metadata"]["name"])) is None:
+        return False  # the Workload went meanwhile: nothing to evict
     console.print(
         f"RayJob {ns}/{escape(name)}: its Kueue workload deactivated; its pods write a checkpoint on "
         f"notice before they go (up to {grace} s)",
@@ -147,18 +150,30 @@ def _checkpoint_then_stop(
         current = api.rayjob(ns, name)
         if current is None:
             return True
-        if (current.get("status") or {}).get("jobDeploymentStatus") == "Suspended":
+        if _released(api, ns, current, cluster):
             break
         time.sleep(poll_s)
     else:
         console.print(
-            f"[yellow]its cluster was not gone {grace + STOP_MARGIN_S} s later[/]: deleting the RayJob "
-            "now; the newest complete checkpoint is what a rerun continues from",
+            f"[yellow]its cluster's pods were not gone {grace + STOP_MARGIN_S} s later[/]: deleting the "
+            "RayJob now; the newest complete checkpoint is what a rerun continues from",
             highlight=False,
             soft_wrap=True,
         )
     _delete(api, ns, job, console, "stopping")
     return True
+
+
+def _released(api: JobApi, ns: str, job: dict[str, Any], cluster: str | None) -> bool:
+    """Whether a deactivated job's pods are all gone, or it ended meanwhile. KubeRay marks the RayJob
+    Suspended once the RayCluster object is gone, which is deleted in the background: its pods go
+    afterwards, each after its preStop hook (the checkpoint on notice), so wait for them too."""
+    status = (job.get("status") or {}).get("jobDeploymentStatus")
+    if status in {"Complete", "Failed"}:
+        return True
+    if status != "Suspended":
+        return False
+    return not cluster or not api.pods(ns, f"{CLUSTER_LABEL}={cluster}")
 
 
 def _job(target: Target) -> dict[str, Any]:

@@ -23,8 +23,9 @@ Hooks, https://kubernetes.io/docs/concepts/containers/container-lifecycle-hooks/
   the worker pods set that timeout from their grace period (k8s/cluster.py);
 - the GPU worker pod's preStop hook (`prestop_script`) drains the pod's node itself, with the same
   deadline, through `ray drain-node` (ray/scripts/scripts.py): the SIGTERM reaches `ray start` only
-  when it is the container's first process, and KubeRay starts it under a shell. The hook then waits
-  until the ranks there wrote the checkpoint (SAVED_FILE) before it lets the SIGTERM come.
+  when it is the container's first process, and KubeRay starts it under a shell (which may or may
+  not hand its place to it). The hook then waits until the ranks there wrote the checkpoint
+  (SAVED_FILE) before it lets the SIGTERM come.
 
 The head goes with the job (a Kueue preemption suspends the RayJob and KubeRay deletes its RayCluster,
 every pod at once: KubeRay "doesn't stop the Ray job before suspending the RayJob. If users want to
@@ -38,8 +39,9 @@ callback saw the on-notice report; the driver leaves its pid there (`driver_runn
 the workers' node ids (from each worker group's first report), in files named by the driver's pid:
 several jobs may share a standing cluster's head.
 
-A rank that saved on notice trains no further: the steps it would take die with the node. It waits for
-Ray Train to tear the worker group down at the deadline (or for the node to go), then Ray Train starts a
+A rank that saved on notice trains no further: the steps it would take die with the node. Once the
+controller registered that checkpoint, its callback drains the preempted nodes again with a deadline a
+second away (`end_drain`: why, there), and Ray Train tears the worker group down; then it starts a
 new group, which resumes from that checkpoint (`max_preemption_failures` allowing), or the run ends as
 preempted (training/run/driver.py) and the rerun resumes it (training/checkpoint/run_state.py).
 """
@@ -70,12 +72,13 @@ from training.common.stop_notice import (  # noqa: F401  (the names tests and th
 from training.reporting.progress import say
 
 PREEMPTIONS_FILE = "preemptions.json"  # under the run's storage: every notice, saved or not
-# After the checkpoint on notice, the worker group ends this soon (Notice.end_drain), not at the
-# notice's own deadline: Ray Train's preemption poll (RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S) and its
-# controller's next poll come within a few seconds after it.
+# Once the checkpoint on notice is registered, the worker group ends this soon (end_drain), not at
+# the notice's own deadline: Ray Train's preemption poll (RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S) and
+# its controller's next poll come within a few seconds after it.
 END_AFTER_SAVE_S = 1
 NODE_METRIC = "ray_node"  # each rank's Ray node id, in a worker group's first report
 SAVED_METRIC = "saved_on_notice"  # the step of the checkpoint on notice, once every rank wrote it
+PREEMPTED_NODE_METRIC = "preempted_node"  # in that report: the rank's node, when it is one preempted
 
 
 def notice_dir() -> str:
@@ -172,56 +175,68 @@ class Notice:
             "notice_s": round(deadline_ms / 1000 - time.time(), 1) if deadline_ms else None,
         }
 
+    def saved_metrics(self, info: Any, step: int) -> dict[str, Any]:
+        """What the on-notice report adds: its step, and this rank's node when that node is the one
+        preempted (the controller's callback then ends the group: `end_drain`)."""
+        out: dict[str, Any] = {SAVED_METRIC: step}
+        if self.node_id in set(getattr(info, "preempted_node_ids", [])):
+            out[PREEMPTED_NODE_METRIC] = self.node_id
+        return out
+
     def saved(self, info: Any, step: int, save_s: float) -> None:
-        """After the on-notice checkpoint is complete on every rank: tell the pod's preStop, and end
-        the worker group now rather than at the notice's deadline (`end_drain`)."""
+        """After the on-notice checkpoint is complete on every rank: tell the pod's preStop."""
         self.saved_for = info
         if self.local_rank == 0:
             _write(os.path.join(self.dir, SAVED_FILE), str(step))
-            if self.node_id in set(getattr(info, "preempted_node_ids", [])):
-                self.end_drain(step)
         if self.rank == 0:
             say(f"[train] checkpoint on notice at step {step} written in {save_s:.1f}s; waiting for the stop")
 
-    def end_drain(self, step: int) -> None:
-        """Drain this node again with a deadline END_AFTER_SAVE_S away: the checkpoint is in.
-
-        Why: a run ends as preempted only through Ray Train's own rule. Once a node is draining, the
-        controller keeps the workers running until every rank ends or the drain's deadline passes,
-        and then raises PreemptionError; a rank that fails first fails the run unless its actor's
-        death says `preempted` (Ray 2.58 and 2.60: controller.py, _handle_preempting_state). How
-        the node's processes die decides that: `ray start --block`, when the SIGTERM reaches it,
-        drains its node until that same deadline and then stops the raylet, whose own death record
-        ("received SIGTERM": not preempted) can come first on a busy machine (seen with Ray 2.58).
-        A second drain request replaces the first one's deadline (GCS's draining nodes, which Ray
-        Train's PreemptionWatcher polls and merges by the earliest deadline: preemption.py), so the
-        controller ends the group as preempted before any process of the node dies. The call is the
-        one `ray drain-node` and `ray start` make (ray/scripts/scripts.py drain_node,
-        ray/_private/node.py _drain_node_before_shutdown)."""
-        import ray
-        from ray.core.generated import autoscaler_pb2
-
-        deadline_ms = int((time.time() + END_AFTER_SAVE_S) * 1000)
-        # Ray's private names, typed loosely by its stubs (the worker's GCS client, protobuf enums).
-        worker: Any = ray._private.worker.global_worker
-        reasons: Any = getattr(autoscaler_pb2, "DrainNodeReason")  # noqa: B009 (generated: no stub)
-        try:
-            accepted, why = worker.gcs_client.drain_node(
-                self.node_id,
-                reasons.Value(DRAIN_REASON),
-                f"checkpoint on notice written at step {step}",
-                deadline_ms,
-            )
-        except Exception as exc:  # the notice's own deadline still ends the group
-            accepted, why = False, str(exc)
-        if not accepted:
-            say(f"[train] warning: could not shorten the drain of node {self.node_id[:12]} ({why})")
+    def close(self) -> None:
+        """The run ended here without a notice: the pod's preStop has nothing to drain or wait for."""
+        if self.local_rank == 0:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(self.dir, NODE_FILE))
 
     @staticmethod
     def wait_for_stop() -> None:
-        """Train no further: Ray Train ends this worker group at the drain deadline (or the node goes)."""
+        """Train no further: Ray Train ends this worker group at the drain's deadline, which the
+        controller's callback brings forward once it registered the checkpoint (`end_drain`)."""
         while True:
             time.sleep(1)
+
+
+def end_drain(node_id: str, step: int) -> None:
+    """Drain a preempted node again with a deadline END_AFTER_SAVE_S away: its checkpoint on notice
+    is registered (the controller's callback calls this from after_report, which comes after the
+    checkpoint manager registered the report: so the group cannot end before it).
+
+    Why: a run ends as preempted only through Ray Train's own rule. Once a node is draining, the
+    controller keeps the workers running until every rank ends or the drain's deadline passes,
+    and then raises PreemptionError; a rank that fails first fails the run unless its actor's
+    death says `preempted` (Ray 2.58 and 2.60: controller.py, _handle_preempting_state). How the
+    node's processes die decides that: `ray start --block`, when the SIGTERM reaches it, drains its
+    node until that same deadline and then stops the raylet, whose own death record ("received
+    SIGTERM": not preempted) can come first on a busy machine (seen with Ray 2.58). A second drain
+    request replaces the first one's deadline (GCS's draining nodes, seen with Ray 2.58; Ray Train's
+    PreemptionWatcher polls them and the controller keeps the earliest deadline: preemption.py,
+    merge_preemption_info), so the controller ends the group as preempted long before any process
+    of the node dies. The call is the one `ray drain-node` and `ray start` make
+    (ray/scripts/scripts.py drain_node, ray/_private/node.py _drain_node_before_shutdown)."""
+    import ray
+    from ray.core.generated import autoscaler_pb2
+
+    deadline_ms = int((time.time() + END_AFTER_SAVE_S) * 1000)
+    # Ray's private names, typed loosely by its stubs (the process's GCS client, protobuf enums).
+    worker: Any = ray._private.worker.global_worker
+    reasons: Any = getattr(autoscaler_pb2, "DrainNodeReason")  # noqa: B009 (generated: no stub)
+    try:
+        accepted, why = worker.gcs_client.drain_node(
+            node_id, reasons.Value(DRAIN_REASON), f"checkpoint on notice registered, step {step}", deadline_ms
+        )
+    except Exception as exc:  # the notice's own deadline still ends the group
+        accepted, why = False, str(exc)
+    if not accepted:
+        say(f"[train] warning: could not shorten the drain of node {node_id[:12]} ({why})")
 
 
 def _write(path: str, text: str) -> None:
@@ -275,6 +290,9 @@ def head_notice(driver_pid: int | None = None) -> Any:
                     os.remove(os.path.join(d, f"{SAVED_PREFIX}{pid}"))
             if saved is not None:
                 _write(os.path.join(d, f"{SAVED_PREFIX}{pid}"), str(saved))
+                preempted = {str(m[PREEMPTED_NODE_METRIC]) for m in metrics if m.get(PREEMPTED_NODE_METRIC)}
+                for node in sorted(preempted):
+                    end_drain(node, int(saved))
 
     return HeadNotice()
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from training.checkpoint.notice import NODE_METRIC, SAVED_METRIC, Notice, record_notice
+from training.checkpoint.notice import NODE_METRIC, Notice, record_notice
 from training.checkpoint.reporter import Reporting, eval_into, report
 from training.methods.evaluate import EarlyStop
 from training.network.probe import TransportGateError, run_transport_gate
@@ -130,13 +130,23 @@ def checkpoint_on_notice(tr: Reporting, notice: Notice, metrics: dict[str, Any],
         except OSError as exc:
             say(f"[train] warning: could not record the notice ({exc})")
     tr.preemptions.append(entry)
-    if checkpointed:  # this step's whole checkpoint is registered already: say so to the head
-        ray.train.report({"step": tr.step, SAVED_METRIC: tr.step})
+    said = notice.saved_metrics(info, tr.step)
+    if checkpointed:  # this step's whole checkpoint is reported already: say so to the controller
+        ray.train.report({"step": tr.step, **said})
     else:
-        tr.save_and_report({**metrics, "preempted": True, SAVED_METRIC: tr.step})
+        tr.save_and_report({**metrics, "preempted": True, **said})
     dist.barrier()  # every rank's part is written and reported
     notice.saved(info, tr.step, time.perf_counter() - t0)
     notice.wait_for_stop()
+
+
+def _release(tr: _Trainer, notice: Notice) -> None:
+    """The rank's end here (a rank that saved on notice never gets here: its group is ended)."""
+    gc.enable()
+    notice.close()
+    tr.batches.close()
+    if tr.saver is not None:
+        tr.saver.close()
 
 
 def train_loop(config: dict[str, Any]) -> None:
@@ -206,7 +216,4 @@ def train_loop(config: dict[str, Any]) -> None:
                 break
             checkpoint_on_notice(tr, notice, metrics, checkpointed)
     finally:
-        gc.enable()
-        tr.batches.close()
-        if tr.saver is not None:
-            tr.saver.close()
+        _release(tr, notice)

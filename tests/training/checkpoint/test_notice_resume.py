@@ -283,6 +283,11 @@ def test_stop_notices_checkpoint_end_preempted_and_the_job_resumes(
     assert proc.returncode == 0, _gist(out)
     summary = json.loads((tmp_path / "out-noticed" / "summary.json").read_text())
     assert [r["from_step"] for r in summary["resumes"]] == [one, two]
+    # Three starts of one run: the first ended preempted; the second's driver was killed with the
+    # head (no end recorded); the third, the same job again without --resume, continued it.
+    starts = summary["run"]["starts"]
+    assert [s["from_step"] for s in starts] == [0, one, two]
+    assert starts[0]["ended"] == "preempted" and "ended" not in starts[1]
     assert [(p["step"], p["lost_steps"]) for p in summary["preemptions"]] == [(one, 0), (two, 0)]
     assert [h["step"] for h in summary["history"]] == list(range(1, STEPS + 1))
     assert [h["loss"] for h in summary["history"]] == [h["loss"] for h in reference["history"]]

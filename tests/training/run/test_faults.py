@@ -1,7 +1,9 @@
-"""Real processes on local Ray: a SIGKILLed worker and a killed driver both resume from the last
-checkpoint and end bitwise-identical to an uninterrupted run with the same seed, all three on real text
-read from prepared shards (the sample, crossing an epoch boundary). Random token ids: the other runs
-here (their resume position: tests/training/data/test_batches.py's random_sequences tests)."""
+"""Real processes on local Ray: a SIGKILLed worker resumes from the last checkpoint and ends
+bitwise-identical to an uninterrupted run with the same seed, both on real text read from prepared
+shards (the sample, crossing an epoch boundary). Random token ids: the other runs here (their resume
+position: tests/training/data/test_batches.py's random_sequences tests). A killed driver whose job runs
+again (KubeRay's retry, Kueue's re-admission: the same --job-id) is tests/training/checkpoint/
+test_notice_resume.py's: it resumes from the newest checkpoint with the losses of an uninterrupted run."""
 
 from __future__ import annotations
 
@@ -9,8 +11,6 @@ import importlib.util
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -135,36 +135,6 @@ def test_sigkill_worker_resumes_bitwise(reference: dict[str, Any], ray_session: 
     assert resumed["read_bytes"] < 0.6 * max(sizes), (resumed["read_files"], sizes)
     assert "rng-rank1.pt" not in resumed["read_files"] and "rng-rank0.pt" in resumed["read_files"]
     _assert_same_run(summary, reference)
-
-
-def test_stopped_run_resumes_under_same_name(
-    reference: dict[str, Any], ray_session: str, tmp_path: Path
-) -> None:
-    """The driver dies (its head pod lost: KubeRay retries the RayJob on a new cluster with the same
-    entry point); the retry of the same job (--job-id) picks up the last checkpoint instead of
-    starting over, without --resume. It reads the shards the reference prepared."""
-    argv = [*_argv(tmp_path, "stopped", reference["prepared"]), "--job-id", "rj-stopped-0123456789"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "training", *argv, "--address", ray_session],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        committed = _wait_for_checkpoint(tmp_path / "storage" / "stopped", EVERY)
-    finally:
-        proc.kill()
-        proc.wait(timeout=60)
-    assert committed < STEPS, "the first run finished before it was stopped"
-
-    summary = run(parse_args(argv))
-    assert len(summary["resumes"]) == 1, summary["resumes"]
-    assert committed <= summary["resumes"][0]["from_step"] < STEPS
-    starts = summary["run"]["starts"]
-    assert [s["from_step"] for s in starts] == [0, summary["resumes"][0]["from_step"]]
-    _assert_same_run(summary, reference)
-    on_disk = json.loads((tmp_path / "stopped" / "summary.json").read_text())
-    assert on_disk["resumes"] == summary["resumes"]
 
 
 def test_transport_gate_failure_stops_before_training(
