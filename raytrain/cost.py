@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from config.costs import CostEstimate, Line, estimate, job_nodes, root_volume_per_hour
+from config.loader import config_dir_argument, env_argument
 from config.prices import PRICES, PriceError, RegionPrices, prices_for
 from config.settings import Settings
 
@@ -147,13 +148,8 @@ def register(subparsers: Any) -> None:
         help="idle and running cost per hour of an environment; $ per billion tokens of a run",
         description=(__doc__ or "").split("\n\n", 1)[0],
     )
-    parser.add_argument("--env", required=True, help="environment name (config/environments/NAME.yaml)")
-    parser.add_argument(
-        "--config-dir",
-        type=Path,
-        default=None,
-        help="folder of the environment files (default: $RAYTRAIN_CONFIG_DIR, else config/environments)",
-    )
+    env_argument(parser)
+    config_dir_argument(parser)
     parser.add_argument("--summary", type=Path, help="a run's summary.json: also print $ per billion tokens")
     parser.add_argument("--json", action="store_true", help="print the estimate as JSON")
     parser.add_argument(

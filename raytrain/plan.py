@@ -18,14 +18,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from config.loader import SettingsError, load_settings
+from config.loader import SettingsError, config_dir_argument, env_argument, load_settings
 from config.memory import (
     accumulation,
     capacity_bytes,
@@ -56,13 +55,8 @@ def register(subparsers: Any) -> None:
         help="per-GPU memory plan of the environment's training job, and the largest micro-batch",
         description=(__doc__ or "").split("\n\n", 1)[0],
     )
-    parser.add_argument("--env", required=True, help="environment name (config/environments/NAME.yaml)")
-    parser.add_argument(
-        "--config-dir",
-        type=Path,
-        default=None,
-        help="folder of the environment files (default: $RAYTRAIN_CONFIG_DIR, else config/environments)",
-    )
+    env_argument(parser)
+    config_dir_argument(parser)
     parser.add_argument(
         "--json", action="store_true", help="print the memory plan and the predicted step as JSON"
     )
